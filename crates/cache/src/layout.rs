@@ -1,0 +1,74 @@
+//! Shapes and dtypes of the paged KV storage.
+
+use turbokv_codec::KvDtype;
+
+use crate::CacheError;
+
+/// The KV storage of one attention layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerKv {
+    /// Number format of keys and values in this layer.
+    pub dtype: KvDtype,
+}
+
+/// Shapes of the whole paged cache: every attention layer has `num_blocks` blocks of
+/// `block_size` tokens × `kv_heads` heads × `head_dim` values, in its own dtype.
+///
+/// A block of a 16-bit layer is laid out `[kv_heads, block_size, head_dim]` for K and the same
+/// for V, so one head's tokens are contiguous for the attention kernel.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvLayout {
+    /// Per-layer storage, index = layer.
+    pub layers: Vec<LayerKv>,
+    /// KV heads per layer.
+    pub kv_heads: usize,
+    /// Values per head vector.
+    pub head_dim: usize,
+    /// Tokens per block.
+    pub block_size: usize,
+    /// Blocks per layer (the same for every layer: block ids are shared across layers).
+    pub num_blocks: usize,
+}
+
+impl KvLayout {
+    /// A layout with one dtype for every layer, sized to hold `max_tokens` tokens in total.
+    pub fn uniform(
+        n_layers: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        dtype: KvDtype,
+        block_size: usize,
+        max_tokens: usize,
+    ) -> Result<Self, CacheError> {
+        if n_layers == 0 || kv_heads == 0 || head_dim == 0 || block_size == 0 {
+            return Err(CacheError::InvalidLayout(format!(
+                "layers {n_layers}, kv heads {kv_heads}, head dim {head_dim}, block size {block_size} must all be positive"
+            )));
+        }
+        Ok(Self {
+            layers: vec![LayerKv { dtype }; n_layers],
+            kv_heads,
+            head_dim,
+            block_size,
+            num_blocks: max_tokens.div_ceil(block_size).max(1),
+        })
+    }
+
+    /// Values (elements) of K, or of V, in one block.
+    pub fn block_elements(&self) -> usize {
+        self.kv_heads * self.block_size * self.head_dim
+    }
+
+    /// Bytes of K plus V per token per layer for a layer's dtype, side information included.
+    pub fn bytes_per_token(&self, layer: usize) -> f64 {
+        let bits = self.layers[layer]
+            .dtype
+            .bits_per_element(self.head_dim, turbokv_codec::KeyMode::Mse);
+        2.0 * bits * (self.kv_heads * self.head_dim) as f64 / 8.0
+    }
+
+    /// Bytes of K plus V per token over all layers.
+    pub fn bytes_per_token_all_layers(&self) -> f64 {
+        (0..self.layers.len()).map(|l| self.bytes_per_token(l)).sum()
+    }
+}

@@ -1,0 +1,46 @@
+//! KV storage model: what the cache holds and where, as host-side bookkeeping.
+//!
+//! This crate knows bytes and shapes, never devices: [`KvLayout`] says how many blocks of
+//! which dtype each attention layer has, [`BlockAllocator`] hands physical blocks to
+//! sequences, and a sequence's [`BlockTable`] maps its logical blocks to physical ones.
+//! Backends allocate the actual storage from the layout and read it through block tables.
+#![deny(missing_docs)]
+
+mod allocator;
+mod layout;
+
+pub use allocator::{BlockAllocator, BlockTable, SeqId};
+pub use layout::{KvLayout, LayerKv};
+
+/// Errors of the cache crate.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CacheError {
+    /// Not enough free blocks for the request; nothing was allocated.
+    #[error("KV cache full: need {needed} more blocks, {free} free of {total}")]
+    OutOfBlocks {
+        /// Blocks the request needed.
+        needed: usize,
+        /// Blocks free.
+        free: usize,
+        /// Pool size.
+        total: usize,
+    },
+    /// A sequence id that the allocator does not know.
+    #[error("unknown sequence {0}")]
+    UnknownSequence(SeqId),
+    /// A sequence id already in use.
+    #[error("sequence {0} already exists")]
+    DuplicateSequence(SeqId),
+    /// A length beyond what the cache was configured for.
+    #[error("{tokens} tokens exceed the context limit of {limit}")]
+    ContextOverflow {
+        /// Requested length.
+        tokens: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// An impossible layout.
+    #[error("invalid KV layout: {0}")]
+    InvalidLayout(String),
+}
