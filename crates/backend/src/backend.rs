@@ -1,0 +1,153 @@
+//! The [`Backend`] trait: the kernel set a forward pass needs, over buffers the backend owns.
+//!
+//! Tensors are 2-D `[rows, cols]` f32 activations (one row per token). Matrices are weights in
+//! whatever resident form the backend prefers. KV pools hold one attention layer's paged keys
+//! and values in the layer's dtype; the host addresses them through block tables.
+
+use turbokv_cache::KvLayout;
+use turbokv_codec::KvDtype;
+
+use crate::{Error, WeightMatrix};
+
+/// How RoPE pairs the coordinates of a head vector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs `(x[2i], x[2i+1])`: llama.cpp's layout for GGUF llama files, whose Q/K weights
+    /// were permuted at conversion.
+    Interleaved,
+    /// Pairs `(x[i], x[i + d/2])`: Hugging Face's `rotate_half` (also GGUF qwen2/qwen3).
+    HalfSplit,
+}
+
+/// The per-layer attention geometry.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnGeometry {
+    /// Query heads.
+    pub n_heads: usize,
+    /// KV heads (divides `n_heads`).
+    pub n_kv_heads: usize,
+    /// Values per head.
+    pub head_dim: usize,
+    /// Score scale, normally `1/sqrt(head_dim)`.
+    pub scale: f32,
+}
+
+impl AttnGeometry {
+    /// Width of the fused QKV row: `(n_heads + 2·n_kv_heads)·head_dim`.
+    pub fn qkv_width(&self) -> usize {
+        (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+    }
+    /// Query heads per KV head.
+    pub fn group(&self) -> usize {
+        self.n_heads / self.n_kv_heads
+    }
+}
+
+/// Rotary embedding parameters: one inverse frequency per coordinate pair (scaling already
+/// applied) and the pairing style.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rope {
+    /// `theta_i` per pair, length `rotary_dim / 2`.
+    pub inv_freq: Vec<f32>,
+    /// Pairing of coordinates.
+    pub style: RopeStyle,
+}
+
+/// Where one sequence's tokens sit in a step's batch.
+///
+/// Tokens `first_row .. first_row + n_tokens` of the step's tensors belong to this sequence
+/// and sit at positions `first_pos ..`; its cache lives in `blocks` (logical → physical).
+/// Attention for a token at position `p` sees positions `0..=p`.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqSpan<'a> {
+    /// First row of this sequence in the step tensors.
+    pub first_row: usize,
+    /// Rows (new tokens) of this sequence in the step.
+    pub n_tokens: usize,
+    /// Position of the first new token.
+    pub first_pos: usize,
+    /// The sequence's block table; covers `first_pos + n_tokens` tokens.
+    pub blocks: &'a [u32],
+}
+
+/// Optional per-head RMSNorm of queries and keys before RoPE (Qwen3).
+pub struct QkNorm<'a, V> {
+    /// Query-norm weight, length `head_dim`.
+    pub q: &'a V,
+    /// Key-norm weight, length `head_dim`.
+    pub k: &'a V,
+    /// Epsilon.
+    pub eps: f32,
+}
+
+/// A compute backend: buffers plus the kernels of a decoder-only transformer step.
+pub trait Backend: Send + Sync {
+    /// `[rows, cols]` f32 activations.
+    type Tensor: Send + Sync;
+    /// A weight matrix in resident form.
+    type Matrix: Send + Sync;
+    /// An f32 vector (norm weight, bias).
+    type Vector: Send + Sync;
+    /// One attention layer's paged K/V storage.
+    type KvPool: Send + Sync;
+
+    /// A short description, e.g. `cpu (2 threads, avx2)`.
+    fn describe(&self) -> String;
+    /// Refuses KV formats this backend cannot attend over, with a message listing what it can.
+    fn check_kv_dtype(&self, dtype: KvDtype, head_dim: usize) -> Result<(), Error>;
+
+    /// A zeroed tensor.
+    fn tensor(&self, rows: usize, cols: usize) -> Result<Self::Tensor, Error>;
+    /// Reshapes to `rows` rows of the same width, reusing storage when it is large enough.
+    fn set_rows(&self, t: &mut Self::Tensor, rows: usize) -> Result<(), Error>;
+    /// Copies a tensor to host memory (row-major).
+    fn to_host(&self, t: &Self::Tensor, out: &mut Vec<f32>) -> Result<(), Error>;
+    /// Makes a weight resident.
+    fn matrix(&self, w: &WeightMatrix) -> Result<Self::Matrix, Error>;
+    /// Makes an f32 vector resident.
+    fn vector(&self, v: &[f32]) -> Result<Self::Vector, Error>;
+    /// Allocates layer `layer`'s KV storage as `layout` describes.
+    fn kv_pool(&self, layout: &KvLayout, layer: usize) -> Result<Self::KvPool, Error>;
+
+    /// `out[i] = table[ids[i]]` (rows of the embedding matrix, dequantized).
+    fn embed(&self, table: &Self::Matrix, ids: &[u32], out: &mut Self::Tensor) -> Result<(), Error>;
+    /// Row-wise RMSNorm: `out = x / rms(x) · w`.
+    fn rms_norm(&self, x: &Self::Tensor, w: &Self::Vector, eps: f32, out: &mut Self::Tensor) -> Result<(), Error>;
+    /// `out = x · Wᵀ` (`x: [T, cols]`, `out: [T, rows]`).
+    fn matmul(&self, x: &Self::Tensor, w: &Self::Matrix, out: &mut Self::Tensor) -> Result<(), Error>;
+    /// `out = x · [W₀; W₁; …]ᵀ`: the outputs of several matrices with the same input width,
+    /// side by side in each row (a fused projection whose parts have different formats).
+    fn matmul_cat(&self, x: &Self::Tensor, ws: &[Self::Matrix], out: &mut Self::Tensor) -> Result<(), Error>;
+    /// Adds a bias to every row.
+    fn add_bias(&self, x: &mut Self::Tensor, bias: &Self::Vector) -> Result<(), Error>;
+    /// `x += y`.
+    fn add_assign(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> Result<(), Error>;
+    /// `out = silu(g) · u` where each row of `gate_up` is `[g | u]`.
+    fn silu_mul(&self, gate_up: &Self::Tensor, out: &mut Self::Tensor) -> Result<(), Error>;
+    /// Copies the listed rows of `x` into `out` (e.g. the last token of each sequence).
+    fn gather_rows(&self, x: &Self::Tensor, rows: &[usize], out: &mut Self::Tensor) -> Result<(), Error>;
+
+    /// The fused write path of one layer. `qkv` rows are `[q | k | v]`; applies the optional
+    /// q/k norm and RoPE to q and k in place, then stores k and v of every token into its
+    /// paged slot of `pool`, in the pool's dtype.
+    fn write_kv(
+        &self,
+        qkv: &mut Self::Tensor,
+        geometry: &AttnGeometry,
+        rope: &Rope,
+        qk_norm: Option<QkNorm<'_, Self::Vector>>,
+        spans: &[SeqSpan<'_>],
+        pool: &mut Self::KvPool,
+    ) -> Result<(), Error>;
+
+    /// Causal attention of the queries in `qkv` over each sequence's cached keys and values
+    /// (which already include this step's tokens). `out` rows are `[n_heads · head_dim]`.
+    fn attention(
+        &self,
+        qkv: &Self::Tensor,
+        geometry: &AttnGeometry,
+        spans: &[SeqSpan<'_>],
+        pool: &Self::KvPool,
+        out: &mut Self::Tensor,
+    ) -> Result<(), Error>;
+}

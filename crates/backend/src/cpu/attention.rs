@@ -1,0 +1,172 @@
+//! Paged causal attention on the CPU: flash-attention style online softmax over key blocks.
+//!
+//! Work is cut into tasks of (sequence, kv head, tile of query tokens, range of keys). The
+//! query heads sharing a kv head are processed together so each key/value block is decoded
+//! once per tile. A sequence with a single tile (decode) has its key range split into chunks
+//! whose partial results `(max, sum, acc)` are merged afterwards, so long-context decode uses
+//! every thread.
+
+use rayon::prelude::*;
+
+use super::kv::{CpuKvPool, Half};
+use super::{CpuTensor, ops};
+use crate::Error;
+use crate::backend::{AttnGeometry, SeqSpan};
+
+/// Query tokens per task.
+const QUERY_TILE: usize = 16;
+/// Keys per task when a sequence's keys are split (rounded to whole blocks).
+const KEY_CHUNK: usize = 512;
+
+#[derive(Clone, Copy, Debug)]
+struct Task {
+    span: usize,
+    head: usize,
+    q0: usize,
+    q1: usize,
+    k0: usize,
+    k1: usize,
+}
+
+/// Softmax state of one task: per row (query token × grouped head) the running max, the
+/// running sum of exponentials, and the unnormalised value accumulator.
+struct Partial {
+    task: Task,
+    m: Vec<f32>,
+    l: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+pub(crate) fn attend(
+    qkv: &CpuTensor,
+    g: &AttnGeometry,
+    spans: &[SeqSpan<'_>],
+    pool: &CpuKvPool,
+    out: &mut CpuTensor,
+) -> Result<(), Error> {
+    // Validate every block reference up front so the parallel part cannot fail.
+    for s in spans {
+        let last = s.first_pos + s.n_tokens;
+        if last > 0 {
+            pool.block_of(s.blocks, last - 1)?;
+        }
+    }
+    let tasks = plan(spans, g, pool.block_size());
+    let partials: Vec<Partial> = tasks.par_iter().map(|&t| run_task(t, qkv, g, spans, pool)).collect();
+    merge_into(partials, g, spans, out);
+    Ok(())
+}
+
+fn plan(spans: &[SeqSpan<'_>], g: &AttnGeometry, block_size: usize) -> Vec<Task> {
+    let chunk = KEY_CHUNK.div_ceil(block_size) * block_size;
+    let mut tasks = Vec::new();
+    for (si, s) in spans.iter().enumerate() {
+        let ctx = s.first_pos + s.n_tokens;
+        let split = s.n_tokens <= QUERY_TILE && ctx > 2 * chunk;
+        for head in 0..g.n_kv_heads {
+            for q0 in (0..s.n_tokens).step_by(QUERY_TILE) {
+                let q1 = (q0 + QUERY_TILE).min(s.n_tokens);
+                let kend = s.first_pos + q1;
+                if split {
+                    for k0 in (0..kend).step_by(chunk) {
+                        tasks.push(Task { span: si, head, q0, q1, k0, k1: (k0 + chunk).min(kend) });
+                    }
+                } else {
+                    tasks.push(Task { span: si, head, q0, q1, k0: 0, k1: kend });
+                }
+            }
+        }
+    }
+    tasks
+}
+
+fn run_task(t: Task, qkv: &CpuTensor, g: &AttnGeometry, spans: &[SeqSpan<'_>], pool: &CpuKvPool) -> Partial {
+    let s = &spans[t.span];
+    let (d, group, bs) = (g.head_dim, g.group(), pool.block_size());
+    let rows = (t.q1 - t.q0) * group;
+    let mut m = vec![f32::NEG_INFINITY; rows];
+    let mut l = vec![0f32; rows];
+    let mut acc = vec![0f32; rows * d];
+    let mut kbuf = vec![0f32; bs * d];
+    let mut vbuf = vec![0f32; bs * d];
+    let mut scores = vec![0f32; bs];
+    let mut p0 = t.k0;
+    while p0 < t.k1 {
+        let n = (bs - p0 % bs).min(t.k1 - p0);
+        // Blocks were validated in `attend`; positions below the span's end are covered.
+        let block = pool.block_of(s.blocks, p0).unwrap_or(0);
+        let slot = p0 % bs;
+        pool.load(Half::K, block, t.head, slot + n, &mut kbuf);
+        pool.load(Half::V, block, t.head, slot + n, &mut vbuf);
+        for qi in t.q0..t.q1 {
+            let visible = (s.first_pos + qi + 1).saturating_sub(p0).min(n);
+            if visible == 0 {
+                continue;
+            }
+            let q_row = qkv.row(s.first_row + qi);
+            for gh in 0..group {
+                let h = t.head * group + gh;
+                let q = &q_row[h * d..(h + 1) * d];
+                let r = (qi - t.q0) * group + gh;
+                for (j, sc) in scores[..visible].iter_mut().enumerate() {
+                    *sc = ops::dot(q, &kbuf[(slot + j) * d..(slot + j + 1) * d]) * g.scale;
+                }
+                let block_max = scores[..visible].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let m_new = m[r].max(block_max);
+                let mut corr = (m[r] - m_new).exp();
+                l[r] *= corr;
+                let a = &mut acc[r * d..(r + 1) * d];
+                for (j, &sc) in scores[..visible].iter().enumerate() {
+                    let p = (sc - m_new).exp();
+                    l[r] += p;
+                    ops::scale_axpy(a, corr, p, &vbuf[(slot + j) * d..(slot + j + 1) * d]);
+                    corr = 1.0;
+                }
+                m[r] = m_new;
+            }
+        }
+        p0 += n;
+    }
+    Partial { task: t, m, l, acc }
+}
+
+/// Merges the key-chunk partials of each (sequence, head, tile) and writes normalised rows.
+fn merge_into(partials: Vec<Partial>, g: &AttnGeometry, spans: &[SeqSpan<'_>], out: &mut CpuTensor) {
+    let (d, group) = (g.head_dim, g.group());
+    let width = out.cols();
+    let data = out.as_mut_slice();
+    let mut i = 0;
+    while i < partials.len() {
+        let t = partials[i].task;
+        let mut j = i + 1;
+        while j < partials.len() && {
+            let u = partials[j].task;
+            (u.span, u.head, u.q0) == (t.span, t.head, t.q0)
+        } {
+            j += 1;
+        }
+        let parts = &partials[i..j];
+        let s = &spans[t.span];
+        for qi in t.q0..t.q1 {
+            for gh in 0..group {
+                let r = (qi - t.q0) * group + gh;
+                let big_m = parts.iter().map(|p| p.m[r]).fold(f32::NEG_INFINITY, f32::max);
+                let h = t.head * group + gh;
+                let dst = &mut data[(s.first_row + qi) * width + h * d..][..d];
+                dst.fill(0.0);
+                let mut total = 0f32;
+                for p in parts {
+                    if p.m[r] == f32::NEG_INFINITY {
+                        continue;
+                    }
+                    let w = (p.m[r] - big_m).exp();
+                    total += p.l[r] * w;
+                    ops::scale_axpy(dst, 1.0, w, &p.acc[r * d..(r + 1) * d]);
+                }
+                let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
+                dst.iter_mut().for_each(|x| *x *= inv);
+            }
+        }
+        i = j;
+    }
+}

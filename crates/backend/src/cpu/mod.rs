@@ -1,0 +1,311 @@
+//! The CPU backend: rayon across rows/heads, runtime-dispatched SIMD in the inner loops.
+//!
+//! It is also the correctness reference the GPU backend is tested against.
+
+mod attention;
+mod kv;
+mod ops;
+
+pub use kv::{CpuKvPool, KvStorage};
+
+use rayon::prelude::*;
+use turbokv_cache::KvLayout;
+use turbokv_codec::KvDtype;
+
+use crate::backend::{AttnGeometry, Backend, QkNorm, Rope, SeqSpan};
+use crate::{Error, WeightMatrix};
+
+/// Row-major `[rows, cols]` f32 activations in host memory.
+#[derive(Clone, Debug, Default)]
+pub struct CpuTensor {
+    data: Vec<f32>,
+    rows: usize,
+    cols: usize,
+}
+
+impl CpuTensor {
+    /// Wraps values as `[rows, cols]`.
+    pub fn from_vec(data: Vec<f32>, rows: usize, cols: usize) -> Result<Self, Error> {
+        if data.len() != rows * cols {
+            return Err(shape("tensor", format!("{} values for [{rows}, {cols}]", data.len())));
+        }
+        Ok(Self { data, rows, cols })
+    }
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    /// The values.
+    pub fn as_slice(&self) -> &[f32] {
+        &self.data[..self.rows * self.cols]
+    }
+    /// The values, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [f32] {
+        &mut self.data[..self.rows * self.cols]
+    }
+    /// One row.
+    pub fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.cols..(r + 1) * self.cols]
+    }
+}
+
+pub(crate) fn shape(op: &'static str, detail: String) -> Error {
+    Error::Shape { op, detail }
+}
+
+fn expect_cols(op: &'static str, t: &CpuTensor, cols: usize) -> Result<(), Error> {
+    if t.cols != cols {
+        return Err(shape(op, format!("tensor has {} columns, expected {cols}", t.cols)));
+    }
+    Ok(())
+}
+
+/// Rows per rayon task for cheap row-wise ops: small batches stay on one thread.
+const ROWS_PER_TASK: usize = 16;
+
+/// How the CPU backend keeps weight matrices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightMode {
+    /// In their stored format, multiplied against 8-bit-quantized activations (fast; what
+    /// llama.cpp does).
+    #[default]
+    Native,
+    /// Dequantized to f32 at load and multiplied in f32 (slow, 4–8× the memory): the exact
+    /// reference the fast path is measured against.
+    DequantizedF32,
+}
+
+/// The CPU backend. Threads come from rayon's global pool (sized by the CLI's `--threads`).
+#[derive(Clone, Debug, Default)]
+pub struct CpuBackend {
+    weights: WeightMode,
+}
+
+impl CpuBackend {
+    /// A CPU backend using rayon's global pool, weights in their stored format.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A CPU backend that keeps weights as `mode` says.
+    pub fn with_weights(mode: WeightMode) -> Self {
+        Self { weights: mode }
+    }
+}
+
+impl Backend for CpuBackend {
+    type Tensor = CpuTensor;
+    type Matrix = WeightMatrix;
+    type Vector = Vec<f32>;
+    type KvPool = CpuKvPool;
+
+    fn describe(&self) -> String {
+        let simd = if ops::has_avx2_fma() { "avx2+fma" } else { "scalar" };
+        format!("cpu ({} threads, {simd})", rayon::current_num_threads())
+    }
+
+    fn check_kv_dtype(&self, dtype: KvDtype, head_dim: usize) -> Result<(), Error> {
+        KvStorage::for_dtype(dtype, head_dim).map(|_| ())
+    }
+
+    fn tensor(&self, rows: usize, cols: usize) -> Result<CpuTensor, Error> {
+        Ok(CpuTensor { data: vec![0.0; rows * cols], rows, cols })
+    }
+
+    fn set_rows(&self, t: &mut CpuTensor, rows: usize) -> Result<(), Error> {
+        let need = rows * t.cols;
+        if t.data.len() < need {
+            t.data.resize(need, 0.0);
+        }
+        t.rows = rows;
+        Ok(())
+    }
+
+    fn to_host(&self, t: &CpuTensor, out: &mut Vec<f32>) -> Result<(), Error> {
+        out.clear();
+        out.extend_from_slice(t.as_slice());
+        Ok(())
+    }
+
+    fn matrix(&self, w: &WeightMatrix) -> Result<WeightMatrix, Error> {
+        match self.weights {
+            WeightMode::Native => Ok(w.clone()),
+            WeightMode::DequantizedF32 => WeightMatrix::from_f32(w.rows(), w.cols(), &w.dequantize_all()),
+        }
+    }
+
+    fn vector(&self, v: &[f32]) -> Result<Vec<f32>, Error> {
+        Ok(v.to_vec())
+    }
+
+    fn kv_pool(&self, layout: &KvLayout, layer: usize) -> Result<CpuKvPool, Error> {
+        CpuKvPool::new(layout, layer)
+    }
+
+    fn embed(&self, table: &WeightMatrix, ids: &[u32], out: &mut CpuTensor) -> Result<(), Error> {
+        expect_cols("embed", out, table.cols())?;
+        self.set_rows(out, ids.len())?;
+        let cols = table.cols();
+        for (&id, row) in ids.iter().zip(out.as_mut_slice().chunks_mut(cols)) {
+            if id as usize >= table.rows() {
+                return Err(shape("embed", format!("token id {id} outside vocabulary of {}", table.rows())));
+            }
+            table.row_f32(id as usize, row)?;
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&self, x: &CpuTensor, w: &Vec<f32>, eps: f32, out: &mut CpuTensor) -> Result<(), Error> {
+        expect_cols("rms_norm", x, w.len())?;
+        expect_cols("rms_norm", out, w.len())?;
+        self.set_rows(out, x.rows)?;
+        let cols = x.cols;
+        out.as_mut_slice()
+            .par_chunks_mut(cols * ROWS_PER_TASK)
+            .zip(x.as_slice().par_chunks(cols * ROWS_PER_TASK))
+            .for_each(|(o, i)| {
+                for (orow, irow) in o.chunks_mut(cols).zip(i.chunks(cols)) {
+                    ops::rms_norm_row(irow, w, eps, orow);
+                }
+            });
+        Ok(())
+    }
+
+    fn matmul(&self, x: &CpuTensor, w: &WeightMatrix, out: &mut CpuTensor) -> Result<(), Error> {
+        expect_cols("matmul", x, w.cols())?;
+        expect_cols("matmul", out, w.rows())?;
+        self.set_rows(out, x.rows)?;
+        let n = x.rows;
+        w.matmul(x.as_slice(), n, out.as_mut_slice())
+    }
+
+    fn matmul_cat(&self, x: &CpuTensor, ws: &[WeightMatrix], out: &mut CpuTensor) -> Result<(), Error> {
+        if let [w] = ws {
+            return self.matmul(x, w, out);
+        }
+        let total: usize = ws.iter().map(WeightMatrix::rows).sum();
+        expect_cols("matmul_cat", out, total)?;
+        self.set_rows(out, x.rows)?;
+        let mut col = 0;
+        for w in ws {
+            let mut part = self.tensor(x.rows, w.rows())?;
+            self.matmul(x, w, &mut part)?;
+            for (dst, src) in out.as_mut_slice().chunks_mut(total).zip(part.as_slice().chunks(w.rows())) {
+                dst[col..col + w.rows()].copy_from_slice(src);
+            }
+            col += w.rows();
+        }
+        Ok(())
+    }
+
+    fn add_bias(&self, x: &mut CpuTensor, bias: &Vec<f32>) -> Result<(), Error> {
+        expect_cols("add_bias", x, bias.len())?;
+        for row in x.as_mut_slice().chunks_mut(bias.len()) {
+            row.iter_mut().zip(bias).for_each(|(a, b)| *a += b);
+        }
+        Ok(())
+    }
+
+    fn add_assign(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<(), Error> {
+        if (x.rows, x.cols) != (y.rows, y.cols) {
+            return Err(shape("add", format!("[{}, {}] += [{}, {}]", x.rows, x.cols, y.rows, y.cols)));
+        }
+        x.as_mut_slice().iter_mut().zip(y.as_slice()).for_each(|(a, b)| *a += b);
+        Ok(())
+    }
+
+    fn silu_mul(&self, gate_up: &CpuTensor, out: &mut CpuTensor) -> Result<(), Error> {
+        expect_cols("silu_mul", gate_up, 2 * out.cols)?;
+        self.set_rows(out, gate_up.rows)?;
+        let f = out.cols;
+        out.as_mut_slice()
+            .par_chunks_mut(f * ROWS_PER_TASK)
+            .zip(gate_up.as_slice().par_chunks(2 * f * ROWS_PER_TASK))
+            .for_each(|(o, gu)| {
+                for (orow, gurow) in o.chunks_mut(f).zip(gu.chunks(2 * f)) {
+                    let (g, u) = gurow.split_at(f);
+                    for ((o, &g), &u) in orow.iter_mut().zip(g).zip(u) {
+                        *o = g / (1.0 + (-g).exp()) * u;
+                    }
+                }
+            });
+        Ok(())
+    }
+
+    fn gather_rows(&self, x: &CpuTensor, rows: &[usize], out: &mut CpuTensor) -> Result<(), Error> {
+        expect_cols("gather_rows", out, x.cols)?;
+        self.set_rows(out, rows.len())?;
+        let cols = x.cols;
+        for (dst, &r) in out.as_mut_slice().chunks_mut(cols).zip(rows) {
+            if r >= x.rows {
+                return Err(shape("gather_rows", format!("row {r} of {}", x.rows)));
+            }
+            dst.copy_from_slice(x.row(r));
+        }
+        Ok(())
+    }
+
+    fn write_kv(
+        &self,
+        qkv: &mut CpuTensor,
+        g: &AttnGeometry,
+        rope: &Rope,
+        qk_norm: Option<QkNorm<'_, Vec<f32>>>,
+        spans: &[SeqSpan<'_>],
+        pool: &mut CpuKvPool,
+    ) -> Result<(), Error> {
+        expect_cols("write_kv", qkv, g.qkv_width())?;
+        let positions = token_positions(spans, qkv.rows)?;
+        let width = g.qkv_width();
+        let qk_heads = g.n_heads + g.n_kv_heads;
+        qkv.as_mut_slice()
+            .par_chunks_mut(width)
+            .zip(positions.par_iter())
+            .for_each(|(row, &pos)| {
+                for (h, head) in row[..qk_heads * g.head_dim].chunks_mut(g.head_dim).enumerate() {
+                    if let Some(n) = &qk_norm {
+                        let w = if h < g.n_heads { n.q } else { n.k };
+                        ops::rms_norm_in_place(head, w, n.eps);
+                    }
+                    ops::rope(head, pos, rope);
+                }
+            });
+        pool.store(qkv, g, spans)
+    }
+
+    fn attention(
+        &self,
+        qkv: &CpuTensor,
+        g: &AttnGeometry,
+        spans: &[SeqSpan<'_>],
+        pool: &CpuKvPool,
+        out: &mut CpuTensor,
+    ) -> Result<(), Error> {
+        expect_cols("attention", qkv, g.qkv_width())?;
+        expect_cols("attention", out, g.n_heads * g.head_dim)?;
+        self.set_rows(out, qkv.rows)?;
+        attention::attend(qkv, g, spans, pool, out)
+    }
+}
+
+/// Position of every row of the step, checking that spans tile the rows exactly.
+fn token_positions(spans: &[SeqSpan<'_>], rows: usize) -> Result<Vec<usize>, Error> {
+    let mut pos = vec![usize::MAX; rows];
+    for s in spans {
+        let end = s.first_row + s.n_tokens;
+        if end > rows {
+            return Err(shape("spans", format!("span rows {}..{end} beyond {rows} rows", s.first_row)));
+        }
+        for (i, p) in pos[s.first_row..end].iter_mut().enumerate() {
+            *p = s.first_pos + i;
+        }
+    }
+    if pos.contains(&usize::MAX) {
+        return Err(shape("spans", "some rows belong to no sequence".into()));
+    }
+    Ok(pos)
+}

@@ -1,0 +1,70 @@
+//! The Backend trait and its implementations.
+//!
+//! `quant` holds the weight formats (GGML blocks) and the host-side [`WeightMatrix`];
+//! `cpu` holds the CPU kernels (SIMD + rayon).
+#![deny(missing_docs)]
+
+mod backend;
+pub mod cpu;
+pub mod quant;
+
+pub use backend::{AttnGeometry, Backend, QkNorm, Rope, RopeStyle, SeqSpan};
+pub use quant::{GgmlType, WeightBytes, WeightMatrix};
+
+/// Errors of the backend crate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A tensor type the engine cannot compute with.
+    #[error("unsupported weight type {name} (ggml type {id}); supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K")]
+    UnsupportedWeightType {
+        /// The on-disk type number.
+        id: u32,
+        /// Its name, if known.
+        name: &'static str,
+    },
+    /// A row length that is not a whole number of format blocks.
+    #[error("a row of {cols} elements is not a whole number of {ty:?} blocks of {block_len}")]
+    RaggedRow {
+        /// The format.
+        ty: GgmlType,
+        /// Elements per row.
+        cols: usize,
+        /// Elements per block.
+        block_len: usize,
+    },
+    /// Byte count does not match the shape.
+    #[error("weight holds {actual} bytes but its shape needs {expected}")]
+    WeightSize {
+        /// Bytes the shape needs.
+        expected: usize,
+        /// Bytes present.
+        actual: usize,
+    },
+    /// The shape's byte size overflows.
+    #[error("weight shape [{rows}, {cols}] is too large")]
+    SizeOverflow {
+        /// Rows.
+        rows: usize,
+        /// Columns.
+        cols: usize,
+    },
+    /// A KV-cache number format this backend cannot attend over.
+    #[error("the {backend} backend does not support KV dtype {dtype} (accepted: {accepted})")]
+    UnsupportedKvDtype {
+        /// The requested dtype.
+        dtype: String,
+        /// The backend.
+        backend: &'static str,
+        /// What it accepts.
+        accepted: &'static str,
+    },
+    /// Two operands whose shapes do not fit together.
+    #[error("shape mismatch in {op}: {detail}")]
+    Shape {
+        /// The operation.
+        op: &'static str,
+        /// What did not fit.
+        detail: String,
+    },
+}

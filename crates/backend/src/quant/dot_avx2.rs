@@ -1,0 +1,603 @@
+//! AVX2 (+FMA, F16C) kernels: weight rows against quantized activations for the 32-element
+//! formats, and against f32 activations for F32/F16/BF16 weights. Each computes the same
+//! quantity as its `dot_scalar` twin; only the f32 summation order differs.
+//!
+//! Shape of every kernel: `out[r·n + t] = row_r · x_t` for the rows of a chunk `w`
+//! (`row_bytes` apart) and all `n` tokens. Tokens go in groups of up to four so that each
+//! weight block is loaded and unpacked once per group (decode with a few sequences reads the
+//! weights from memory once); the group loop is outside the row loop so that, in prefill, a
+//! chunk of rows stays in cache while every token group passes over it.
+//!
+//! The integer step is llama.cpp's: unsigned codes × signed activations with
+//! `_mm256_maddubs_epi16`, pairs summed to i32 with `_mm256_madd_epi16`, converted and scaled
+//! per block with one FMA. Signed weight codes (Q4_0, Q5_0, Q8_0) move their sign onto the
+//! activations with `_mm256_sign_epi8` first. No i16 overflow: |code| ≤ 128, |act| ≤ 127.
+
+use super::activations::Q8Block;
+
+/// Whether this CPU runs the kernels of this file (AVX2, FMA and F16C).
+#[inline]
+pub(crate) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use imp::{rows_float, rows_q8};
+
+/// Widens F16 or BF16 bytes (`src`, 2 per value) into `dst` with F16C/AVX2 when the CPU has
+/// them (exact, like the scalar conversion); returns false, writing nothing, otherwise.
+/// Per-element `half` conversion costs ~3 ns here, which made F16 prefill widening dominate.
+pub(crate) fn widen_half(bf16: bool, src: &[u8], dst: &mut [f32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if available() {
+        // SAFETY: `available()` checked the CPU features.
+        unsafe { imp::widen_half(bf16, src, dst) };
+        return true;
+    }
+    let _ = (bf16, src, dst);
+    false
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+/// Never called: [`available`] is false off x86-64.
+pub(crate) unsafe fn rows_q8(
+    _: super::GgmlType,
+    _: &[u8],
+    _: usize,
+    _: &[Q8Block],
+    _: usize,
+    _: &mut [f32],
+) {
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+/// Never called: [`available`] is false off x86-64.
+pub(crate) unsafe fn rows_float(
+    _: super::GgmlType,
+    _: &[u8],
+    _: usize,
+    _: &[f32],
+    _: usize,
+    _: &mut [f32],
+) {
+}
+
+#[cfg(target_arch = "x86_64")]
+mod imp {
+    use super::Q8Block;
+    use crate::quant::GgmlType;
+    use std::arch::x86_64::*;
+
+    /// How one 32-element weight format turns a block into 32 int8 codes and its scales.
+    trait Block {
+        /// Bytes per block.
+        const BYTES: usize;
+        /// Codes are signed (sign trick needed); otherwise unsigned with a min `m`.
+        const SIGNED: bool;
+        /// Returns the 32 codes and `[d, m, 0, 0]` (`m = 0` for the signed formats).
+        ///
+        /// # Safety
+        /// `p` must point at `BYTES` readable bytes; the CPU must have AVX2 and F16C.
+        unsafe fn load(p: *const u8) -> (__m256i, __m128);
+    }
+
+    /// Low nibbles of 16 bytes in lanes 0..16, high nibbles in lanes 16..32 (ggml's
+    /// `bytes_from_nibbles_32`), matching the element order of the 4- and 5-bit formats.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn nibbles(p: *const u8) -> __m256i {
+        // SAFETY: the caller guarantees 16 readable bytes at `p`.
+        let lo = unsafe { _mm_loadu_si128(p.cast()) };
+        let both =
+            _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(lo), _mm_srli_epi16::<4>(lo));
+        _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+    }
+
+    /// Byte `j` = 0xFF where bit `j` of the little-endian u32 at `p` is set (ggml's
+    /// `bytes_from_bits_32`).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn bits(p: *const u8) -> __m256i {
+        // SAFETY: the caller guarantees 4 readable bytes at `p`.
+        let x = unsafe { p.cast::<i32>().read_unaligned() };
+        let shuf = _mm256_set_epi64x(
+            0x0303030303030303,
+            0x0202020202020202,
+            0x0101010101010101,
+            0,
+        );
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x), shuf);
+        let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+        _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+    }
+
+    /// The half at `p` widened into lane 0 (lanes 1..4 zero).
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn half1(p: *const u8) -> __m128 {
+        // SAFETY: the caller guarantees 2 readable bytes at `p`.
+        let h = unsafe { p.cast::<u16>().read_unaligned() };
+        _mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h)))
+    }
+
+    /// The halves `d, m` at `p` widened into lanes 0 and 1.
+    #[inline]
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn half2(p: *const u8) -> __m128 {
+        // SAFETY: the caller guarantees 4 readable bytes at `p`.
+        let h = unsafe { p.cast::<i32>().read_unaligned() };
+        _mm_cvtph_ps(_mm_cvtsi32_si128(h))
+    }
+
+    struct Q4_0;
+    struct Q4_1;
+    struct Q5_0;
+    struct Q5_1;
+    struct Q8_0;
+
+    // SAFETY (all `load`s below): every read stays inside the `BYTES` bytes at `p` that the
+    // caller guarantees; the offsets are those of the layouts in `blocks.rs`.
+    impl Block for Q4_0 {
+        const BYTES: usize = 18;
+        const SIGNED: bool = true;
+        #[inline(always)]
+        unsafe fn load(p: *const u8) -> (__m256i, __m128) {
+            unsafe {
+                (
+                    _mm256_sub_epi8(nibbles(p.add(2)), _mm256_set1_epi8(8)),
+                    half1(p),
+                )
+            }
+        }
+    }
+    impl Block for Q4_1 {
+        const BYTES: usize = 20;
+        const SIGNED: bool = false;
+        #[inline(always)]
+        unsafe fn load(p: *const u8) -> (__m256i, __m128) {
+            unsafe { (nibbles(p.add(4)), half2(p)) }
+        }
+    }
+    impl Block for Q5_0 {
+        const BYTES: usize = 22;
+        const SIGNED: bool = true;
+        #[inline(always)]
+        unsafe fn load(p: *const u8) -> (__m256i, __m128) {
+            // Where the fifth bit is clear, OR-ing 0xF0 makes the byte `q − 16` in i8.
+            unsafe {
+                let hi = _mm256_andnot_si256(bits(p.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+                (_mm256_or_si256(nibbles(p.add(6)), hi), half1(p))
+            }
+        }
+    }
+    impl Block for Q5_1 {
+        const BYTES: usize = 24;
+        const SIGNED: bool = false;
+        #[inline(always)]
+        unsafe fn load(p: *const u8) -> (__m256i, __m128) {
+            unsafe {
+                let hi = _mm256_and_si256(bits(p.add(4)), _mm256_set1_epi8(0x10));
+                (_mm256_or_si256(nibbles(p.add(8)), hi), half2(p))
+            }
+        }
+    }
+    impl Block for Q8_0 {
+        const BYTES: usize = 34;
+        const SIGNED: bool = true;
+        #[inline(always)]
+        unsafe fn load(p: *const u8) -> (__m256i, __m128) {
+            unsafe { (_mm256_loadu_si256(p.add(2).cast()), half1(p)) }
+        }
+    }
+
+    /// Horizontal sum of 8 floats.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn hsum(v: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+
+    /// Per-token accumulators: the scaled integer sums, and (lane 1) the `m·s` min terms.
+    struct Acc<const NT: usize> {
+        dot: [__m256; NT],
+        min: [__m128; NT],
+    }
+
+    impl<const NT: usize> Acc<NT> {
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        fn new() -> Self {
+            Self {
+                dot: [_mm256_setzero_ps(); NT],
+                min: [_mm_setzero_ps(); NT],
+            }
+        }
+    }
+
+    /// Adds block `ib` of the row times block `ib` of each token's activations into `acc`.
+    ///
+    /// # Safety
+    /// Block `ib` of the row (at `row`) and of each `acts[t]` is readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block_step<B: Block, const NT: usize>(
+        row: *const u8,
+        ib: usize,
+        acts: &[*const Q8Block; NT],
+        acc: &mut Acc<NT>,
+    ) {
+        // SAFETY: block `ib` of the row is readable (caller contract).
+        let (qx, dm) = unsafe { B::load(row.add(ib * B::BYTES)) };
+        let ax = if B::SIGNED {
+            _mm256_sign_epi8(qx, qx)
+        } else {
+            qx
+        };
+        for (t, act) in acts.iter().enumerate() {
+            // SAFETY: block `ib` of token `t`'s activations is readable (caller contract);
+            // `Q8Block` is `repr(C)` with `d, s` first, then 32 codes.
+            let (ds, qy) = unsafe {
+                let a = act.add(ib);
+                (
+                    _mm_castsi128_ps(_mm_loadl_epi64(a.cast())),
+                    _mm256_loadu_si256((*a).qs.as_ptr().cast()),
+                )
+            };
+            // Lane 0: d_w·d_a (scales the integer sum); lane 1: m_w·s_a (the min term).
+            let prod = _mm_mul_ps(dm, ds);
+            let sy = if B::SIGNED {
+                _mm256_sign_epi8(qy, qx)
+            } else {
+                qy
+            };
+            let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+            acc.dot[t] = _mm256_fmadd_ps(
+                _mm256_broadcastss_ps(prod),
+                _mm256_cvtepi32_ps(sums),
+                acc.dot[t],
+            );
+            if !B::SIGNED {
+                acc.min[t] = _mm_add_ps(acc.min[t], prod);
+            }
+        }
+    }
+
+    /// One weight row (`nb` blocks at `row`) against `NT` tokens' activations.
+    ///
+    /// With one or two tokens a single accumulator chain would wait on the FMA latency every
+    /// block, so even and odd blocks go to separate accumulators (cache-resident, one
+    /// thread: Q4_1 576×1536 9.9 → 12.9 GB/s, Q8_0 LM head 12.3 → 14.5 GB/s).
+    ///
+    /// # Safety
+    /// `row` points at `nb·B::BYTES` readable bytes and each `acts[t]` at `nb` blocks.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_row<B: Block, const NT: usize>(
+        row: *const u8,
+        nb: usize,
+        acts: [*const Q8Block; NT],
+    ) -> [f32; NT] {
+        let (mut even, mut odd) = (Acc::<NT>::new(), Acc::<NT>::new());
+        let mut ib = 0;
+        // SAFETY (block_step calls): `ib < nb` in every call (caller contract covers `nb`).
+        if NT <= 2 {
+            while ib + 2 <= nb {
+                unsafe {
+                    block_step::<B, NT>(row, ib, &acts, &mut even);
+                    block_step::<B, NT>(row, ib + 1, &acts, &mut odd);
+                }
+                ib += 2;
+            }
+        }
+        while ib < nb {
+            unsafe { block_step::<B, NT>(row, ib, &acts, &mut even) };
+            ib += 1;
+        }
+        std::array::from_fn(|t| {
+            let dot = _mm256_add_ps(even.dot[t], odd.dot[t]);
+            let min = if B::SIGNED {
+                0.0
+            } else {
+                _mm_cvtss_f32(_mm_movehdup_ps(_mm_add_ps(even.min[t], odd.min[t])))
+            };
+            hsum(dot) + min
+        })
+    }
+
+    /// Rows of the chunk × tokens `t0..t0 + NT`.
+    ///
+    /// # Safety
+    /// As [`rows_q8`], whose checks establish it.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn token_group<B: Block, const NT: usize>(
+        w: &[u8],
+        row_bytes: usize,
+        acts: &[Q8Block],
+        n: usize,
+        t0: usize,
+        out: &mut [f32],
+    ) {
+        let nb = row_bytes / B::BYTES;
+        // SAFETY: `t0 + NT <= n` and `acts` holds `n·nb` blocks (checked by `rows_q8`).
+        let a: [*const Q8Block; NT] =
+            std::array::from_fn(|i| unsafe { acts.as_ptr().add((t0 + i) * nb) });
+        for (r, o) in out.chunks_exact_mut(n).enumerate() {
+            // SAFETY: row `r` lies inside `w` (rows_q8 checked `w` covers every output row).
+            let v = unsafe { dot_row::<B, NT>(w.as_ptr().add(r * row_bytes), nb, a) };
+            o[t0..t0 + NT].copy_from_slice(&v);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q8_rows<B: Block>(
+        w: &[u8],
+        row_bytes: usize,
+        acts: &[Q8Block],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let mut t0 = 0;
+        // SAFETY (each call): contract of `rows_q8`, and `t0 + NT <= n` by construction.
+        while t0 < n {
+            let nt = (n - t0).min(4);
+            unsafe {
+                match nt {
+                    1 => token_group::<B, 1>(w, row_bytes, acts, n, t0, out),
+                    2 => token_group::<B, 2>(w, row_bytes, acts, n, t0, out),
+                    3 => token_group::<B, 3>(w, row_bytes, acts, n, t0, out),
+                    _ => token_group::<B, 4>(w, row_bytes, acts, n, t0, out),
+                }
+            }
+            t0 += nt;
+        }
+    }
+
+    /// `out[r·n + t] = row_r · acts_t` for the rows of `w` (a 32-element format `ty`, rows
+    /// `row_bytes` apart) and `n` tokens whose activations are `acts[t·nb..(t+1)·nb]`.
+    /// Inconsistent sizes make it return without writing (callers check them first).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C ([`super::available`]).
+    pub(crate) unsafe fn rows_q8(
+        ty: GgmlType,
+        w: &[u8],
+        row_bytes: usize,
+        acts: &[Q8Block],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let rows = out.len().checked_div(n).unwrap_or(0);
+        let block_bytes = ty.block_bytes();
+        if !row_bytes.is_multiple_of(block_bytes)
+            || w.len() < rows * row_bytes
+            || acts.len() < n * (row_bytes / block_bytes)
+        {
+            return;
+        }
+        // SAFETY: sizes checked above; CPU features per this function's contract.
+        unsafe {
+            match ty {
+                GgmlType::Q4_0 => q8_rows::<Q4_0>(w, row_bytes, acts, n, out),
+                GgmlType::Q4_1 => q8_rows::<Q4_1>(w, row_bytes, acts, n, out),
+                GgmlType::Q5_0 => q8_rows::<Q5_0>(w, row_bytes, acts, n, out),
+                GgmlType::Q5_1 => q8_rows::<Q5_1>(w, row_bytes, acts, n, out),
+                GgmlType::Q8_0 => q8_rows::<Q8_0>(w, row_bytes, acts, n, out),
+                _ => {}
+            }
+        }
+    }
+
+    /// How a float weight format widens 8 elements to f32.
+    trait Floats {
+        /// Bytes per element.
+        const BYTES: usize;
+        /// Eight elements at `p` as f32.
+        ///
+        /// # Safety
+        /// `p` points at `8·BYTES` readable bytes; the CPU has AVX2 and F16C.
+        unsafe fn load8(p: *const u8) -> __m256;
+        /// One element from its bytes.
+        fn one(b: &[u8]) -> f32;
+    }
+    struct F32;
+    struct F16;
+    struct Bf16;
+    // SAFETY (all `load8`s): reads exactly the `8·BYTES` bytes the caller guarantees.
+    impl Floats for F32 {
+        const BYTES: usize = 4;
+        #[inline(always)]
+        unsafe fn load8(p: *const u8) -> __m256 {
+            unsafe { _mm256_loadu_ps(p.cast()) }
+        }
+        fn one(b: &[u8]) -> f32 {
+            f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        }
+    }
+    impl Floats for F16 {
+        const BYTES: usize = 2;
+        #[inline(always)]
+        unsafe fn load8(p: *const u8) -> __m256 {
+            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
+        }
+        fn one(b: &[u8]) -> f32 {
+            half::f16::from_le_bytes([b[0], b[1]]).to_f32()
+        }
+    }
+    impl Floats for Bf16 {
+        const BYTES: usize = 2;
+        #[inline(always)]
+        unsafe fn load8(p: *const u8) -> __m256 {
+            // bf16 is the top half of an f32: widen to u32 and shift into place.
+            unsafe {
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+                    _mm_loadu_si128(p.cast()),
+                )))
+            }
+        }
+        fn one(b: &[u8]) -> f32 {
+            half::bf16::from_le_bytes([b[0], b[1]]).to_f32()
+        }
+    }
+
+    /// One float weight row of `cols` elements against `NT` f32 token vectors. Two
+    /// accumulators per token hide the FMA latency.
+    ///
+    /// # Safety
+    /// `row` holds `cols·F::BYTES` bytes and each `xs[t]` points at `cols` floats.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_float<F: Floats, const NT: usize>(
+        row: &[u8],
+        cols: usize,
+        xs: [*const f32; NT],
+    ) -> [f32; NT] {
+        let mut acc0 = [_mm256_setzero_ps(); NT];
+        let mut acc1 = [_mm256_setzero_ps(); NT];
+        let p = row.as_ptr();
+        let mut c = 0;
+        // SAFETY (loads below): `c + 16 <= cols` / `c + 8 <= cols` keep every read in bounds.
+        while c + 16 <= cols {
+            let (w0, w1) = unsafe {
+                (
+                    F::load8(p.add(c * F::BYTES)),
+                    F::load8(p.add((c + 8) * F::BYTES)),
+                )
+            };
+            for t in 0..NT {
+                let (x0, x1) = unsafe {
+                    (
+                        _mm256_loadu_ps(xs[t].add(c)),
+                        _mm256_loadu_ps(xs[t].add(c + 8)),
+                    )
+                };
+                acc0[t] = _mm256_fmadd_ps(w0, x0, acc0[t]);
+                acc1[t] = _mm256_fmadd_ps(w1, x1, acc1[t]);
+            }
+            c += 16;
+        }
+        if c + 8 <= cols {
+            let w0 = unsafe { F::load8(p.add(c * F::BYTES)) };
+            for t in 0..NT {
+                acc0[t] = _mm256_fmadd_ps(w0, unsafe { _mm256_loadu_ps(xs[t].add(c)) }, acc0[t]);
+            }
+            c += 8;
+        }
+        let mut sums: [f32; NT] = std::array::from_fn(|t| hsum(_mm256_add_ps(acc0[t], acc1[t])));
+        for (k, b) in row.chunks_exact(F::BYTES).enumerate().skip(c) {
+            let w = F::one(b);
+            for t in 0..NT {
+                // SAFETY: `k < cols`.
+                sums[t] += w * unsafe { *xs[t].add(k) };
+            }
+        }
+        sums
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn float_group<F: Floats, const NT: usize>(
+        w: &[u8],
+        row_bytes: usize,
+        x: &[f32],
+        n: usize,
+        t0: usize,
+        out: &mut [f32],
+    ) {
+        let cols = row_bytes / F::BYTES;
+        // SAFETY: `t0 + NT <= n` and `x` holds `n·cols` floats (checked by `rows_float`).
+        let xs: [*const f32; NT] =
+            std::array::from_fn(|i| unsafe { x.as_ptr().add((t0 + i) * cols) });
+        for (o, row) in out.chunks_exact_mut(n).zip(w.chunks_exact(row_bytes)) {
+            // SAFETY: `row` has `cols·BYTES` bytes; `xs` as above.
+            let v = unsafe { dot_float::<F, NT>(row, cols, xs) };
+            o[t0..t0 + NT].copy_from_slice(&v);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn float_rows<F: Floats>(
+        w: &[u8],
+        row_bytes: usize,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let mut t0 = 0;
+        // SAFETY (each call): contract of `rows_float`, and `t0 + NT <= n` by construction.
+        while t0 < n {
+            let nt = (n - t0).min(4);
+            unsafe {
+                match nt {
+                    1 => float_group::<F, 1>(w, row_bytes, x, n, t0, out),
+                    2 => float_group::<F, 2>(w, row_bytes, x, n, t0, out),
+                    3 => float_group::<F, 3>(w, row_bytes, x, n, t0, out),
+                    _ => float_group::<F, 4>(w, row_bytes, x, n, t0, out),
+                }
+            }
+            t0 += nt;
+        }
+    }
+
+    /// See [`super::widen_half`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) fn widen_half(bf16: bool, src: &[u8], dst: &mut [f32]) {
+        let mut src8 = src.chunks_exact(16);
+        let mut dst8 = dst.chunks_exact_mut(8);
+        for (s, d) in (&mut src8).zip(&mut dst8) {
+            // SAFETY: `s` is 16 readable bytes and `d` 8 writable floats (exact chunks).
+            unsafe {
+                let v = if bf16 {
+                    Bf16::load8(s.as_ptr())
+                } else {
+                    F16::load8(s.as_ptr())
+                };
+                _mm256_storeu_ps(d.as_mut_ptr(), v);
+            }
+        }
+        for (s, d) in src8.remainder().chunks_exact(2).zip(dst8.into_remainder()) {
+            *d = if bf16 { Bf16::one(s) } else { F16::one(s) };
+        }
+    }
+
+    /// `out[r·n + t] = row_r · x_t` for float weights (`ty` F32/F16/BF16, rows `row_bytes`
+    /// apart) and `n` f32 token vectors `x[t·cols..]`. Inconsistent sizes: returns unwritten.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C ([`super::available`]).
+    pub(crate) unsafe fn rows_float(
+        ty: GgmlType,
+        w: &[u8],
+        row_bytes: usize,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        let rows = out.len().checked_div(n).unwrap_or(0);
+        let cols = row_bytes / ty.block_bytes();
+        if !row_bytes.is_multiple_of(ty.block_bytes())
+            || w.len() < rows * row_bytes
+            || x.len() < n * cols
+        {
+            return;
+        }
+        // SAFETY: sizes checked above; CPU features per this function's contract.
+        unsafe {
+            match ty {
+                GgmlType::F32 => float_rows::<F32>(w, row_bytes, x, n, out),
+                GgmlType::F16 => float_rows::<F16>(w, row_bytes, x, n, out),
+                GgmlType::Bf16 => float_rows::<Bf16>(w, row_bytes, x, n, out),
+                _ => {}
+            }
+        }
+    }
+}
