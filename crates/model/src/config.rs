@@ -1,0 +1,301 @@
+//! Model hyper-parameters, read from GGUF metadata or a Hugging Face `config.json`, validated
+//! into one [`ModelConfig`].
+
+use serde::Deserialize;
+use turbokv_backend::RopeStyle;
+
+use crate::ModelError;
+use crate::gguf::Metadata;
+
+/// The transformer families this crate runs. They differ only in optional pieces
+/// (QKV bias, q/k norm) and conventions, all captured by [`ModelConfig`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// Llama 2/3/3.1/3.2, SmolLM2, Mistral.
+    Llama,
+    /// Qwen2/2.5: bias on Q, K and V.
+    Qwen2,
+    /// Qwen3: per-head RMSNorm on q and k.
+    Qwen3,
+}
+
+impl Family {
+    fn parse(name: &str) -> Result<Self, ModelError> {
+        match name {
+            "llama" | "mistral" | "LlamaForCausalLM" | "MistralForCausalLM" => Ok(Self::Llama),
+            "qwen2" | "Qwen2ForCausalLM" => Ok(Self::Qwen2),
+            "qwen3" | "Qwen3ForCausalLM" => Ok(Self::Qwen3),
+            other => Err(ModelError::UnknownArchitecture {
+                found: other.to_string(),
+                supported: "llama, mistral, qwen2, qwen3 (GGUF) / LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (Hugging Face)",
+            }),
+        }
+    }
+}
+
+/// Llama-3-style RoPE frequency scaling (long-context extension).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Llama3RopeScaling {
+    /// Overall factor.
+    pub factor: f32,
+    /// Wavelengths above `original_context / low_freq_factor` are divided by `factor`.
+    pub low_freq_factor: f32,
+    /// Wavelengths below `original_context / high_freq_factor` are kept.
+    pub high_freq_factor: f32,
+    /// The pre-training context length.
+    pub original_context: f32,
+}
+
+/// RoPE frequency adjustment.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Positions divided by a factor.
+    Linear(f32),
+    /// Llama 3.1's piecewise scaling.
+    Llama3(Llama3RopeScaling),
+    /// Per-pair frequency divisors (GGUF's `rope_freqs.weight`).
+    Factors(Vec<f32>),
+}
+
+/// Validated hyper-parameters of a decoder-only transformer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// Model family.
+    pub family: Family,
+    /// Vocabulary size (rows of the embedding).
+    pub vocab_size: usize,
+    /// Residual stream width.
+    pub hidden: usize,
+    /// Transformer blocks.
+    pub n_layers: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// KV heads.
+    pub n_kv_heads: usize,
+    /// Values per head.
+    pub head_dim: usize,
+    /// MLP inner width.
+    pub ffn: usize,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// RoPE base.
+    pub rope_theta: f32,
+    /// Coordinates per head that RoPE rotates.
+    pub rope_dim: usize,
+    /// RoPE pairing convention of the stored weights.
+    pub rope_style: RopeStyle,
+    /// RoPE frequency scaling.
+    pub rope_scaling: RopeScaling,
+    /// Trained context length.
+    pub max_context: usize,
+}
+
+impl ModelConfig {
+    /// Checks the invariants the forward pass relies on.
+    pub fn validate(self) -> Result<Self, ModelError> {
+        let bad = |what: String| Err(ModelError::InvalidConfig(what));
+        if [
+            self.vocab_size,
+            self.hidden,
+            self.n_layers,
+            self.n_heads,
+            self.n_kv_heads,
+            self.head_dim,
+            self.ffn,
+        ]
+        .contains(&0)
+        {
+            return bad(format!("zero-sized dimension in {self:?}"));
+        }
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return bad(format!(
+                "{} query heads are not a multiple of {} kv heads",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if !self.rope_dim.is_multiple_of(2) || self.rope_dim > self.head_dim {
+            return bad(format!(
+                "rope dim {} must be even and ≤ head dim {}",
+                self.rope_dim, self.head_dim
+            ));
+        }
+        if !(self.rms_eps > 0.0 && self.rope_theta > 0.0) {
+            return bad(format!(
+                "rms eps {} and rope theta {} must be positive",
+                self.rms_eps, self.rope_theta
+            ));
+        }
+        Ok(self)
+    }
+
+    /// Per-pair inverse frequencies with scaling applied.
+    pub fn rope_inv_freq(&self) -> Vec<f32> {
+        let half = self.rope_dim / 2;
+        (0..half)
+            .map(|i| {
+                let base = (self.rope_theta as f64).powf(-((2 * i) as f64) / self.rope_dim as f64);
+                let f = match &self.rope_scaling {
+                    RopeScaling::None => base,
+                    RopeScaling::Linear(k) => base / *k as f64,
+                    RopeScaling::Factors(fs) => base / fs.get(i).copied().unwrap_or(1.0) as f64,
+                    RopeScaling::Llama3(s) => llama3_scale(base, s),
+                };
+                f as f32
+            })
+            .collect()
+    }
+
+    /// Reads a GGUF file's hyper-parameters.
+    pub fn from_gguf(md: &Metadata) -> Result<Self, ModelError> {
+        let arch = md.str("general.architecture")?;
+        let family = Family::parse(arch)?;
+        let k = |s: &str| format!("{arch}.{s}");
+        let hidden = md.u64(&k("embedding_length"))? as usize;
+        let n_heads = md.u64(&k("attention.head_count"))? as usize;
+        let n_kv_heads = md
+            .opt_u64(&k("attention.head_count_kv"))?
+            .map_or(n_heads, |v| v as usize);
+        let head_dim = match md.opt_u64(&k("attention.key_length"))? {
+            Some(v) => v as usize,
+            None if n_heads > 0 => hidden / n_heads,
+            None => 0,
+        };
+        let vocab_size = match md.opt_u64(&k("vocab_size"))? {
+            Some(v) => v as usize,
+            None => md.array("tokenizer.ggml.tokens")?.len(),
+        };
+        let rope_scaling = match md.opt_str(&k("rope.scaling.type"))? {
+            Some("linear") => RopeScaling::Linear(md.f64(&k("rope.scaling.factor"))? as f32),
+            Some("none") | None => RopeScaling::None,
+            Some(other) => {
+                return Err(ModelError::InvalidConfig(format!(
+                    "unsupported rope scaling type {other:?}"
+                )));
+            }
+        };
+        Self {
+            family,
+            vocab_size,
+            hidden,
+            n_layers: md.u64(&k("block_count"))? as usize,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ffn: md.u64(&k("feed_forward_length"))? as usize,
+            rms_eps: md.f64(&k("attention.layer_norm_rms_epsilon"))? as f32,
+            rope_theta: md.opt_f64(&k("rope.freq_base"))?.unwrap_or(10_000.0) as f32,
+            rope_dim: md
+                .opt_u64(&k("rope.dimension_count"))?
+                .map_or(head_dim, |v| v as usize),
+            // llama.cpp permutes llama Q/K weights at conversion for interleaved pairs; qwen
+            // files keep Hugging Face's half-split layout ("NEOX" rope in llama.cpp).
+            rope_style: match family {
+                Family::Llama => RopeStyle::Interleaved,
+                Family::Qwen2 | Family::Qwen3 => RopeStyle::HalfSplit,
+            },
+            rope_scaling,
+            max_context: md
+                .opt_u64(&k("context_length"))?
+                .map_or(4096, |v| v as usize),
+        }
+        .validate()
+    }
+
+    /// Parses a Hugging Face `config.json`.
+    pub fn from_hf_json(text: &str) -> Result<Self, ModelError> {
+        let raw: HfConfig = serde_json::from_str(text)
+            .map_err(|e| ModelError::InvalidConfig(format!("config.json: {e}")))?;
+        let arch = raw
+            .architectures
+            .first()
+            .map(String::as_str)
+            .or(raw.model_type.as_deref())
+            .unwrap_or("");
+        let family = Family::parse(arch)?;
+        let head_dim = raw
+            .head_dim
+            .unwrap_or(raw.hidden_size / raw.num_attention_heads.max(1));
+        let rope_scaling = match raw.rope_scaling {
+            None => RopeScaling::None,
+            Some(s) => match s.rope_type.as_deref().or(s.kind.as_deref()) {
+                Some("llama3") => RopeScaling::Llama3(Llama3RopeScaling {
+                    factor: s.factor.unwrap_or(1.0),
+                    low_freq_factor: s.low_freq_factor.unwrap_or(1.0),
+                    high_freq_factor: s.high_freq_factor.unwrap_or(4.0),
+                    original_context: s.original_max_position_embeddings.unwrap_or(8192) as f32,
+                }),
+                Some("linear") => RopeScaling::Linear(s.factor.unwrap_or(1.0)),
+                Some("default") | None => RopeScaling::None,
+                Some(other) => {
+                    return Err(ModelError::InvalidConfig(format!(
+                        "unsupported rope_scaling type {other:?}"
+                    )));
+                }
+            },
+        };
+        Self {
+            family,
+            vocab_size: raw.vocab_size,
+            hidden: raw.hidden_size,
+            n_layers: raw.num_hidden_layers,
+            n_heads: raw.num_attention_heads,
+            n_kv_heads: raw.num_key_value_heads.unwrap_or(raw.num_attention_heads),
+            head_dim,
+            ffn: raw.intermediate_size,
+            rms_eps: raw.rms_norm_eps.unwrap_or(1e-6),
+            rope_theta: raw.rope_theta.unwrap_or(10_000.0),
+            rope_dim: head_dim,
+            rope_style: RopeStyle::HalfSplit,
+            rope_scaling,
+            max_context: raw.max_position_embeddings.unwrap_or(4096),
+        }
+        .validate()
+    }
+}
+
+fn llama3_scale(base: f64, s: &Llama3RopeScaling) -> f64 {
+    let wavelen = 2.0 * std::f64::consts::PI / base;
+    let low_wavelen = s.original_context as f64 / s.low_freq_factor as f64;
+    let high_wavelen = s.original_context as f64 / s.high_freq_factor as f64;
+    if wavelen < high_wavelen {
+        base
+    } else if wavelen > low_wavelen {
+        base / s.factor as f64
+    } else {
+        let smooth = (s.original_context as f64 / wavelen - s.low_freq_factor as f64)
+            / (s.high_freq_factor - s.low_freq_factor) as f64;
+        (1.0 - smooth) * base / s.factor as f64 + smooth * base
+    }
+}
+
+/// The fields of `config.json` this crate reads.
+#[derive(Deserialize)]
+struct HfConfig {
+    #[serde(default)]
+    architectures: Vec<String>,
+    model_type: Option<String>,
+    vocab_size: usize,
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    intermediate_size: usize,
+    rms_norm_eps: Option<f32>,
+    rope_theta: Option<f32>,
+    rope_scaling: Option<HfRopeScaling>,
+    max_position_embeddings: Option<usize>,
+}
+
+#[derive(Deserialize)]
+struct HfRopeScaling {
+    rope_type: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    factor: Option<f32>,
+    low_freq_factor: Option<f32>,
+    high_freq_factor: Option<f32>,
+    original_max_position_embeddings: Option<usize>,
+}

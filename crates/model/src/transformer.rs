@@ -1,0 +1,295 @@
+//! The decoder-only transformer forward pass over a batch of sequences and a paged KV cache.
+
+use turbokv_backend::{AttnGeometry, Backend, QkNorm, Rope, SeqSpan};
+use turbokv_cache::{BlockAllocator, KvLayout, SeqId};
+use turbokv_codec::KvDtype;
+
+use crate::ModelError;
+use crate::config::ModelConfig;
+use crate::loader::Weights;
+
+/// A model's weights and geometry on a backend.
+pub struct Transformer<B: Backend> {
+    backend: B,
+    config: ModelConfig,
+    geometry: AttnGeometry,
+    rope: Rope,
+    weights: Weights<B>,
+}
+
+/// The paged KV cache of every layer plus its block bookkeeping.
+pub struct KvCache<B: Backend> {
+    layout: KvLayout,
+    alloc: BlockAllocator,
+    pools: Vec<B::KvPool>,
+    max_tokens_per_seq: usize,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// The cache's shapes.
+    pub fn layout(&self) -> &KvLayout {
+        &self.layout
+    }
+    /// Block bookkeeping (sequence lengths, free blocks).
+    pub fn allocator(&self) -> &BlockAllocator {
+        &self.alloc
+    }
+    /// Registers a new, empty sequence.
+    pub fn add_sequence(&mut self, id: SeqId) -> Result<(), ModelError> {
+        Ok(self.alloc.add_sequence(id)?)
+    }
+    /// Drops a sequence and frees its blocks.
+    pub fn remove_sequence(&mut self, id: SeqId) -> Result<(), ModelError> {
+        Ok(self.alloc.remove_sequence(id)?)
+    }
+    /// Tokens cached for a sequence.
+    pub fn seq_len(&self, id: SeqId) -> Result<usize, ModelError> {
+        Ok(self.alloc.table(id)?.len())
+    }
+    /// Bytes of K and V per cached token over all layers.
+    pub fn bytes_per_token(&self) -> f64 {
+        self.layout.bytes_per_token_all_layers()
+    }
+}
+
+/// Which positions of a step produce logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsFor {
+    /// The last new token of each sequence (generation).
+    LastToken,
+    /// Every new token (perplexity evaluation).
+    AllTokens,
+}
+
+/// New tokens of one sequence for a step.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqInput<'a> {
+    /// The sequence (registered with [`KvCache::add_sequence`]).
+    pub seq: SeqId,
+    /// Tokens appended this step.
+    pub tokens: &'a [u32],
+}
+
+/// Reusable activation buffers of a step.
+pub struct Scratch<B: Backend> {
+    x: B::Tensor,
+    xn: B::Tensor,
+    qkv: B::Tensor,
+    attn: B::Tensor,
+    proj: B::Tensor,
+    gate_up: B::Tensor,
+    act: B::Tensor,
+    picked: B::Tensor,
+    picked_n: B::Tensor,
+    logits: B::Tensor,
+}
+
+impl<B: Backend> Transformer<B> {
+    /// Assembles a model from loaded weights.
+    pub fn new(backend: B, config: ModelConfig, weights: Weights<B>) -> Self {
+        let geometry = AttnGeometry {
+            n_heads: config.n_heads,
+            n_kv_heads: config.n_kv_heads,
+            head_dim: config.head_dim,
+            scale: 1.0 / (config.head_dim as f32).sqrt(),
+        };
+        let rope = Rope {
+            inv_freq: config.rope_inv_freq(),
+            style: config.rope_style,
+        };
+        Self {
+            backend,
+            config,
+            geometry,
+            rope,
+            weights,
+        }
+    }
+
+    /// Hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// A KV cache in `dtype` for up to `max_tokens` tokens in total (all sequences), with each
+    /// sequence limited to `max_tokens_per_seq` (at most the model's trained context).
+    pub fn new_cache(
+        &self,
+        dtype: KvDtype,
+        block_size: usize,
+        max_tokens: usize,
+        max_tokens_per_seq: usize,
+    ) -> Result<KvCache<B>, ModelError> {
+        self.backend.check_kv_dtype(dtype, self.config.head_dim)?;
+        let layout = KvLayout::uniform(
+            self.config.n_layers,
+            self.config.n_kv_heads,
+            self.config.head_dim,
+            dtype,
+            block_size,
+            max_tokens,
+        )?;
+        let pools = (0..self.config.n_layers)
+            .map(|l| self.backend.kv_pool(&layout, l))
+            .collect::<Result<_, _>>()?;
+        Ok(KvCache {
+            alloc: BlockAllocator::new(layout.num_blocks, block_size),
+            layout,
+            pools,
+            max_tokens_per_seq: max_tokens_per_seq.min(self.config.max_context),
+        })
+    }
+
+    /// Empty activation buffers (grown on demand).
+    pub fn new_scratch(&self) -> Result<Scratch<B>, ModelError> {
+        let c = &self.config;
+        let b = &self.backend;
+        Ok(Scratch {
+            x: b.tensor(0, c.hidden)?,
+            xn: b.tensor(0, c.hidden)?,
+            qkv: b.tensor(0, self.geometry.qkv_width())?,
+            attn: b.tensor(0, c.n_heads * c.head_dim)?,
+            proj: b.tensor(0, c.hidden)?,
+            gate_up: b.tensor(0, 2 * c.ffn)?,
+            act: b.tensor(0, c.ffn)?,
+            picked: b.tensor(0, c.hidden)?,
+            picked_n: b.tensor(0, c.hidden)?,
+            logits: b.tensor(0, c.vocab_size)?,
+        })
+    }
+
+    /// Runs one step: appends each input's tokens to its sequence's cache and returns logits
+    /// (`[rows, vocab]`, row-major) for the positions `want` asks for, sequences in input order.
+    ///
+    /// On error no sequence has grown (cache space is reserved for all inputs before any is
+    /// written).
+    pub fn forward(
+        &self,
+        inputs: &[SeqInput<'_>],
+        cache: &mut KvCache<B>,
+        scratch: &mut Scratch<B>,
+        want: LogitsFor,
+        logits_out: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let (tables, starts) = reserve(inputs, cache)?;
+        let result = self.run(inputs, &tables, &starts, cache, scratch, want, logits_out);
+        if result.is_err() {
+            for (inp, &start) in inputs.iter().zip(&starts) {
+                cache.alloc.truncate(inp.seq, start)?;
+            }
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        inputs: &[SeqInput<'_>],
+        tables: &[Vec<u32>],
+        starts: &[usize],
+        cache: &mut KvCache<B>,
+        s: &mut Scratch<B>,
+        want: LogitsFor,
+        logits_out: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let b = &self.backend;
+        let w = &self.weights;
+        let eps = self.config.rms_eps;
+        let mut spans = Vec::with_capacity(inputs.len());
+        let mut ids = Vec::new();
+        for ((inp, table), &start) in inputs.iter().zip(tables).zip(starts) {
+            spans.push(SeqSpan {
+                first_row: ids.len(),
+                n_tokens: inp.tokens.len(),
+                first_pos: start,
+                blocks: table,
+            });
+            ids.extend_from_slice(inp.tokens);
+        }
+        b.embed(&w.embed, &ids, &mut s.x)?;
+        for (layer, pool) in w.layers.iter().zip(cache.pools.iter_mut()) {
+            b.rms_norm(&s.x, &layer.attn_norm, eps, &mut s.xn)?;
+            b.matmul_cat(&s.xn, &layer.wqkv, &mut s.qkv)?;
+            if let Some(bias) = &layer.bqkv {
+                b.add_bias(&mut s.qkv, bias)?;
+            }
+            let qk_norm = layer.qk_norm.as_ref().map(|(q, k)| QkNorm { q, k, eps });
+            b.write_kv(
+                &mut s.qkv,
+                &self.geometry,
+                &self.rope,
+                qk_norm,
+                &spans,
+                pool,
+            )?;
+            b.attention(&s.qkv, &self.geometry, &spans, pool, &mut s.attn)?;
+            b.matmul(&s.attn, &layer.wo, &mut s.proj)?;
+            b.add_assign(&mut s.x, &s.proj)?;
+            b.rms_norm(&s.x, &layer.ffn_norm, eps, &mut s.xn)?;
+            b.matmul_cat(&s.xn, &layer.w_gate_up, &mut s.gate_up)?;
+            b.silu_mul(&s.gate_up, &mut s.act)?;
+            b.matmul(&s.act, &layer.w_down, &mut s.proj)?;
+            b.add_assign(&mut s.x, &s.proj)?;
+        }
+        let rows: Vec<usize> = match want {
+            LogitsFor::AllTokens => (0..ids.len()).collect(),
+            LogitsFor::LastToken => spans
+                .iter()
+                .map(|sp| sp.first_row + sp.n_tokens - 1)
+                .collect(),
+        };
+        b.gather_rows(&s.x, &rows, &mut s.picked)?;
+        b.rms_norm(&s.picked, &w.final_norm, eps, &mut s.picked_n)?;
+        b.matmul(&s.picked_n, &w.lm_head, &mut s.logits)?;
+        b.to_host(&s.logits, logits_out)?;
+        Ok(())
+    }
+}
+
+/// Grows every input's sequence by its tokens, all or nothing; returns the block tables and
+/// each sequence's length before the step.
+fn reserve<B: Backend>(
+    inputs: &[SeqInput<'_>],
+    cache: &mut KvCache<B>,
+) -> Result<(Vec<Vec<u32>>, Vec<usize>), ModelError> {
+    let mut starts = Vec::with_capacity(inputs.len());
+    for inp in inputs {
+        if inp.tokens.is_empty() {
+            return Err(ModelError::EmptyInput(inp.seq));
+        }
+        let len = cache.alloc.table(inp.seq)?.len();
+        let total = len + inp.tokens.len();
+        if total > cache.max_tokens_per_seq {
+            return Err(ModelError::ContextOverflow {
+                tokens: total,
+                limit: cache.max_tokens_per_seq,
+            });
+        }
+        starts.push(len);
+    }
+    let needed: usize = inputs
+        .iter()
+        .map(|i| cache.alloc.blocks_needed(i.seq, i.tokens.len()))
+        .sum::<Result<_, _>>()?;
+    if needed > cache.alloc.free_blocks() {
+        return Err(turbokv_cache::CacheError::OutOfBlocks {
+            needed,
+            free: cache.alloc.free_blocks(),
+            total: cache.alloc.total_blocks(),
+        }
+        .into());
+    }
+    for inp in inputs {
+        cache.alloc.grow(inp.seq, inp.tokens.len())?;
+    }
+    let tables = inputs
+        .iter()
+        .map(|i| cache.alloc.table(i.seq).map(|t| t.blocks().to_vec()))
+        .collect::<Result<_, _>>()?;
+    Ok((tables, starts))
+}
