@@ -50,7 +50,12 @@ impl BlockAllocator {
     pub fn new(num_blocks: usize, block_size: usize) -> Self {
         // Pop from the end: lower ids first keeps early sequences compact.
         let free = (0..num_blocks as u32).rev().collect();
-        Self { block_size, refcount: vec![0; num_blocks], free, seqs: HashMap::new() }
+        Self {
+            block_size,
+            refcount: vec![0; num_blocks],
+            free,
+            seqs: HashMap::new(),
+        }
     }
 
     /// Tokens per block.
@@ -92,13 +97,20 @@ impl BlockAllocator {
     pub fn grow(&mut self, id: SeqId, extra: usize) -> Result<(), CacheError> {
         let needed = self.blocks_needed(id, extra)?;
         if needed > self.free.len() {
-            return Err(CacheError::OutOfBlocks { needed, free: self.free.len(), total: self.total_blocks() });
+            return Err(CacheError::OutOfBlocks {
+                needed,
+                free: self.free.len(),
+                total: self.total_blocks(),
+            });
         }
         let new_blocks: Vec<u32> = (0..needed).filter_map(|_| self.free.pop()).collect();
         for &b in &new_blocks {
             self.refcount[b as usize] = 1;
         }
-        let t = self.seqs.get_mut(&id).ok_or(CacheError::UnknownSequence(id))?;
+        let t = self
+            .seqs
+            .get_mut(&id)
+            .ok_or(CacheError::UnknownSequence(id))?;
         t.blocks.extend(new_blocks);
         t.len += extra;
         Ok(())
@@ -108,7 +120,10 @@ impl BlockAllocator {
     /// blocks no longer needed.
     pub fn truncate(&mut self, id: SeqId, len: usize) -> Result<(), CacheError> {
         let block_size = self.block_size;
-        let t = self.seqs.get_mut(&id).ok_or(CacheError::UnknownSequence(id))?;
+        let t = self
+            .seqs
+            .get_mut(&id)
+            .ok_or(CacheError::UnknownSequence(id))?;
         if len >= t.len {
             return Ok(());
         }
@@ -139,12 +154,17 @@ impl BlockAllocator {
     /// would change another sequence.
     pub fn last_block_shared(&self, id: SeqId) -> Result<bool, CacheError> {
         let t = self.table(id)?;
-        Ok(t.blocks.last().is_some_and(|&b| self.refcount[b as usize] > 1))
+        Ok(t.blocks
+            .last()
+            .is_some_and(|&b| self.refcount[b as usize] > 1))
     }
 
     /// Removes a sequence, releasing its blocks.
     pub fn remove_sequence(&mut self, id: SeqId) -> Result<(), CacheError> {
-        let t = self.seqs.remove(&id).ok_or(CacheError::UnknownSequence(id))?;
+        let t = self
+            .seqs
+            .remove(&id)
+            .ok_or(CacheError::UnknownSequence(id))?;
         for b in t.blocks {
             self.release(b);
         }
@@ -165,7 +185,11 @@ impl BlockAllocator {
         let mut counted = vec![0u32; self.refcount.len()];
         for (id, t) in &self.seqs {
             if t.blocks.len() != t.len.div_ceil(self.block_size) {
-                return Err(format!("seq {id}: {} blocks for {} tokens", t.blocks.len(), t.len));
+                return Err(format!(
+                    "seq {id}: {} blocks for {} tokens",
+                    t.blocks.len(),
+                    t.len
+                ));
             }
             for &b in &t.blocks {
                 counted[b as usize] += 1;
@@ -182,7 +206,10 @@ impl BlockAllocator {
                 return Err(format!("block {b}: refcount {rc}, referenced {c} times"));
             }
             if (rc == 0) != in_free[b] {
-                return Err(format!("block {b}: refcount {rc} but free-list membership {}", in_free[b]));
+                return Err(format!(
+                    "block {b}: refcount {rc} but free-list membership {}",
+                    in_free[b]
+                ));
             }
         }
         Ok(())
@@ -201,7 +228,14 @@ mod tests {
         a.grow(1, 40).unwrap(); // 3 blocks
         a.add_sequence(2).unwrap();
         let err = a.grow(2, 17).unwrap_err(); // needs 2, 1 free
-        assert_eq!(err, CacheError::OutOfBlocks { needed: 2, free: 1, total: 4 });
+        assert_eq!(
+            err,
+            CacheError::OutOfBlocks {
+                needed: 2,
+                free: 1,
+                total: 4
+            }
+        );
         assert_eq!(a.table(2).unwrap().len(), 0);
         assert_eq!(a.free_blocks(), 1);
         a.check_invariants().unwrap();

@@ -69,6 +69,8 @@ impl KvLayout {
 
     /// Bytes of K plus V per token over all layers.
     pub fn bytes_per_token_all_layers(&self) -> f64 {
-        (0..self.layers.len()).map(|l| self.bytes_per_token(l)).sum()
+        (0..self.layers.len())
+            .map(|l| self.bytes_per_token(l))
+            .sum()
     }
 }
