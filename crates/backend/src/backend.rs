@@ -110,14 +110,31 @@ pub trait Backend: Send + Sync {
     fn kv_pool(&self, layout: &KvLayout, layer: usize) -> Result<Self::KvPool, Error>;
 
     /// `out[i] = table[ids[i]]` (rows of the embedding matrix, dequantized).
-    fn embed(&self, table: &Self::Matrix, ids: &[u32], out: &mut Self::Tensor) -> Result<(), Error>;
+    fn embed(&self, table: &Self::Matrix, ids: &[u32], out: &mut Self::Tensor)
+    -> Result<(), Error>;
     /// Row-wise RMSNorm: `out = x / rms(x) · w`.
-    fn rms_norm(&self, x: &Self::Tensor, w: &Self::Vector, eps: f32, out: &mut Self::Tensor) -> Result<(), Error>;
+    fn rms_norm(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Vector,
+        eps: f32,
+        out: &mut Self::Tensor,
+    ) -> Result<(), Error>;
     /// `out = x · Wᵀ` (`x: [T, cols]`, `out: [T, rows]`).
-    fn matmul(&self, x: &Self::Tensor, w: &Self::Matrix, out: &mut Self::Tensor) -> Result<(), Error>;
+    fn matmul(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Matrix,
+        out: &mut Self::Tensor,
+    ) -> Result<(), Error>;
     /// `out = x · [W₀; W₁; …]ᵀ`: the outputs of several matrices with the same input width,
     /// side by side in each row (a fused projection whose parts have different formats).
-    fn matmul_cat(&self, x: &Self::Tensor, ws: &[Self::Matrix], out: &mut Self::Tensor) -> Result<(), Error>;
+    fn matmul_cat(
+        &self,
+        x: &Self::Tensor,
+        ws: &[Self::Matrix],
+        out: &mut Self::Tensor,
+    ) -> Result<(), Error>;
     /// Adds a bias to every row.
     fn add_bias(&self, x: &mut Self::Tensor, bias: &Self::Vector) -> Result<(), Error>;
     /// `x += y`.
@@ -125,7 +142,12 @@ pub trait Backend: Send + Sync {
     /// `out = silu(g) · u` where each row of `gate_up` is `[g | u]`.
     fn silu_mul(&self, gate_up: &Self::Tensor, out: &mut Self::Tensor) -> Result<(), Error>;
     /// Copies the listed rows of `x` into `out` (e.g. the last token of each sequence).
-    fn gather_rows(&self, x: &Self::Tensor, rows: &[usize], out: &mut Self::Tensor) -> Result<(), Error>;
+    fn gather_rows(
+        &self,
+        x: &Self::Tensor,
+        rows: &[usize],
+        out: &mut Self::Tensor,
+    ) -> Result<(), Error>;
 
     /// The fused write path of one layer. `qkv` rows are `[q | k | v]`; applies the optional
     /// q/k norm and RoPE to q and k in place, then stores k and v of every token into its

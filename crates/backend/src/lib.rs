@@ -59,6 +59,9 @@ pub enum Error {
         /// What it accepts.
         accepted: &'static str,
     },
+    /// The KV codec refused an operation.
+    #[error(transparent)]
+    Codec(#[from] turbokv_codec::Error),
     /// Two operands whose shapes do not fit together.
     #[error("shape mismatch in {op}: {detail}")]
     Shape {

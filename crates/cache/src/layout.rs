@@ -1,6 +1,6 @@
 //! Shapes and dtypes of the paged KV storage.
 
-use turbokv_codec::KvDtype;
+use turbokv_codec::{CodecOptions, KvDtype};
 
 use crate::CacheError;
 
@@ -28,6 +28,9 @@ pub struct KvLayout {
     pub block_size: usize,
     /// Blocks per layer (the same for every layer: block ids are shared across layers).
     pub num_blocks: usize,
+    /// Key mode, rotation seed and outlier channels of the compressed formats (part of the
+    /// cache identity).
+    pub codec: CodecOptions,
 }
 
 impl KvLayout {
@@ -51,6 +54,7 @@ impl KvLayout {
             head_dim,
             block_size,
             num_blocks: max_tokens.div_ceil(block_size).max(1),
+            codec: CodecOptions::default(),
         })
     }
 
@@ -63,7 +67,7 @@ impl KvLayout {
     pub fn bytes_per_token(&self, layer: usize) -> f64 {
         let bits = self.layers[layer]
             .dtype
-            .bits_per_element(self.head_dim, turbokv_codec::KeyMode::Mse);
+            .bits_per_element(self.head_dim, self.codec.key_mode);
         2.0 * bits * (self.kv_heads * self.head_dim) as f64 / 8.0
     }
 

@@ -8,7 +8,7 @@
 
 use rayon::prelude::*;
 
-use super::kv::{CpuKvPool, Half};
+use super::kv::{CodecStore, CpuKvPool, Half};
 use super::{CpuTensor, ops};
 use crate::Error;
 use crate::backend::{AttnGeometry, SeqSpan};
@@ -52,7 +52,16 @@ pub(crate) fn attend(
         }
     }
     let tasks = plan(spans, g, pool.block_size());
-    let partials: Vec<Partial> = tasks.par_iter().map(|&t| run_task(t, qkv, g, spans, pool)).collect();
+    let partials: Vec<Partial> = match pool.codec() {
+        None => tasks
+            .par_iter()
+            .map(|&t| run_task(t, qkv, g, spans, pool))
+            .collect(),
+        Some(c) => tasks
+            .par_iter()
+            .map(|&t| run_task_codec(t, qkv, g, spans, pool, c))
+            .collect::<Result<_, _>>()?,
+    };
     merge_into(partials, g, spans, out);
     Ok(())
 }
@@ -69,10 +78,24 @@ fn plan(spans: &[SeqSpan<'_>], g: &AttnGeometry, block_size: usize) -> Vec<Task>
                 let kend = s.first_pos + q1;
                 if split {
                     for k0 in (0..kend).step_by(chunk) {
-                        tasks.push(Task { span: si, head, q0, q1, k0, k1: (k0 + chunk).min(kend) });
+                        tasks.push(Task {
+                            span: si,
+                            head,
+                            q0,
+                            q1,
+                            k0,
+                            k1: (k0 + chunk).min(kend),
+                        });
                     }
                 } else {
-                    tasks.push(Task { span: si, head, q0, q1, k0: 0, k1: kend });
+                    tasks.push(Task {
+                        span: si,
+                        head,
+                        q0,
+                        q1,
+                        k0: 0,
+                        k1: kend,
+                    });
                 }
             }
         }
@@ -80,7 +103,13 @@ fn plan(spans: &[SeqSpan<'_>], g: &AttnGeometry, block_size: usize) -> Vec<Task>
     tasks
 }
 
-fn run_task(t: Task, qkv: &CpuTensor, g: &AttnGeometry, spans: &[SeqSpan<'_>], pool: &CpuKvPool) -> Partial {
+fn run_task(
+    t: Task,
+    qkv: &CpuTensor,
+    g: &AttnGeometry,
+    spans: &[SeqSpan<'_>],
+    pool: &CpuKvPool,
+) -> Partial {
     let s = &spans[t.span];
     let (d, group, bs) = (g.head_dim, g.group(), pool.block_size());
     let rows = (t.q1 - t.q0) * group;
@@ -111,7 +140,10 @@ fn run_task(t: Task, qkv: &CpuTensor, g: &AttnGeometry, spans: &[SeqSpan<'_>], p
                 for (j, sc) in scores[..visible].iter_mut().enumerate() {
                     *sc = ops::dot(q, &kbuf[(slot + j) * d..(slot + j + 1) * d]) * g.scale;
                 }
-                let block_max = scores[..visible].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let block_max = scores[..visible]
+                    .iter()
+                    .copied()
+                    .fold(f32::NEG_INFINITY, f32::max);
                 let m_new = m[r].max(block_max);
                 let mut corr = (m[r] - m_new).exp();
                 l[r] *= corr;
@@ -130,8 +162,83 @@ fn run_task(t: Task, qkv: &CpuTensor, g: &AttnGeometry, spans: &[SeqSpan<'_>], p
     Partial { task: t, m, l, acc }
 }
 
+/// [`run_task`] for a compressed pool: for each query row, scores every visible key on its
+/// codes (the query rotated once), softmaxes, and accumulates the values' codes in the
+/// rotated basis before one inverse rotation. Two passes over the task's key range (scores,
+/// then values) read each block's bytes once per query head.
+fn run_task_codec(
+    t: Task,
+    qkv: &CpuTensor,
+    g: &AttnGeometry,
+    spans: &[SeqSpan<'_>],
+    pool: &CpuKvPool,
+    c: &CodecStore,
+) -> Result<Partial, Error> {
+    let s = &spans[t.span];
+    let (d, group, bs) = (g.head_dim, g.group(), pool.block_size());
+    let rows = (t.q1 - t.q0) * group;
+    let mut m = vec![f32::NEG_INFINITY; rows];
+    let mut l = vec![0f32; rows];
+    let mut acc = vec![0f32; rows * d];
+    let mut scores = Vec::with_capacity(t.k1 - t.k0);
+    for qi in t.q0..t.q1 {
+        let end = (s.first_pos + qi + 1).min(t.k1);
+        if end <= t.k0 {
+            continue;
+        }
+        let q_row = qkv.row(s.first_row + qi);
+        for gh in 0..group {
+            let h = t.head * group + gh;
+            let r = (qi - t.q0) * group + gh;
+            let pq = c.codec.key.prepare_query(&q_row[h * d..(h + 1) * d])?;
+            scores.clear();
+            scores.resize(end - t.k0, 0.0);
+            for (p0, chunk) in (t.k0..end).step_by(bs).zip(scores.chunks_mut(bs)) {
+                let block = pool.block_of(s.blocks, p0)?;
+                c.codec.key.score_block(
+                    &pq,
+                    pool.codec_block(Half::K, block, t.head),
+                    &c.k_layout,
+                    chunk,
+                )?;
+            }
+            let mut mx = f32::NEG_INFINITY;
+            for x in scores.iter_mut() {
+                *x *= g.scale;
+                mx = mx.max(*x);
+            }
+            let mut sum = 0f32;
+            for x in scores.iter_mut() {
+                *x = (*x - mx).exp();
+                sum += *x;
+            }
+            let mut values = c.codec.value.new_accumulator();
+            for (p0, chunk) in (t.k0..end).step_by(bs).zip(scores.chunks(bs)) {
+                let block = pool.block_of(s.blocks, p0)?;
+                c.codec.value.accumulate_block(
+                    &mut values,
+                    pool.codec_block(Half::V, block, t.head),
+                    &c.v_layout,
+                    chunk,
+                )?;
+            }
+            c.codec
+                .value
+                .finish(&values, &mut acc[r * d..(r + 1) * d])?;
+            m[r] = mx;
+            l[r] = sum;
+        }
+    }
+    Ok(Partial { task: t, m, l, acc })
+}
+
 /// Merges the key-chunk partials of each (sequence, head, tile) and writes normalised rows.
-fn merge_into(partials: Vec<Partial>, g: &AttnGeometry, spans: &[SeqSpan<'_>], out: &mut CpuTensor) {
+fn merge_into(
+    partials: Vec<Partial>,
+    g: &AttnGeometry,
+    spans: &[SeqSpan<'_>],
+    out: &mut CpuTensor,
+) {
     let (d, group) = (g.head_dim, g.group());
     let width = out.cols();
     let data = out.as_mut_slice();
@@ -150,7 +257,10 @@ fn merge_into(partials: Vec<Partial>, g: &AttnGeometry, spans: &[SeqSpan<'_>], o
         for qi in t.q0..t.q1 {
             for gh in 0..group {
                 let r = (qi - t.q0) * group + gh;
-                let big_m = parts.iter().map(|p| p.m[r]).fold(f32::NEG_INFINITY, f32::max);
+                let big_m = parts
+                    .iter()
+                    .map(|p| p.m[r])
+                    .fold(f32::NEG_INFINITY, f32::max);
                 let h = t.head * group + gh;
                 let dst = &mut data[(s.first_row + qi) * width + h * d..][..d];
                 dst.fill(0.0);

@@ -1,47 +1,83 @@
 //! One layer's paged K/V storage in host memory.
 //!
-//! Layout of each of K and V: `[num_blocks, kv_heads, block_size, head_dim]` 16-bit values,
-//! so one head's tokens within a block are contiguous for the attention loop.
+//! Two stores share one addressing scheme, block `b`, kv head `h`:
+//! - **16-bit** (`f16`, `bf16`): each of K and V is `[num_blocks, kv_heads, block_size,
+//!   head_dim]` raw values, so one head's tokens in a block are contiguous and decode with
+//!   one slice conversion;
+//! - **codec** (`int8`, `tq*`): each of K and V is `[num_blocks, kv_heads]` blocks laid out
+//!   by [`turbokv_codec::BlockLayout`] (codes of every token, then their f16 scalars).
+//!   Vectors are encoded straight into their slot; attention reads the codes
+//!   (`attention.rs`), never a dequantized copy of the cache.
 
-use half::slice::{HalfFloatSliceExt, HalfBitsSliceExt};
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
 use turbokv_cache::KvLayout;
-use turbokv_codec::KvDtype;
+use turbokv_codec::{BlockLayout, KvDtype, LayerCodec};
 
 use super::{CpuTensor, shape};
-use crate::backend::{AttnGeometry, SeqSpan};
 use crate::Error;
+use crate::backend::{AttnGeometry, SeqSpan};
 
 /// The element format of a CPU KV pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvStorage {
-    /// IEEE half.
+    /// IEEE half, raw.
     F16,
-    /// bfloat16.
+    /// bfloat16, raw.
     Bf16,
+    /// A codec format (`int8`, TurboQuant), attended over on its codes.
+    Codec,
 }
 
 impl KvStorage {
     /// The storage for `dtype`, or an error naming what this backend accepts.
-    pub fn for_dtype(dtype: KvDtype, _head_dim: usize) -> Result<Self, Error> {
+    pub fn for_dtype(dtype: KvDtype, head_dim: usize) -> Result<Self, Error> {
         match dtype {
             KvDtype::F16 => Ok(Self::F16),
             KvDtype::Bf16 => Ok(Self::Bf16),
-            other => Err(Error::UnsupportedKvDtype { dtype: other.to_string(), backend: "cpu", accepted: "f16, bf16" }),
+            other => {
+                // Build a codec once to validate (head dim support, widths).
+                LayerCodec::new(other, head_dim, 0, &Default::default()).map_err(|e| {
+                    Error::UnsupportedKvDtype {
+                        dtype: format!("{other} ({e})"),
+                        backend: "cpu",
+                        accepted: "f16, bf16, int8, tq{b}, tq{b}.5, k{b}v{b}",
+                    }
+                })?;
+                Ok(Self::Codec)
+            }
         }
     }
+}
+
+/// Compressed K and V blocks with their codecs.
+#[derive(Debug)]
+pub(crate) struct CodecStore {
+    pub(crate) codec: LayerCodec,
+    pub(crate) k_layout: BlockLayout,
+    pub(crate) v_layout: BlockLayout,
+    k: Vec<u8>,
+    v: Vec<u8>,
+}
+
+#[derive(Debug)]
+enum Store {
+    Raw16 {
+        storage: KvStorage,
+        k: Vec<u16>,
+        v: Vec<u16>,
+    },
+    Codec(Box<CodecStore>),
 }
 
 /// K and V blocks of one attention layer.
 #[derive(Debug)]
 pub struct CpuKvPool {
-    storage: KvStorage,
     kv_heads: usize,
     block_size: usize,
     head_dim: usize,
     num_blocks: usize,
-    k: Vec<u16>,
-    v: Vec<u16>,
+    store: Store,
 }
 
 /// Which half of the cache.
@@ -54,23 +90,56 @@ pub(crate) enum Half {
 impl CpuKvPool {
     /// Allocates layer `layer` of `layout`.
     pub fn new(layout: &KvLayout, layer: usize) -> Result<Self, Error> {
-        let lk = layout
-            .layers
-            .get(layer)
-            .ok_or_else(|| shape("kv_pool", format!("layer {layer} of {}", layout.layers.len())))?;
+        let lk = layout.layers.get(layer).ok_or_else(|| {
+            shape(
+                "kv_pool",
+                format!("layer {layer} of {}", layout.layers.len()),
+            )
+        })?;
         let storage = KvStorage::for_dtype(lk.dtype, layout.head_dim)?;
-        let len = layout
-            .num_blocks
-            .checked_mul(layout.block_elements())
-            .ok_or(Error::SizeOverflow { rows: layout.num_blocks, cols: layout.block_elements() })?;
+        let blocks = layout.num_blocks * layout.kv_heads;
+        let overflow = || Error::SizeOverflow {
+            rows: layout.num_blocks,
+            cols: layout.block_elements(),
+        };
+        let store = match storage {
+            KvStorage::F16 | KvStorage::Bf16 => {
+                let len = layout
+                    .num_blocks
+                    .checked_mul(layout.block_elements())
+                    .ok_or_else(overflow)?;
+                Store::Raw16 {
+                    storage,
+                    k: vec![0; len],
+                    v: vec![0; len],
+                }
+            }
+            KvStorage::Codec => {
+                let codec =
+                    LayerCodec::new(lk.dtype, layout.head_dim, layer as u32, &layout.codec)?;
+                let k_layout = codec.key.block_layout(layout.block_size)?;
+                let v_layout = codec.value.block_layout(layout.block_size)?;
+                let k_len = blocks
+                    .checked_mul(k_layout.total_bytes)
+                    .ok_or_else(overflow)?;
+                let v_len = blocks
+                    .checked_mul(v_layout.total_bytes)
+                    .ok_or_else(overflow)?;
+                Store::Codec(Box::new(CodecStore {
+                    codec,
+                    k_layout,
+                    v_layout,
+                    k: vec![0; k_len],
+                    v: vec![0; v_len],
+                }))
+            }
+        };
         Ok(Self {
-            storage,
             kv_heads: layout.kv_heads,
             block_size: layout.block_size,
             head_dim: layout.head_dim,
             num_blocks: layout.num_blocks,
-            k: vec![0; len],
-            v: vec![0; len],
+            store,
         })
     }
 
@@ -79,74 +148,144 @@ impl CpuKvPool {
         self.block_size
     }
 
-    fn offset(&self, block: usize, head: usize, slot: usize) -> usize {
+    /// The codec store, when this pool is compressed.
+    pub(crate) fn codec(&self) -> Option<&CodecStore> {
+        match &self.store {
+            Store::Codec(c) => Some(c),
+            Store::Raw16 { .. } => None,
+        }
+    }
+
+    fn raw_offset(&self, block: usize, head: usize, slot: usize) -> usize {
         ((block * self.kv_heads + head) * self.block_size + slot) * self.head_dim
     }
 
     /// Physical block holding position `pos` of a sequence, bounds-checked.
     pub(crate) fn block_of(&self, blocks: &[u32], pos: usize) -> Result<usize, Error> {
-        let b = *blocks
-            .get(pos / self.block_size)
-            .ok_or_else(|| shape("kv", format!("position {pos} beyond the block table ({} blocks)", blocks.len())))?
-            as usize;
+        let b = *blocks.get(pos / self.block_size).ok_or_else(|| {
+            shape(
+                "kv",
+                format!(
+                    "position {pos} beyond the block table ({} blocks)",
+                    blocks.len()
+                ),
+            )
+        })? as usize;
         if b >= self.num_blocks {
-            return Err(shape("kv", format!("block {b} outside the pool of {}", self.num_blocks)));
+            return Err(shape(
+                "kv",
+                format!("block {b} outside the pool of {}", self.num_blocks),
+            ));
         }
         Ok(b)
     }
 
     /// Stores k and v of every token of `spans` (rows of `qkv`, already roped).
-    pub(crate) fn store(&mut self, qkv: &CpuTensor, g: &AttnGeometry, spans: &[SeqSpan<'_>]) -> Result<(), Error> {
+    pub(crate) fn store(
+        &mut self,
+        qkv: &CpuTensor,
+        g: &AttnGeometry,
+        spans: &[SeqSpan<'_>],
+    ) -> Result<(), Error> {
         if g.n_kv_heads != self.kv_heads || g.head_dim != self.head_dim {
-            return Err(shape("kv store", format!("geometry {g:?} vs pool {} heads × {}", self.kv_heads, self.head_dim)));
+            return Err(shape(
+                "kv store",
+                format!(
+                    "geometry {g:?} vs pool {} heads × {}",
+                    self.kv_heads, self.head_dim
+                ),
+            ));
         }
         let d = self.head_dim;
         for s in spans {
             for i in 0..s.n_tokens {
                 let pos = s.first_pos + i;
                 let block = self.block_of(s.blocks, pos)?;
+                let slot = pos % self.block_size;
                 let row = qkv.row(s.first_row + i);
                 for h in 0..self.kv_heads {
-                    let at = self.offset(block, h, pos % self.block_size);
                     let k = &row[(g.n_heads + h) * d..][..d];
                     let v = &row[(g.n_heads + g.n_kv_heads + h) * d..][..d];
-                    encode(self.storage, k, &mut self.k[at..at + d]);
-                    encode(self.storage, v, &mut self.v[at..at + d]);
+                    let at = self.raw_offset(block, h, slot);
+                    match &mut self.store {
+                        Store::Raw16 {
+                            storage,
+                            k: kb,
+                            v: vb,
+                        } => {
+                            encode16(*storage, k, &mut kb[at..at + d]);
+                            encode16(*storage, v, &mut vb[at..at + d]);
+                        }
+                        Store::Codec(c) => {
+                            let bi = block * self.kv_heads + h;
+                            let kl = c.k_layout.total_bytes;
+                            let vl = c.v_layout.total_bytes;
+                            c.codec.key.encode_slot(
+                                k,
+                                &mut c.k[bi * kl..(bi + 1) * kl],
+                                &c.k_layout,
+                                slot,
+                            )?;
+                            c.codec.value.encode_slot(
+                                v,
+                                &mut c.v[bi * vl..(bi + 1) * vl],
+                                &c.v_layout,
+                                slot,
+                            )?;
+                        }
+                    }
                 }
             }
         }
         Ok(())
     }
 
-    /// Decodes the first `n` tokens of (block, head) of K or V into `out` (`n · head_dim`).
+    /// Decodes the first `n` tokens of (block, head) of a 16-bit pool into `out`
+    /// (`n · head_dim`). Codec pools are read through [`Self::codec_block`] instead.
     pub(crate) fn load(&self, half: Half, block: usize, head: usize, n: usize, out: &mut [f32]) {
-        let at = self.offset(block, head, 0);
-        let src = match half {
-            Half::K => &self.k[at..at + n * self.head_dim],
-            Half::V => &self.v[at..at + n * self.head_dim],
-        };
-        decode(self.storage, src, &mut out[..n * self.head_dim]);
+        let at = self.raw_offset(block, head, 0);
+        if let Store::Raw16 { storage, k, v } = &self.store {
+            let src = match half {
+                Half::K => &k[at..at + n * self.head_dim],
+                Half::V => &v[at..at + n * self.head_dim],
+            };
+            decode16(*storage, src, &mut out[..n * self.head_dim]);
+        }
+    }
+
+    /// The bytes of (block, head) of K or V in a codec pool.
+    pub(crate) fn codec_block(&self, half: Half, block: usize, head: usize) -> &[u8] {
+        match &self.store {
+            Store::Codec(c) => {
+                let bi = block * self.kv_heads + head;
+                match half {
+                    Half::K => &c.k[bi * c.k_layout.total_bytes..(bi + 1) * c.k_layout.total_bytes],
+                    Half::V => &c.v[bi * c.v_layout.total_bytes..(bi + 1) * c.v_layout.total_bytes],
+                }
+            }
+            Store::Raw16 { .. } => &[],
+        }
     }
 }
 
-fn encode(storage: KvStorage, src: &[f32], dst: &mut [u16]) {
+fn encode16(storage: KvStorage, src: &[f32], dst: &mut [u16]) {
     match storage {
-        KvStorage::F16 => {
-            for (d, &s) in dst.iter_mut().zip(src) {
-                *d = f16::from_f32(s).to_bits();
-            }
-        }
         KvStorage::Bf16 => {
             for (d, &s) in dst.iter_mut().zip(src) {
                 *d = bf16::from_f32(s).to_bits();
             }
         }
+        _ => {
+            for (d, &s) in dst.iter_mut().zip(src) {
+                *d = f16::from_f32(s).to_bits();
+            }
+        }
     }
 }
 
-fn decode(storage: KvStorage, src: &[u16], dst: &mut [f32]) {
+fn decode16(storage: KvStorage, src: &[u16], dst: &mut [f32]) {
     match storage {
-        KvStorage::F16 => src.reinterpret_cast::<f16>().convert_to_f32_slice(dst),
         KvStorage::Bf16 => src.reinterpret_cast::<bf16>().convert_to_f32_slice(dst),
+        _ => src.reinterpret_cast::<f16>().convert_to_f32_slice(dst),
     }
 }

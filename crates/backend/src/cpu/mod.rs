@@ -27,7 +27,10 @@ impl CpuTensor {
     /// Wraps values as `[rows, cols]`.
     pub fn from_vec(data: Vec<f32>, rows: usize, cols: usize) -> Result<Self, Error> {
         if data.len() != rows * cols {
-            return Err(shape("tensor", format!("{} values for [{rows}, {cols}]", data.len())));
+            return Err(shape(
+                "tensor",
+                format!("{} values for [{rows}, {cols}]", data.len()),
+            ));
         }
         Ok(Self { data, rows, cols })
     }
@@ -59,7 +62,10 @@ pub(crate) fn shape(op: &'static str, detail: String) -> Error {
 
 fn expect_cols(op: &'static str, t: &CpuTensor, cols: usize) -> Result<(), Error> {
     if t.cols != cols {
-        return Err(shape(op, format!("tensor has {} columns, expected {cols}", t.cols)));
+        return Err(shape(
+            op,
+            format!("tensor has {} columns, expected {cols}", t.cols),
+        ));
     }
     Ok(())
 }
@@ -104,7 +110,11 @@ impl Backend for CpuBackend {
     type KvPool = CpuKvPool;
 
     fn describe(&self) -> String {
-        let simd = if ops::has_avx2_fma() { "avx2+fma" } else { "scalar" };
+        let simd = if ops::has_avx2_fma() {
+            "avx2+fma"
+        } else {
+            "scalar"
+        };
         format!("cpu ({} threads, {simd})", rayon::current_num_threads())
     }
 
@@ -113,7 +123,11 @@ impl Backend for CpuBackend {
     }
 
     fn tensor(&self, rows: usize, cols: usize) -> Result<CpuTensor, Error> {
-        Ok(CpuTensor { data: vec![0.0; rows * cols], rows, cols })
+        Ok(CpuTensor {
+            data: vec![0.0; rows * cols],
+            rows,
+            cols,
+        })
     }
 
     fn set_rows(&self, t: &mut CpuTensor, rows: usize) -> Result<(), Error> {
@@ -134,7 +148,9 @@ impl Backend for CpuBackend {
     fn matrix(&self, w: &WeightMatrix) -> Result<WeightMatrix, Error> {
         match self.weights {
             WeightMode::Native => Ok(w.clone()),
-            WeightMode::DequantizedF32 => WeightMatrix::from_f32(w.rows(), w.cols(), &w.dequantize_all()),
+            WeightMode::DequantizedF32 => {
+                WeightMatrix::from_f32(w.rows(), w.cols(), &w.dequantize_all())
+            }
         }
     }
 
@@ -152,14 +168,23 @@ impl Backend for CpuBackend {
         let cols = table.cols();
         for (&id, row) in ids.iter().zip(out.as_mut_slice().chunks_mut(cols)) {
             if id as usize >= table.rows() {
-                return Err(shape("embed", format!("token id {id} outside vocabulary of {}", table.rows())));
+                return Err(shape(
+                    "embed",
+                    format!("token id {id} outside vocabulary of {}", table.rows()),
+                ));
             }
             table.row_f32(id as usize, row)?;
         }
         Ok(())
     }
 
-    fn rms_norm(&self, x: &CpuTensor, w: &Vec<f32>, eps: f32, out: &mut CpuTensor) -> Result<(), Error> {
+    fn rms_norm(
+        &self,
+        x: &CpuTensor,
+        w: &Vec<f32>,
+        eps: f32,
+        out: &mut CpuTensor,
+    ) -> Result<(), Error> {
         expect_cols("rms_norm", x, w.len())?;
         expect_cols("rms_norm", out, w.len())?;
         self.set_rows(out, x.rows)?;
@@ -183,7 +208,12 @@ impl Backend for CpuBackend {
         w.matmul(x.as_slice(), n, out.as_mut_slice())
     }
 
-    fn matmul_cat(&self, x: &CpuTensor, ws: &[WeightMatrix], out: &mut CpuTensor) -> Result<(), Error> {
+    fn matmul_cat(
+        &self,
+        x: &CpuTensor,
+        ws: &[WeightMatrix],
+        out: &mut CpuTensor,
+    ) -> Result<(), Error> {
         if let [w] = ws {
             return self.matmul(x, w, out);
         }
@@ -194,7 +224,11 @@ impl Backend for CpuBackend {
         for w in ws {
             let mut part = self.tensor(x.rows, w.rows())?;
             self.matmul(x, w, &mut part)?;
-            for (dst, src) in out.as_mut_slice().chunks_mut(total).zip(part.as_slice().chunks(w.rows())) {
+            for (dst, src) in out
+                .as_mut_slice()
+                .chunks_mut(total)
+                .zip(part.as_slice().chunks(w.rows()))
+            {
                 dst[col..col + w.rows()].copy_from_slice(src);
             }
             col += w.rows();
@@ -212,9 +246,15 @@ impl Backend for CpuBackend {
 
     fn add_assign(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<(), Error> {
         if (x.rows, x.cols) != (y.rows, y.cols) {
-            return Err(shape("add", format!("[{}, {}] += [{}, {}]", x.rows, x.cols, y.rows, y.cols)));
+            return Err(shape(
+                "add",
+                format!("[{}, {}] += [{}, {}]", x.rows, x.cols, y.rows, y.cols),
+            ));
         }
-        x.as_mut_slice().iter_mut().zip(y.as_slice()).for_each(|(a, b)| *a += b);
+        x.as_mut_slice()
+            .iter_mut()
+            .zip(y.as_slice())
+            .for_each(|(a, b)| *a += b);
         Ok(())
     }
 
@@ -266,7 +306,10 @@ impl Backend for CpuBackend {
             .par_chunks_mut(width)
             .zip(positions.par_iter())
             .for_each(|(row, &pos)| {
-                for (h, head) in row[..qk_heads * g.head_dim].chunks_mut(g.head_dim).enumerate() {
+                for (h, head) in row[..qk_heads * g.head_dim]
+                    .chunks_mut(g.head_dim)
+                    .enumerate()
+                {
                     if let Some(n) = &qk_norm {
                         let w = if h < g.n_heads { n.q } else { n.k };
                         ops::rms_norm_in_place(head, w, n.eps);
@@ -298,7 +341,10 @@ fn token_positions(spans: &[SeqSpan<'_>], rows: usize) -> Result<Vec<usize>, Err
     for s in spans {
         let end = s.first_row + s.n_tokens;
         if end > rows {
-            return Err(shape("spans", format!("span rows {}..{end} beyond {rows} rows", s.first_row)));
+            return Err(shape(
+                "spans",
+                format!("span rows {}..{end} beyond {rows} rows", s.first_row),
+            ));
         }
         for (i, p) in pos[s.first_row..end].iter_mut().enumerate() {
             *p = s.first_pos + i;

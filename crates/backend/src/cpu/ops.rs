@@ -138,12 +138,28 @@ mod tests {
 
     #[test]
     fn rope_styles_pair_different_coordinates_and_preserve_norm() {
-        let inv_freq: Vec<f32> = (0..4).map(|i| 10000f32.powf(-(2 * i) as f32 / 8.0)).collect();
+        let inv_freq: Vec<f32> = (0..4)
+            .map(|i| 10000f32.powf(-(2 * i) as f32 / 8.0))
+            .collect();
         let x: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();
         let mut a = x.clone();
         let mut b = x.clone();
-        rope(&mut a, 5, &Rope { inv_freq: inv_freq.clone(), style: RopeStyle::Interleaved });
-        rope(&mut b, 5, &Rope { inv_freq, style: RopeStyle::HalfSplit });
+        rope(
+            &mut a,
+            5,
+            &Rope {
+                inv_freq: inv_freq.clone(),
+                style: RopeStyle::Interleaved,
+            },
+        );
+        rope(
+            &mut b,
+            5,
+            &Rope {
+                inv_freq,
+                style: RopeStyle::HalfSplit,
+            },
+        );
         let n = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>();
         assert!((n(&a) - n(&x)).abs() < 1e-3 && (n(&b) - n(&x)).abs() < 1e-3);
         // pair 0 of the interleaved style is (x0, x1) rotated by angle 5.
@@ -156,7 +172,14 @@ mod tests {
     fn rope_at_position_zero_is_identity() {
         let inv_freq = vec![1.0, 0.5];
         let mut x = vec![1.0, 2.0, 3.0, 4.0];
-        rope(&mut x, 0, &Rope { inv_freq, style: RopeStyle::Interleaved });
+        rope(
+            &mut x,
+            0,
+            &Rope {
+                inv_freq,
+                style: RopeStyle::Interleaved,
+            },
+        );
         assert_eq!(x, vec![1.0, 2.0, 3.0, 4.0]);
     }
 }

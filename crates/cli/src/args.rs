@@ -1,0 +1,210 @@
+//! Command-line arguments. Only this crate reads environment variables.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// turbokv: LLM inference with a compressed, paged KV cache.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+pub struct Cli {
+    /// More logging (-v info, -vv debug); TURBOKV_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate a completion for one prompt, streaming tokens to stdout.
+    Run(RunArgs),
+    /// Interactive chat using the model's chat template.
+    Chat(ChatArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+    /// Quality evaluations.
+    #[command(subcommand)]
+    Eval(EvalCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum EvalCommand {
+    /// Perplexity, KL vs a bf16 KV cache and top-1 agreement, per KV dtype.
+    Ppl(EvalPplArgs),
+}
+
+/// `turbokv eval ppl`.
+#[derive(Args, Debug, Clone)]
+pub struct EvalPplArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Evaluation text (default: the cleaned Wikipedia text from scripts/fetch-assets.sh).
+    #[arg(long)]
+    pub text: Option<PathBuf>,
+    /// Tokens per window.
+    #[arg(long, default_value_t = 1024)]
+    pub ctx: usize,
+    /// Windows (consecutive, non-overlapping).
+    #[arg(long, default_value_t = 4)]
+    pub windows: usize,
+    /// KV dtypes to compare with bf16, comma-separated (e.g. f16,int8,tq4,tq3).
+    #[arg(long, value_delimiter = ',', default_value = "f16")]
+    pub kv: Vec<String>,
+    /// Also write the rows as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+// Parsed once per process; boxing the large variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Codec distortion vs the paper, encode and scoring throughput.
+    Codec {
+        /// Also write the rows as JSON.
+        #[arg(long)]
+        json: Option<PathBuf>,
+    },
+    /// Prefill and decode speed of a model on the CPU.
+    Model(BenchModelArgs),
+}
+
+/// Where the model is and how to run it.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A .gguf file or a Hugging Face model directory. Default: $TURBOKV_MODEL, else the demo
+    /// model fetched by scripts/fetch-assets.sh.
+    #[arg(long, env = "TURBOKV_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Device: cpu.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+}
+
+/// The KV cache's number format.
+#[derive(Args, Debug, Clone)]
+pub struct CacheArgs {
+    /// KV cache dtype: f16, bf16 (compressed formats: see `turbokv bench codec`).
+    #[arg(long, default_value = "f16")]
+    pub kv: String,
+    /// Maximum context (prompt + generated tokens); default: the model's, capped at 8192.
+    #[arg(long)]
+    pub ctx: Option<usize>,
+}
+
+/// `turbokv chat`.
+#[derive(Args, Debug, Clone)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+}
+
+/// Sampling controls.
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Maximum tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling mass (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Drop tokens below this fraction of the top probability (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Repetition penalty (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop when this string is generated (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+}
+
+/// `turbokv run`.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+    /// The prompt.
+    #[arg(long)]
+    pub prompt: String,
+    /// Send the prompt raw, without the model's chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// System prompt for the chat template.
+    #[arg(long)]
+    pub system: Option<String>,
+}
+
+/// `turbokv bench model`.
+#[derive(Args, Debug, Clone)]
+pub struct BenchModelArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+    /// Prompt lengths to measure (tokens of the evaluation text, or synthetic).
+    #[arg(long, value_delimiter = ',', default_value = "128,1024")]
+    pub prompt_tokens: Vec<usize>,
+    /// Tokens to decode after each prompt.
+    #[arg(long, default_value_t = 128)]
+    pub gen_tokens: usize,
+    /// Repeats; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Text to take prompts from (default: the cleaned Wikipedia text, if fetched).
+    #[arg(long)]
+    pub text: Option<PathBuf>,
+    /// Also write the results as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+impl ModelArgs {
+    /// The model path, falling back to the demo model in the asset cache.
+    pub fn model_path(&self) -> anyhow::Result<PathBuf> {
+        if let Some(p) = &self.model {
+            return Ok(p.clone());
+        }
+        let p = cache_dir().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        if p.exists() {
+            Ok(p)
+        } else {
+            anyhow::bail!(
+                "no --model given and the demo model is not at {}; run scripts/fetch-assets.sh",
+                p.display()
+            )
+        }
+    }
+}
+
+/// `$TURBOKV_CACHE`, else `~/.cache/turbokv`.
+pub fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("TURBOKV_CACHE") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
+    home.join(".cache/turbokv")
+}

@@ -1,0 +1,121 @@
+//! `turbokv bench model`: prefill and decode speed of a model, median of repeats.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use turbokv_model::Session;
+
+use crate::args::{BenchModelArgs, cache_dir};
+use crate::generate::load;
+
+#[derive(Serialize)]
+struct Row {
+    threads: usize,
+    kv: String,
+    prompt_tokens: usize,
+    gen_tokens: usize,
+    prefill_tok_s: f64,
+    decode_tok_s: f64,
+    decode_ms_per_token: f64,
+}
+
+/// Runs the benchmark and prints a table (and JSON if asked).
+pub fn run(args: &BenchModelArgs) -> Result<()> {
+    let loaded = load(&args.model, &args.cache)?;
+    let text_path = args
+        .text
+        .clone()
+        .unwrap_or_else(|| cache_dir().join("data/wiki.txt"));
+    let longest = args.prompt_tokens.iter().copied().max().unwrap_or(0);
+    let source: Vec<u32> = match std::fs::read_to_string(&text_path) {
+        Ok(text) => loaded
+            .tokenizer
+            .encode(&text[..text.len().min(longest * 16)], false, false)?,
+        Err(_) => {
+            tracing::warn!(
+                "{} not found; using synthetic token ids",
+                text_path.display()
+            );
+            (0..longest as u32)
+                .map(|i| 1000 + (i * 7919) % 30000)
+                .collect()
+        }
+    };
+    anyhow::ensure!(
+        source.len() >= longest,
+        "the text has only {} tokens, {longest} wanted",
+        source.len()
+    );
+    let threads = rayon::current_num_threads();
+    let mut rows = Vec::new();
+    for &n in &args.prompt_tokens {
+        let mut prefill = Vec::new();
+        let mut decode = Vec::new();
+        for _ in 0..args.repeats.max(1) {
+            let mut session = Session::new(
+                &loaded.model.transformer,
+                loaded.kv,
+                n + args.gen_tokens + 1,
+            )
+            .context("creating the session")?;
+            let t = Instant::now();
+            let mut logits = session.prefill(&source[..n])?.to_vec();
+            prefill.push(n as f64 / t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            for _ in 0..args.gen_tokens {
+                let next = argmax(&logits);
+                logits.clear();
+                logits.extend_from_slice(session.step(next)?);
+            }
+            decode.push(args.gen_tokens as f64 / t.elapsed().as_secs_f64());
+        }
+        let (p, d) = (median(&mut prefill), median(&mut decode));
+        rows.push(Row {
+            threads,
+            kv: loaded.kv.to_string(),
+            prompt_tokens: n,
+            gen_tokens: args.gen_tokens,
+            prefill_tok_s: p,
+            decode_tok_s: d,
+            decode_ms_per_token: 1000.0 / d,
+        });
+    }
+    println!(
+        "{:>7} {:>6} {:>8} {:>6} {:>12} {:>11} {:>10}",
+        "threads", "kv", "prompt", "gen", "prefill t/s", "decode t/s", "ms/token"
+    );
+    for r in &rows {
+        println!(
+            "{:>7} {:>6} {:>8} {:>6} {:>12.1} {:>11.1} {:>10.2}",
+            r.threads,
+            r.kv,
+            r.prompt_tokens,
+            r.gen_tokens,
+            r.prefill_tok_s,
+            r.decode_tok_s,
+            r.decode_ms_per_token
+        );
+    }
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({ "model": loaded.model.name, "rows": rows });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}

@@ -1,0 +1,262 @@
+//! `turbokv run` and `turbokv chat`: load, render the prompt, prefill, stream tokens.
+
+use std::io::Write;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use turbokv_backend::Backend;
+use turbokv_backend::cpu::CpuBackend;
+use turbokv_codec::KvDtype;
+use turbokv_model::tokenizer::Tokenizer;
+use turbokv_model::{LoadOptions, Model, Session};
+
+use crate::args::{CacheArgs, ChatArgs, ModelArgs, RunArgs};
+
+/// A loaded model with its tokenizer.
+pub struct Loaded {
+    pub model: Model<CpuBackend>,
+    pub tokenizer: Tokenizer,
+    pub kv: KvDtype,
+    pub ctx: usize,
+}
+
+/// Sizes the thread pool, loads the model and tokenizer, validates the KV dtype.
+pub fn load(args: &ModelArgs, cache: &CacheArgs) -> Result<Loaded> {
+    if args.device != "cpu" {
+        bail!(
+            "device {:?} is not available in this build; use --device cpu",
+            args.device
+        );
+    }
+    if let Some(n) = args.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(n)
+            .build_global()
+            .context("sizing the thread pool")?;
+    }
+    let kv: KvDtype = cache.kv.parse().map_err(|e| anyhow::anyhow!("--kv: {e}"))?;
+    let path = args.model_path()?;
+    let model = Model::load(&path, CpuBackend::new(), &LoadOptions { progress: true })
+        .with_context(|| format!("loading {}", path.display()))?;
+    let tokenizer = load_tokenizer(&path, &model)?;
+    let ctx = cache
+        .ctx
+        .unwrap_or(8192)
+        .min(model.transformer.config().max_context);
+    Ok(Loaded {
+        model,
+        tokenizer,
+        kv,
+        ctx,
+    })
+}
+
+fn load_tokenizer(path: &Path, model: &Model<CpuBackend>) -> Result<Tokenizer> {
+    let tok = match &model.gguf {
+        Some(g) => Tokenizer::from_gguf(&g.metadata),
+        None => Tokenizer::from_hf_dir(path),
+    };
+    tok.with_context(|| format!("loading the tokenizer of {}", path.display()))
+}
+
+/// `turbokv run`.
+pub fn run(args: &RunArgs) -> Result<()> {
+    let loaded = load(&args.model, &args.cache)?;
+    let prompt = if args.raw {
+        args.prompt.clone()
+    } else {
+        let mut messages = Vec::new();
+        if let Some(s) = &args.system {
+            messages.push(("system".to_string(), s.clone()));
+        }
+        messages.push(("user".to_string(), args.prompt.clone()));
+        render_chat(&loaded.tokenizer, &messages)?
+    };
+    let mut session = Session::new(&loaded.model.transformer, loaded.kv, loaded.ctx)?;
+    let mut out = std::io::stdout().lock();
+    let stats = generate(
+        &loaded,
+        &mut session,
+        &prompt,
+        &args.model.sampling,
+        &mut out,
+    )?;
+    writeln!(out)?;
+    print_stats(&loaded, &session, &stats);
+    Ok(())
+}
+
+/// `turbokv chat`: one line per user turn; the whole conversation is re-rendered with the
+/// template and only the new suffix is prefilled (earlier turns stay cached).
+pub fn chat(args: &ChatArgs) -> Result<()> {
+    let loaded = load(&args.model, &args.cache)?;
+    let mut session = Session::new(&loaded.model.transformer, loaded.kv, loaded.ctx)?;
+    let mut messages: Vec<(String, String)> = Vec::new();
+    let stdin = std::io::stdin();
+    let mut cached: Vec<u32> = Vec::new();
+    eprintln!(
+        "turbokv chat — {} ({}); empty line or Ctrl-D to quit",
+        loaded.model.name,
+        loaded.model.transformer.backend().describe()
+    );
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        if stdin.read_line(&mut line)? == 0 || line.trim().is_empty() {
+            break;
+        }
+        messages.push(("user".into(), line.trim().to_string()));
+        let prompt = render_chat(&loaded.tokenizer, &messages)?;
+        let ids = loaded.tokenizer.encode(&prompt, true, true)?;
+        let reuse = if ids.starts_with(&cached) {
+            cached.len()
+        } else {
+            0
+        };
+        if reuse == 0 {
+            session.reset()?;
+        }
+        let mut out = std::io::stdout().lock();
+        let stats = generate_ids(
+            &loaded,
+            &mut session,
+            &ids[reuse..],
+            &args.model.sampling,
+            &mut out,
+        )?;
+        writeln!(out)?;
+        cached = ids;
+        cached.extend(&stats.generated);
+        messages.push(("assistant".into(), stats.text.clone()));
+        print_stats(&loaded, &session, &stats);
+    }
+    Ok(())
+}
+
+fn render_chat(tok: &Tokenizer, messages: &[(String, String)]) -> Result<String> {
+    use turbokv_model::chat::{ChatMessage, ChatTemplate};
+    let template = ChatTemplate::from_tokenizer(tok)
+        .context("pass --raw to send the prompt without a template")?;
+    let msgs: Vec<ChatMessage> = messages
+        .iter()
+        .map(|(role, content)| ChatMessage::new(role.as_str(), content.as_str()))
+        .collect();
+    Ok(template.render(&msgs, true)?)
+}
+
+/// What a generation produced.
+pub struct GenStats {
+    pub prompt_tokens: usize,
+    pub generated: Vec<u32>,
+    pub text: String,
+    pub stop: &'static str,
+}
+
+fn generate(
+    loaded: &Loaded,
+    session: &mut Session<'_, CpuBackend>,
+    prompt: &str,
+    s: &crate::args::SamplingArgs,
+    out: &mut dyn Write,
+) -> Result<GenStats> {
+    let ids = loaded.tokenizer.encode(prompt, true, true)?;
+    generate_ids(loaded, session, &ids, s, out)
+}
+
+fn generate_ids(
+    loaded: &Loaded,
+    session: &mut Session<'_, CpuBackend>,
+    ids: &[u32],
+    s: &crate::args::SamplingArgs,
+    out: &mut dyn Write,
+) -> Result<GenStats> {
+    use turbokv_model::sampling::{Sampler, SamplingParams, StopChecker};
+    if ids.is_empty() {
+        bail!("the prompt is empty");
+    }
+    let limit = loaded.ctx;
+    if session.len() + ids.len() >= limit {
+        bail!(
+            "the prompt needs {} tokens but the context holds {limit}; shorten it or raise --ctx",
+            session.len() + ids.len()
+        );
+    }
+    let params = SamplingParams {
+        temperature: s.temperature,
+        top_k: s.top_k,
+        top_p: s.top_p,
+        min_p: s.min_p,
+        repetition_penalty: s.repeat_penalty,
+        seed: Some(s.seed),
+        max_tokens: s.max_tokens.max(1),
+        stop: s.stop.clone(),
+        ..SamplingParams::default()
+    };
+    let mut sampler = Sampler::new(params.clone())?;
+    let mut stops = StopChecker::new(&params.stop);
+    let mut decoder = loaded.tokenizer.decode_stream(true);
+    let mut history: Vec<u32> = ids.to_vec();
+    let mut logits = session.prefill(ids)?.to_vec();
+    let mut generated = Vec::new();
+    let mut text = String::new();
+    let mut stop = "max_tokens";
+    while generated.len() < s.max_tokens {
+        let next = sampler.sample(&mut logits, &history)?;
+        if loaded.tokenizer.is_eos(next) {
+            stop = "eos";
+            break;
+        }
+        generated.push(next);
+        history.push(next);
+        if let Some(piece) = decoder.step(&loaded.tokenizer, next) {
+            let step = stops.push(piece);
+            out.write_all(step.text.as_bytes())?;
+            out.flush()?;
+            text.push_str(step.text);
+            if step.stopped.is_some() {
+                stop = "stop_string";
+                break;
+            }
+        }
+        if session.len() + 1 >= limit {
+            stop = "context_full";
+            break;
+        }
+        logits.clear();
+        logits.extend_from_slice(session.step(next)?);
+    }
+    if stop != "stop_string" {
+        let tail = format!("{}{}", decoder.finish().unwrap_or(""), stops.finish());
+        out.write_all(tail.as_bytes())?;
+        text.push_str(&tail);
+    }
+    Ok(GenStats {
+        prompt_tokens: ids.len(),
+        generated,
+        text,
+        stop,
+    })
+}
+
+fn print_stats(loaded: &Loaded, session: &Session<'_, CpuBackend>, stats: &GenStats) {
+    let t = session.times;
+    let rate = |n: usize, d: std::time::Duration| {
+        if d.as_secs_f64() > 0.0 {
+            n as f64 / d.as_secs_f64()
+        } else {
+            0.0
+        }
+    };
+    let per_token = session.cache().bytes_per_token();
+    eprintln!(
+        "[prompt {} tok, generated {} tok ({}), prefill {:.1} tok/s, decode {:.1} tok/s, KV {} {:.0} B/token, {:.2} MiB used]",
+        stats.prompt_tokens,
+        stats.generated.len(),
+        stats.stop,
+        rate(t.prefill_tokens, t.prefill),
+        rate(t.decode_tokens, t.decode),
+        loaded.kv,
+        per_token,
+        per_token * session.len() as f64 / (1024.0 * 1024.0),
+    );
+}
