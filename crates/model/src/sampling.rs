@@ -190,10 +190,19 @@ fn entropy_seed() -> u64 {
     h.finish()
 }
 
+/// A token still in the running.
+#[derive(Clone, Copy, Debug)]
+struct Candidate {
+    logit: f32,
+    id: u32,
+    /// `exp(logit - max)`: the unnormalised temperature-1 probability (set after top-k).
+    weight: f32,
+}
+
 /// Descending logit, then ascending id: a total order, so ties resolve like argmax.
 #[inline]
-fn by_logit_desc(a: &(f32, u32), b: &(f32, u32)) -> std::cmp::Ordering {
-    b.0.total_cmp(&a.0).then(a.1.cmp(&b.1))
+fn by_logit_desc(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
+    b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id))
 }
 
 /// First prefix size tried when top-p looks for its cut without sorting everything.
@@ -205,8 +214,8 @@ const TOP_P_FIRST_PREFIX: usize = 256;
 pub struct Sampler {
     params: SamplingParams,
     rng: Xoshiro256,
-    /// Candidates `(logit, id)`; reused across calls.
-    cand: Vec<(f32, u32)>,
+    /// Candidates; reused across calls.
+    cand: Vec<Candidate>,
     /// Recent distinct token ids; reused across calls.
     recent: Vec<u32>,
 }
@@ -256,15 +265,25 @@ impl Sampler {
         if self.params.temperature == 0.0 {
             return argmax(logits).ok_or(SamplingError::NoFiniteLogits { n: logits.len() });
         }
-        self.collect_candidates(logits);
+        let k = self.params.top_k;
+        if k > 0 && k < logits.len() {
+            self.collect_top_k(logits, k);
+        } else {
+            self.collect_candidates(logits);
+        }
         if self.cand.is_empty() {
             return Err(SamplingError::NoFiniteLogits { n: logits.len() });
         }
-        self.top_k();
-        let max = self.cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.0));
-        self.top_p(max);
-        self.min_p(max);
-        Ok(self.draw(max))
+        let filtered = self.params.top_p < 1.0 || self.params.min_p > 0.0;
+        if filtered {
+            self.set_weights(1.0);
+            self.top_p();
+            self.min_p();
+        }
+        if !filtered || self.params.temperature != 1.0 {
+            self.set_weights(self.params.temperature);
+        }
+        Ok(self.draw())
     }
 
     fn apply_repetition_penalty(&mut self, logits: &mut [f32], recent_tokens: &[u32]) {
@@ -293,29 +312,76 @@ impl Sampler {
         self.cand.reserve(logits.len());
         for (id, &l) in logits.iter().enumerate() {
             if l > f32::NEG_INFINITY {
-                self.cand.push((l.min(f32::MAX), id as u32));
+                self.cand.push(Candidate {
+                    logit: l.min(f32::MAX),
+                    id: id as u32,
+                    weight: 0.0,
+                });
             }
         }
     }
 
-    fn top_k(&mut self) {
-        let k = self.params.top_k;
-        if k > 0 && k < self.cand.len() {
-            self.cand.select_nth_unstable_by(k - 1, by_logit_desc);
-            self.cand.truncate(k);
+    /// The `k` best candidates in one pass: a heap of size `k` with the worst kept at the
+    /// root, so most logits cost one comparison.
+    fn collect_top_k(&mut self, logits: &[f32], k: usize) {
+        self.cand.clear();
+        self.cand.reserve(k);
+        let mut rest = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| **l > f32::NEG_INFINITY);
+        for (id, &l) in rest.by_ref() {
+            self.cand.push(Candidate {
+                logit: l.min(f32::MAX),
+                id: id as u32,
+                weight: 0.0,
+            });
+            if self.cand.len() == k {
+                break;
+            }
+        }
+        for i in (0..self.cand.len() / 2).rev() {
+            sift_down_worst(&mut self.cand, i);
+        }
+        let Some(root) = self.cand.first() else {
+            return;
+        };
+        let mut worst = root.logit;
+        for (id, &l) in rest {
+            // Later ids lose ties, so only a strictly larger logit enters.
+            if l > worst {
+                self.cand[0] = Candidate {
+                    logit: l.min(f32::MAX),
+                    id: id as u32,
+                    weight: 0.0,
+                };
+                sift_down_worst(&mut self.cand, 0);
+                worst = self.cand[0].logit;
+            }
+        }
+    }
+
+    /// `weight = exp((logit - max) / t)`: the top candidate gets 1.
+    fn set_weights(&mut self, t: f32) {
+        let max = self
+            .cand
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, c| m.max(c.logit));
+        let inv_t = 1.0 / t;
+        for c in &mut self.cand {
+            c.weight = ((c.logit - max) * inv_t).exp();
         }
     }
 
     /// Keeps the most likely candidates up to and including the one where the cumulative
     /// probability reaches `top_p`.
-    fn top_p(&mut self, max: f32) {
+    fn top_p(&mut self) {
         let p = f64::from(self.params.top_p);
         if p >= 1.0 || self.cand.len() <= 1 {
             return;
         }
-        let weight = |l: f32| f64::from((l - max).exp());
-        let total: f64 = self.cand.iter().map(|c| weight(c.0)).sum();
-        let target = p * total;
+        let mass = |c: &[Candidate]| c.iter().map(|c| f64::from(c.weight)).sum::<f64>();
+        let target = p * mass(&self.cand);
         // Sort a prefix that holds the mass: grow it 4× at a time (a few rounds of
         // linear-time partitioning), instead of sorting the whole vocabulary.
         let mut m = TOP_P_FIRST_PREFIX;
@@ -325,8 +391,7 @@ impl Sampler {
                 break;
             }
             self.cand.select_nth_unstable_by(m - 1, by_logit_desc);
-            let mass: f64 = self.cand[..m].iter().map(|c| weight(c.0)).sum();
-            if mass >= target {
+            if mass(&self.cand[..m]) >= target {
                 self.cand[..m].sort_unstable_by(by_logit_desc);
                 break;
             }
@@ -335,7 +400,7 @@ impl Sampler {
         let mut cum = 0.0;
         let mut keep = self.cand.len();
         for (i, c) in self.cand.iter().enumerate() {
-            cum += weight(c.0);
+            cum += f64::from(c.weight);
             if cum >= target {
                 keep = i + 1;
                 break;
@@ -344,44 +409,60 @@ impl Sampler {
         self.cand.truncate(keep.max(1));
     }
 
-    /// Drops candidates with probability below `min_p` × the top one's:
-    /// `p_i / p_max = exp(l_i - max)`, so the cut is `l_i < max + ln(min_p)`.
-    fn min_p(&mut self, max: f32) {
+    /// Drops candidates with probability below `min_p` × the top one's (whose weight is 1).
+    fn min_p(&mut self) {
         let min_p = self.params.min_p;
-        if min_p <= 0.0 {
-            return;
+        if min_p > 0.0 {
+            self.cand.retain(|c| c.weight >= min_p);
         }
-        let threshold = max + min_p.ln();
-        self.cand.retain(|c| c.0 >= threshold);
     }
 
-    /// Softmax at the temperature over what is left, then one draw.
-    fn draw(&mut self, max: f32) -> u32 {
-        let inv_t = 1.0 / self.params.temperature;
-        let weight = |l: f32| f64::from(((l - max) * inv_t).exp());
-        let total: f64 = self.cand.iter().map(|c| weight(c.0)).sum();
+    /// One draw in proportion to the weights.
+    fn draw(&mut self) -> u32 {
+        let total: f64 = self.cand.iter().map(|c| f64::from(c.weight)).sum();
         let mut r = self.rng.next_f64() * total;
         for c in &self.cand {
-            r -= weight(c.0);
+            r -= f64::from(c.weight);
             if r < 0.0 {
-                return c.1;
+                return c.id;
             }
         }
         // Rounding left `r` a hair above zero: the last candidate with weight takes it.
-        let last_positive = self.cand.iter().rev().find(|c| weight(c.0) > 0.0);
-        last_positive.or(self.cand.first()).map_or(0, |c| c.1)
+        let last_positive = self.cand.iter().rev().find(|c| c.weight > 0.0);
+        last_positive.or(self.cand.first()).map_or(0, |c| c.id)
+    }
+}
+
+/// Restores the heap property below `i` in a heap whose root is its worst candidate.
+fn sift_down_worst(heap: &mut [Candidate], mut i: usize) {
+    let worse = |a: &Candidate, b: &Candidate| by_logit_desc(a, b) == std::cmp::Ordering::Greater;
+    loop {
+        let (l, r) = (2 * i + 1, 2 * i + 2);
+        let mut w = i;
+        if l < heap.len() && worse(&heap[l], &heap[w]) {
+            w = l;
+        }
+        if r < heap.len() && worse(&heap[r], &heap[w]) {
+            w = r;
+        }
+        if w == i {
+            return;
+        }
+        heap.swap(i, w);
+        i = w;
     }
 }
 
 /// Index of the largest logit (first on ties), ignoring NaN; `None` if all are NaN or -inf.
 pub fn argmax(logits: &[f32]) -> Option<u32> {
-    let mut best: Option<(u32, f32)> = None;
+    let (mut best_id, mut best) = (None, f32::NEG_INFINITY);
     for (i, &l) in logits.iter().enumerate() {
-        if l > best.map_or(f32::NEG_INFINITY, |b| b.1) {
-            best = Some((i as u32, l));
+        if l > best {
+            best = l;
+            best_id = Some(i as u32);
         }
     }
-    best.map(|b| b.0)
+    best_id
 }
 
 /// What [`StopChecker::push`] released.

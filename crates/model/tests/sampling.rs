@@ -153,13 +153,16 @@ fn top_p_on_a_large_flat_vocabulary_uses_the_prefix_path() {
     let n = 100_000;
     let mut probs = vec![0.1 / (n - 10) as f64; n];
     probs[..10].iter_mut().for_each(|p| *p = 0.09);
-    let f = frequencies(params(|p| p.top_p = 0.85), &probs, 5000);
+    let f = frequencies(params(|p| p.top_p = 0.85), &probs, 300);
     let outside: f64 = f[10..].iter().sum();
     assert_eq!(outside, 0.0, "top-p 0.85 must cut the tail");
-    // top_p 0.95 needs ~half of the tail: more than the first prefix rounds hold.
-    let f = frequencies(params(|p| p.top_p = 0.95), &probs, 5000);
+    // top_p 0.95 needs about half of the tail: more than the first prefix rounds hold.
+    let f = frequencies(params(|p| p.top_p = 0.95), &probs, 600);
     let outside: f64 = f[10..].iter().sum();
-    assert!((outside - 0.05 / 0.95).abs() < 0.02, "tail share {outside}");
+    assert!(
+        (outside - 0.05 / 0.95).abs() < 0.035,
+        "tail share {outside}"
+    );
 }
 
 #[test]

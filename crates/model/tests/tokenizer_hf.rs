@@ -224,3 +224,13 @@ fn missing_or_broken_files_are_errors() {
     assert!(err.to_string().contains("tokenizer.json"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn public_types_can_cross_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Tokenizer>();
+    send_sync::<turbokv_model::tokenizer::DecodeStream>();
+    send_sync::<turbokv_model::chat::ChatTemplate>();
+    send_sync::<turbokv_model::sampling::Sampler>();
+    send_sync::<turbokv_model::sampling::StopChecker>();
+}
