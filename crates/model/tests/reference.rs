@@ -77,9 +77,8 @@ fn compare(ours: &[f32], vocab: usize, positions: &[serde_json::Value], which: &
     d
 }
 
-#[test]
-fn logits_match_llamacpp_and_the_exact_reference() {
-    let Some(model) = load() else { return };
+/// Runs every fixture prompt through `model` (f16 KV) and calls `check(name, vs_llama, vs_exact)`.
+fn for_each_prompt(model: &Model<CpuBackend>, check: impl Fn(&str, Diff, Diff)) {
     let fx = fixture("logits_smollm2.json");
     let vocab = model.transformer.config().vocab_size;
     for prompt in fx["prompts"].as_array().expect("prompts") {
@@ -88,8 +87,18 @@ fn logits_match_llamacpp_and_the_exact_reference() {
         let mut session = Session::new(&model.transformer, KvDtype::F16, 2048).expect("session");
         let logits = session.prefill_all_logits(&tokens).expect("forward");
         let positions = prompt["positions"].as_array().expect("positions");
-        let vs_llama = compare(&logits, vocab, positions, "llamacpp");
-        let vs_exact = compare(&logits, vocab, positions, "ref_f64");
+        check(
+            name,
+            compare(&logits, vocab, positions, "llamacpp"),
+            compare(&logits, vocab, positions, "ref_f64"),
+        );
+    }
+}
+
+#[test]
+fn logits_match_llamacpp_and_the_exact_reference() {
+    let Some(model) = load() else { return };
+    for_each_prompt(&model, |name, vs_llama, vs_exact| {
         eprintln!("{name}: vs llama.cpp {vs_llama:?}\n{name}: vs exact f64 {vs_exact:?}");
         for (d, who) in [(&vs_llama, "llama.cpp"), (&vs_exact, "exact f64")] {
             assert!(
@@ -101,7 +110,7 @@ fn logits_match_llamacpp_and_the_exact_reference() {
                 "{name} vs {who}: top-1 differs where the margin exceeds 1"
             );
         }
-    }
+    });
 }
 
 /// Greedy-decodes `n` tokens; returns the ids and, per step, our logits of every token.
@@ -122,7 +131,6 @@ fn greedy(model: &Model<CpuBackend>, prompt: &[u32], n: usize) -> (Vec<u32>, Vec
 fn greedy_continuations_match_llamacpp_up_to_near_ties() {
     let Some(model) = load() else { return };
     let fx = fixture("greedy_smollm2.json");
-    let mut longest = 0;
     for prompt in fx["prompts"].as_array().expect("prompts") {
         let name = prompt["name"].as_str().unwrap_or("?");
         let expected = ids(&prompt["llamacpp"]["ids"]);
@@ -136,7 +144,6 @@ fn greedy_continuations_match_llamacpp_up_to_near_ties() {
             "{name}: identical to llama.cpp for {same} of {} tokens",
             expected.len()
         );
-        longest = longest.max(same);
         if same < expected.len() {
             // A divergence is acceptable only where llama.cpp's token was a near-tie for us
             // too: 8-bit activation rounding moves logits by up to ~0.7 on this model.
@@ -150,7 +157,6 @@ fn greedy_continuations_match_llamacpp_up_to_near_ties() {
             );
         }
     }
-    assert!(longest >= 32, "no prompt matched llama.cpp for 32 tokens");
 }
 
 #[test]
@@ -162,6 +168,10 @@ fn greedy_in_exact_mode_matches_the_float64_reference() {
     for prompt in fx["prompts"].as_array().expect("prompts") {
         let name = prompt["name"].as_str().unwrap_or("?");
         let expected = ids(&prompt["ref_f64"]["ids"]);
+        assert!(
+            expected.len() >= 32 || prompt["ref_f64"]["stopped_on_eog"] == true,
+            "{name}: fixture too short"
+        );
         let (got, _) = greedy(&model, &ids(&prompt["prompt_ids"]), expected.len());
         assert_eq!(got, expected, "{name}");
     }
@@ -172,19 +182,7 @@ fn exact_f32_mode_matches_the_float64_reference() {
     let Some(model) = load_with(WeightMode::DequantizedF32) else {
         return;
     };
-    let fx = fixture("logits_smollm2.json");
-    let vocab = model.transformer.config().vocab_size;
-    for prompt in fx["prompts"].as_array().expect("prompts") {
-        let name = prompt["name"].as_str().unwrap_or("?");
-        let tokens = ids(&prompt["ids"]);
-        let mut session = Session::new(&model.transformer, KvDtype::F16, 2048).expect("session");
-        let logits = session.prefill_all_logits(&tokens).expect("forward");
-        let d = compare(
-            &logits,
-            vocab,
-            prompt["positions"].as_array().expect("positions"),
-            "ref_f64",
-        );
+    for_each_prompt(&model, |name, _, d| {
         eprintln!("{name}: exact mode vs f64 {d:?}");
         // Only the f16 KV cache separates this from the float64 reference (~0.02 measured).
         assert!(
@@ -192,5 +190,48 @@ fn exact_f32_mode_matches_the_float64_reference() {
             "{name}: {d:?}"
         );
         assert_eq!(d.clear_top1_disagreements, 0, "{name}");
+    });
+}
+
+#[test]
+fn decoding_token_by_token_equals_one_batched_prefill() {
+    for mode in [WeightMode::DequantizedF32, WeightMode::Native] {
+        step_vs_batched(mode);
     }
+}
+
+/// Largest |logit| gap between token-by-token decoding and one batched prefill of the same
+/// tokens. The float path only reorders f32 sums (measured ≤ 0.07 over 77 tokens); the 8-bit
+/// activation path also re-rounds activations, and a flipped rounding in a block holding one
+/// of this model's huge activation channels moves logits by up to ~1.5 (llama.cpp: 1.48
+/// between its own batched and single-token runs, fixture metadata).
+fn step_vs_batched(mode: WeightMode) {
+    let Some(model) = load_with(mode) else { return };
+    let fx = fixture("greedy_smollm2.json");
+    let vocab = model.transformer.config().vocab_size;
+    let prompt = &fx["prompts"][0];
+    let mut tokens = ids(&prompt["prompt_ids"]);
+    tokens.extend(ids(&prompt["llamacpp"]["ids"]));
+    let mut batched = Session::new(&model.transformer, KvDtype::F16, 2048).expect("session");
+    let all = batched.prefill_all_logits(&tokens).expect("prefill");
+    let mut stepped = Session::new(&model.transformer, KvDtype::F16, 2048).expect("session");
+    let mut worst = 0f32;
+    for (t, &tok) in tokens.iter().enumerate() {
+        let row = stepped.step(tok).expect("step");
+        let want = &all[t * vocab..(t + 1) * vocab];
+        worst = row
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(worst, f32::max);
+    }
+    eprintln!("{mode:?}: max |step − batched| logit difference: {worst}");
+    let bound = match mode {
+        WeightMode::DequantizedF32 => 0.15,
+        _ => 2.0,
+    };
+    assert!(
+        worst < bound,
+        "{mode:?}: token-by-token logits differ from batched ones by {worst}"
+    );
 }

@@ -1,13 +1,12 @@
 //! AVX2 dot products of K-quant weight rows with [`Q8KBlock`] activations: the quantity of
 //! `dot_scalar::dot_q8k`, with the integer work in SIMD.
 //!
-//! Per super-block, codes are unpacked 32 at a time (unsigned), multiplied with the int8
-//! activations by `_mm256_maddubs_epi16` (|code| ≤ 63, so pairs fit i16), and weighted by
-//! their sub-block scales with `_mm256_madd_epi16` into i32 lanes. The min (Q4_K/Q5_K) and
-//! the −32 offset (Q6_K) act on whole sub-blocks, so they are applied once per sub-block
-//! through the activation block sums `bsums`, in scalar code.
-//!
-//! One token at a time: with several tokens the row's bytes are reused from L1.
+//! Every format first unpacks a super-block into one common form ([`Unpacked`]): 256
+//! unsigned codes (8 vectors of 32), per-vector i16 scales, and per-16-element weights for
+//! the activation sums `bsums` that carry what acts on whole sub-blocks (the Q4_K/Q5_K min,
+//! Q6_K's +32 code offset). Then, per token, codes × int8 activations go through
+//! `_mm256_maddubs_epi16` (codes ≤ 63, so pairs fit i16) and `_mm256_madd_epi16` with the
+//! scales into i32 lanes. The unpacking is done once per super-block for up to four tokens.
 
 use super::activations::Q8KBlock;
 use super::kquants::{Q4K_BYTES, Q5K_BYTES, Q6K_BYTES, scale_min_k4};
@@ -35,59 +34,93 @@ pub(crate) unsafe fn rows_q8k(
         return;
     }
     // SAFETY: CPU features per this function's contract; sizes checked above.
-    unsafe { each_row(ty, w, row_bytes, acts, n, out) }
+    unsafe {
+        match ty {
+            GgmlType::Q4K => each_group::<Q4K>(w, row_bytes, acts, n, out),
+            GgmlType::Q5K => each_group::<Q5K>(w, row_bytes, acts, n, out),
+            GgmlType::Q6K => each_group::<Q6K>(w, row_bytes, acts, n, out),
+            _ => {}
+        }
+    }
 }
 
+/// A super-block in the form the token loop consumes.
+struct Unpacked {
+    /// Codes of elements `32k..32k+32`, unsigned (≤ 63).
+    codes: [__m256i; 8],
+    /// i16 scale per lane of `maddubs(codes[k], acts)`: lanes 0..8 cover elements
+    /// `32k..32k+16`, lanes 8..16 the next 16.
+    scales: [__m256i; 8],
+    /// Weight of each 16-element activation sum `bsums[g]` in the correction term.
+    corr: __m256i,
+    /// `d` (scales the main sum) and the correction's factor, both per `d_a`.
+    d: f32,
+    corr_d: f32,
+}
+
+/// Format tags for [`each_group`] (a const parameter keeps the unpacking inlined).
+const Q4K: u8 = 0;
+const Q5K: u8 = 1;
+const Q6K: u8 = 2;
+
+/// Groups of up to four tokens; within a group, rows; within a row, super-blocks unpacked
+/// once for the group's tokens.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn each_row(
-    ty: GgmlType,
+fn each_group<const FMT: u8>(
     w: &[u8],
     row_bytes: usize,
     acts: &[Q8KBlock],
     n: usize,
     out: &mut [f32],
 ) {
-    let nb = row_bytes / ty.block_bytes();
-    for (o, row) in out.chunks_exact_mut(n).zip(w.chunks_exact(row_bytes)) {
-        for (t, v) in o.iter_mut().enumerate() {
-            let a = &acts[t * nb..(t + 1) * nb];
-            *v = match ty {
-                GgmlType::Q4K => row
-                    .chunks_exact(Q4K_BYTES)
-                    .zip(a)
-                    .map(|(b, a)| q4k(b, a))
-                    .sum(),
-                GgmlType::Q5K => row
-                    .chunks_exact(Q5K_BYTES)
-                    .zip(a)
-                    .map(|(b, a)| q5k(b, a))
-                    .sum(),
-                GgmlType::Q6K => row
-                    .chunks_exact(Q6K_BYTES)
-                    .zip(a)
-                    .map(|(b, a)| q6k(b, a))
-                    .sum(),
-                _ => 0.0,
-            };
+    let bb = match FMT {
+        Q4K => Q4K_BYTES,
+        Q5K => Q5K_BYTES,
+        _ => Q6K_BYTES,
+    };
+    let nb = row_bytes / bb;
+    let mut t0 = 0;
+    while t0 < n {
+        let nt = (n - t0).min(4);
+        for (o, row) in out.chunks_exact_mut(n).zip(w.chunks_exact(row_bytes)) {
+            let mut sums = [0f32; 4];
+            for (ib, b) in row.chunks_exact(bb).enumerate() {
+                let u = match FMT {
+                    Q4K => unpack_q4k(b),
+                    Q5K => unpack_q5k(b),
+                    _ => unpack_q6k(b),
+                };
+                for (t, s) in sums.iter_mut().enumerate().take(nt) {
+                    *s += block_dot(&u, &acts[(t0 + t) * nb + ib]);
+                }
+            }
+            o[t0..t0 + nt].copy_from_slice(&sums[..nt]);
         }
+        t0 += nt;
     }
 }
 
-/// 32 bytes at `b[at..]` as a vector.
+/// One unpacked super-block against one token's Q8_K block.
 #[inline]
-#[target_feature(enable = "avx2")]
-fn load32(b: &[u8], at: usize) -> __m256i {
-    let s = &b[at..at + 32];
-    // SAFETY: `s` is exactly 32 readable bytes (the slice index checks it).
-    unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
+#[target_feature(enable = "avx2,fma,f16c")]
+fn block_dot(u: &Unpacked, a: &Q8KBlock) -> f32 {
+    let mut acc = _mm256_setzero_si256();
+    for k in 0..8 {
+        let p = _mm256_maddubs_epi16(u.codes[k], load32(&a.qs, 32 * k));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, u.scales[k]));
+    }
+    // SAFETY: `bsums` is 16 i16 = 32 readable bytes.
+    let bsums = unsafe { _mm256_loadu_si256(a.bsums.as_ptr().cast()) };
+    let corr = hsum_i32(_mm256_madd_epi16(bsums, u.corr));
+    a.d * (u.d * hsum_i32(acc) as f32 + u.corr_d * corr as f32)
 }
 
-/// The 32 int8 activations at `a.qs[at..]`.
+/// 32 bytes at `b[at..]` (the slice index checks the bounds).
 #[inline]
 #[target_feature(enable = "avx2")]
-fn acts32(a: &Q8KBlock, at: usize) -> __m256i {
-    let s = &a.qs[at..at + 32];
-    // SAFETY: `s` is exactly 32 readable bytes.
+fn load32<T: Copy>(b: &[T], at: usize) -> __m256i {
+    let s = &b[at..at + 32 / size_of::<T>()];
+    // SAFETY: `s` spans exactly 32 readable bytes.
     unsafe { _mm256_loadu_si256(s.as_ptr().cast()) }
 }
 
@@ -100,78 +133,75 @@ fn hsum_i32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s)))
 }
 
-/// `Σ_sub sc·(codes · acts)` for Q4_K/Q5_K, with `high(g)` giving the fifth bits (as 0x10)
-/// of the low and high nibbles of 64-element group `g`, and the min term separately.
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// Q4_K and Q5_K share everything but the fifth bit: `high(s)` gives it (as 0x10 per byte)
+/// for sub-block `s`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn k4_sums(
-    b: &[u8],
-    qs_at: usize,
-    a: &Q8KBlock,
-    high: impl Fn(usize) -> (__m256i, __m256i),
-) -> (i32, i32) {
+fn unpack_k4(b: &[u8], qs_at: usize, high: impl Fn(usize) -> __m256i) -> Unpacked {
     let mask = _mm256_set1_epi8(0x0F);
-    let mut acc = _mm256_setzero_si256();
-    let mut msum = 0i32;
+    let mut codes = [_mm256_setzero_si256(); 8];
+    let mut scales = [_mm256_setzero_si256(); 8];
+    let mut mins = [0i16; 16];
     for g in 0..4 {
-        let (sc1, m1) = scale_min_k4(2 * g, &b[4..16]);
-        let (sc2, m2) = scale_min_k4(2 * g + 1, &b[4..16]);
         let q = load32(b, qs_at + 32 * g);
-        let (h1, h2) = high(g);
-        let lo = _mm256_or_si256(_mm256_and_si256(q, mask), h1);
-        let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(q), mask), h2);
-        let p1 = _mm256_maddubs_epi16(lo, acts32(a, 64 * g));
-        let p2 = _mm256_maddubs_epi16(hi, acts32(a, 64 * g + 32));
-        let p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(i16::from(sc1)));
-        let p2 = _mm256_madd_epi16(p2, _mm256_set1_epi16(i16::from(sc2)));
-        acc = _mm256_add_epi32(acc, _mm256_add_epi32(p1, p2));
-        let bs = |s: usize| i32::from(a.bsums[2 * s]) + i32::from(a.bsums[2 * s + 1]);
-        msum += i32::from(m1) * bs(2 * g) + i32::from(m2) * bs(2 * g + 1);
+        codes[2 * g] = _mm256_or_si256(_mm256_and_si256(q, mask), high(2 * g));
+        let q_hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), mask);
+        codes[2 * g + 1] = _mm256_or_si256(q_hi, high(2 * g + 1));
     }
-    (hsum_i32(acc), msum)
+    for s in 0..8 {
+        let (sc, m) = scale_min_k4(s, &b[4..16]);
+        scales[s] = _mm256_set1_epi16(i16::from(sc));
+        mins[2 * s] = i16::from(m);
+        mins[2 * s + 1] = i16::from(m);
+    }
+    Unpacked {
+        codes,
+        scales,
+        corr: load32(&mins, 0),
+        d: f16_at(b, 0),
+        corr_d: -f16_at(b, 2),
+    }
 }
 
-/// One Q4_K super-block against one Q8_K block.
+/// Q4_K: codes are the nibbles, no fifth bit.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q4k(b: &[u8], a: &Q8KBlock) -> f32 {
-    let zero = _mm256_setzero_si256();
-    let (isum, msum) = k4_sums(b, 16, a, |_| (zero, zero));
-    let (d, dmin) = halves(b, 0);
-    d * a.d * isum as f32 - dmin * a.d * msum as f32
+fn unpack_q4k(b: &[u8]) -> Unpacked {
+    unpack_k4(b, 16, |_| _mm256_setzero_si256())
 }
 
-/// One Q5_K super-block against one Q8_K block.
+/// Q5_K: the fifth bit of sub-block `s` is bit `s` of each `qh` byte.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q5k(b: &[u8], a: &Q8KBlock) -> f32 {
+fn unpack_q5k(b: &[u8]) -> Unpacked {
     let qh = load32(b, 16);
-    let bit16 = |s: usize| {
-        // Bit `s` of each qh byte, moved to 0x10.
+    unpack_k4(b, 48, |s| {
         let m = _mm256_set1_epi8(1 << s);
         _mm256_and_si256(
             _mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m),
             _mm256_set1_epi8(0x10),
         )
-    };
-    let (isum, msum) = k4_sums(b, 48, a, |g| (bit16(2 * g), bit16(2 * g + 1)));
-    let (d, dmin) = halves(b, 0);
-    d * a.d * isum as f32 - dmin * a.d * msum as f32
+    })
 }
 
-/// One Q6_K super-block against one Q8_K block.
+/// Q6_K: 6-bit codes from `ql` nibbles and `qh` bit pairs (see `kquants::q6k_code`), int8
+/// scales per 16 elements; the +32 offset is removed through `bsums`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q6k(b: &[u8], a: &Q8KBlock) -> f32 {
+fn unpack_q6k(b: &[u8]) -> Unpacked {
     let mask = _mm256_set1_epi8(0x0F);
     let three = _mm256_set1_epi8(3);
-    let sc = &b[192..208];
-    let mut acc = _mm256_setzero_si256();
+    let sc: [i16; 16] = std::array::from_fn(|i| i16::from(b[192 + i] as i8));
+    let mut codes = [_mm256_setzero_si256(); 8];
     for h in 0..2 {
         let ql0 = load32(b, 64 * h);
         let ql1 = load32(b, 64 * h + 32);
         let qh = load32(b, 128 + 32 * h);
-        // Codes of elements 128h + 32k + l, l < 32, as in `kquants::q6k_code`.
+        // 16-bit shifts then byte masks: no bits cross between bytes after the AND.
         let low = [
             _mm256_and_si256(ql0, mask),
             _mm256_and_si256(ql1, mask),
@@ -185,31 +215,19 @@ fn q6k(b: &[u8], a: &Q8KBlock) -> f32 {
             _mm256_and_si256(_mm256_srli_epi16::<6>(qh), three),
         ];
         for k in 0..4 {
-            let q = _mm256_or_si256(low[k], _mm256_slli_epi16::<4>(high[k]));
-            let p = _mm256_maddubs_epi16(q, acts32(a, 128 * h + 32 * k));
-            // i16 lanes 0..8 are elements 0..16 (scale 8h + 2k), lanes 8..16 the next 16.
-            let s = 8 * h + 2 * k;
-            let scales = _mm256_set_m128i(
-                _mm_set1_epi16(i16::from(sc[s + 1] as i8)),
-                _mm_set1_epi16(i16::from(sc[s] as i8)),
-            );
-            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scales));
+            codes[4 * h + k] = _mm256_or_si256(low[k], _mm256_slli_epi16::<4>(high[k]));
         }
     }
-    // The codes carry +32: remove 32·sc·Σ acts per 16-element sub-block.
-    let offset: i32 = sc
-        .iter()
-        .zip(&a.bsums)
-        .map(|(&s, &bs)| i32::from(s as i8) * i32::from(bs))
-        .sum();
-    let isum = hsum_i32(acc) - 32 * offset;
-    let d = half::f16::from_le_bytes([b[208], b[209]]).to_f32();
-    d * a.d * isum as f32
-}
-
-/// The halves `d`, `dmin` at `b[at..at + 4]`.
-#[inline]
-fn halves(b: &[u8], at: usize) -> (f32, f32) {
-    let h = |i: usize| half::f16::from_le_bytes([b[at + i], b[at + i + 1]]).to_f32();
-    (h(0), h(2))
+    let scales = std::array::from_fn(|k| {
+        _mm256_set_m128i(_mm_set1_epi16(sc[2 * k + 1]), _mm_set1_epi16(sc[2 * k]))
+    });
+    // Σ sc·(q − 32)·a = Σ sc·q·a − 32·Σ_g sc_g·bsums_g.
+    let d = f16_at(b, 208);
+    Unpacked {
+        codes,
+        scales,
+        corr: load32(&sc, 0),
+        d,
+        corr_d: -32.0 * d,
+    }
 }

@@ -9,7 +9,11 @@
 //!   `block_q8_1` / `block_q8_K`), so that dot products run on integers;
 //! - `dot_scalar.rs` / `dot_avx2.rs` (+ `dot_avx2_k.rs` for K-quants): weight-row ×
 //!   activation dot products, a plain reference and its AVX2 twin computing the same quantity;
-//! - `matmul.rs`: [`WeightMatrix::matmul`], parallel over row chunks with rayon.
+//! - `matmul.rs`: [`WeightMatrix::matmul`], parallel over row chunks with rayon;
+//! - `tests_*.rs`: round-trip error budgets, known-answer blocks, bit-exactness against an
+//!   independent implementation (gguf-py), SIMD == scalar, matmul against an f64 reference.
+//!
+//! `examples/qmatmul_bench.rs` times the kernels on the demo model's shapes.
 
 use crate::Error;
 

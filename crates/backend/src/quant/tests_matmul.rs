@@ -187,3 +187,37 @@ fn zero_rows_and_columns() {
     assert_eq!(out, [0.0; 3]);
     assert!(w.dequantize_all().is_empty());
 }
+
+#[test]
+fn unaligned_mapped_f32_weights() {
+    // A GGUF tensor may start at any offset of the mapping: the gemm path must not read f32
+    // through a misaligned pointer (it widens a copy instead).
+    use super::WeightBytes;
+    use std::io::Write;
+    let (rows, cols, n) = (20, 36, 9);
+    let mut rng = Rng(77);
+    let values = rng.vec(rows * cols);
+    let x = rng.vec(n * cols);
+    let path = std::env::temp_dir().join(format!("turbokv-quant-test-{}.bin", std::process::id()));
+    let mut file = std::fs::File::create(&path).unwrap();
+    file.write_all(&[0u8]).unwrap();
+    for v in &values {
+        file.write_all(&v.to_le_bytes()).unwrap();
+    }
+    drop(file);
+    let file = std::fs::File::open(&path).unwrap();
+    // SAFETY: the file is private to this test and not modified while mapped.
+    let map = std::sync::Arc::new(unsafe { memmap2::Mmap::map(&file) }.unwrap());
+    let _ = std::fs::remove_file(&path);
+    let bytes = WeightBytes::Mapped {
+        map,
+        offset: 1,
+        len: rows * cols * 4,
+    };
+    let mapped = WeightMatrix::new(GgmlType::F32, rows, cols, bytes).unwrap();
+    let owned = WeightMatrix::from_f32(rows, cols, &values).unwrap();
+    let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+    mapped.matmul(&x, n, &mut a).unwrap();
+    owned.matmul(&x, n, &mut b).unwrap();
+    assert_eq!(a, b);
+}
