@@ -28,12 +28,6 @@ pub fn load(args: &ModelArgs, cache: &CacheArgs) -> Result<Loaded> {
             args.device
         );
     }
-    if let Some(n) = args.threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()
-            .context("sizing the thread pool")?;
-    }
     let kv: KvDtype = cache.kv.parse().map_err(|e| anyhow::anyhow!("--kv: {e}"))?;
     let path = args.model_path()?;
     let model = Model::load(&path, CpuBackend::new(), &LoadOptions { progress: true })

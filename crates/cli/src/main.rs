@@ -6,7 +6,7 @@ mod bench_model;
 mod eval;
 mod generate;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Parser;
 
 use args::{BenchCommand, Cli, Command, EvalCommand};
@@ -14,7 +14,29 @@ use args::{BenchCommand, Cli, Command, EvalCommand};
 fn main() -> Result<()> {
     let cli = Cli::parse();
     init_logging(cli.verbose);
-    match cli.command {
+    // Run the whole command on a worker of the pool: a parallel op issued from a worker runs
+    // its first piece inline and steals the rest, whereas one issued from outside the pool is
+    // injected and the caller sleeps until it is done — a wake-up per op, ~100 ops a token.
+    let mut pool = rayon::ThreadPoolBuilder::new();
+    if let Some(n) = threads(&cli.command) {
+        pool = pool.num_threads(n);
+    }
+    let pool = pool.build().context("building the thread pool")?;
+    pool.install(|| dispatch(cli.command))
+}
+
+fn threads(cmd: &Command) -> Option<usize> {
+    match cmd {
+        Command::Run(a) => a.model.threads,
+        Command::Chat(a) => a.model.threads,
+        Command::Bench(BenchCommand::Model(a)) => a.model.threads,
+        Command::Eval(EvalCommand::Ppl(a)) => a.model.threads,
+        Command::Bench(BenchCommand::Codec { .. }) => None,
+    }
+}
+
+fn dispatch(command: Command) -> Result<()> {
+    match command {
         Command::Run(a) => generate::run(&a),
         Command::Chat(a) => generate::chat(&a),
         Command::Bench(BenchCommand::Codec { json }) => bench_codec::run(json.as_deref()),
