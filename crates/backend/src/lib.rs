@@ -6,6 +6,7 @@
 
 mod backend;
 pub mod cpu;
+pub mod cuda;
 pub mod quant;
 
 pub use backend::{AttnGeometry, Backend, QkNorm, Rope, RopeStyle, SeqSpan};
@@ -68,6 +69,21 @@ pub enum Error {
         /// The operation.
         op: &'static str,
         /// What did not fit.
+        detail: String,
+    },
+    /// No usable CUDA device: the driver or a CUDA library is missing, the ordinal does not
+    /// exist, or the GPU is too old. Callers fall back to the CPU with this message.
+    #[error("CUDA unavailable: {reason}")]
+    CudaUnavailable {
+        /// Why, in one line.
+        reason: String,
+    },
+    /// A CUDA driver, NVRTC or cuBLAS call failed (out of device memory, launch failure, …).
+    #[error("CUDA error in {op}: {detail}")]
+    Cuda {
+        /// The operation.
+        op: &'static str,
+        /// The library's error.
         detail: String,
     },
 }

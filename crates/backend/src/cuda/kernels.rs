@@ -1,0 +1,152 @@
+//! NVRTC compilation of the embedded `.cu` sources, once per process, with a PTX disk cache
+//! keyed by a hash of the source, the target architecture and the compiler options.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+
+use super::cuda_err;
+use crate::Error;
+
+const COMMON: &str = include_str!("kernels/common.cuh");
+const ELEMENTWISE: &str = include_str!("kernels/elementwise.cu");
+const WRITE_KV: &str = include_str!("kernels/write_kv.cu");
+const ATTENTION: &str = include_str!("kernels/attention.cu");
+
+/// Every kernel function the backend launches.
+#[derive(Debug)]
+pub(crate) struct Kernels {
+    pub embed_bf16: CudaFunction,
+    pub rms_norm: CudaFunction,
+    pub add_assign: CudaFunction,
+    pub add_bias: CudaFunction,
+    pub silu_mul: CudaFunction,
+    pub gather_rows: CudaFunction,
+    pub f32_to_bf16: CudaFunction,
+    pub fill_random_bf16: CudaFunction,
+    pub write_kv: CudaFunction,
+    /// Attention partials for head_dim 64, 128, 256 (compile-time) and any other.
+    pub attn_partial: [CudaFunction; 4],
+    pub attn_combine: CudaFunction,
+}
+
+/// Compiler options; part of the cache key.
+const OPTIONS: [&str; 2] = ["--std=c++17", "-default-device"];
+
+/// FNV-1a over the parts (stable across builds, unlike `DefaultHasher`).
+fn fnv1a(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.bytes().chain([0xff]) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// Compiles (or reads from `cache_dir`) one source for `arch` and loads it.
+fn module(
+    ctx: &Arc<CudaContext>,
+    name: &str,
+    body: &str,
+    arch: &'static str,
+    cache_dir: Option<&Path>,
+) -> Result<Arc<CudaModule>, Error> {
+    let src = format!("{COMMON}\n{body}");
+    let key = fnv1a(&[&src, arch, &OPTIONS.join(" ")]);
+    let path: Option<PathBuf> = cache_dir.map(|d| d.join(format!("{name}-{arch}-{key:016x}.ptx")));
+    if let Some(p) = &path
+        && let Ok(text) = std::fs::read_to_string(p)
+        && let Ok(m) = ctx.load_module(Ptx::from_src(text))
+    {
+        return Ok(m);
+    }
+    let opts = CompileOptions {
+        arch: Some(arch),
+        options: OPTIONS.iter().map(|s| s.to_string()).collect(),
+        name: Some(format!("{name}.cu")),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(&src, opts).map_err(|e| Error::Cuda {
+        op: "nvrtc",
+        detail: format!("{name}.cu: {e:?}"),
+    })?;
+    if let Some(p) = &path {
+        // A failed cache write only costs a recompile next time.
+        let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+        let _ = std::fs::create_dir_all(p.parent().unwrap_or(Path::new(".")))
+            .and_then(|()| std::fs::write(&tmp, ptx.to_src()))
+            .and_then(|()| std::fs::rename(&tmp, p));
+    }
+    ctx.load_module(ptx).map_err(cuda_err("load module"))
+}
+
+/// The `sm_XY` name NVRTC takes for a compute capability.
+pub(crate) fn arch_name(major: i32, minor: i32) -> Result<&'static str, Error> {
+    Ok(match (major, minor) {
+        (7, 0) => "sm_70",
+        (7, 5) => "sm_75",
+        (8, 0) => "sm_80",
+        (8, 6) => "sm_86",
+        (8, 7) => "sm_87",
+        (8, 9) => "sm_89",
+        (9, 0) => "sm_90",
+        (10, 0) => "sm_100",
+        (12, 0) => "sm_120",
+        _ => {
+            return Err(Error::CudaUnavailable {
+                reason: format!(
+                    "compute capability {major}.{minor} is not supported (need sm_80+)"
+                ),
+            });
+        }
+    })
+}
+
+impl Kernels {
+    /// Compiles every source for `arch` and looks up the functions.
+    pub(crate) fn load(
+        ctx: &Arc<CudaContext>,
+        arch: &'static str,
+        cache_dir: Option<&Path>,
+    ) -> Result<Self, Error> {
+        let ew = module(ctx, "elementwise", ELEMENTWISE, arch, cache_dir)?;
+        let kv = module(ctx, "write_kv", WRITE_KV, arch, cache_dir)?;
+        let at = module(ctx, "attention", ATTENTION, arch, cache_dir)?;
+        let f =
+            |m: &Arc<CudaModule>, n: &str| m.load_function(n).map_err(cuda_err("load function"));
+        Ok(Self {
+            embed_bf16: f(&ew, "embed_bf16")?,
+            rms_norm: f(&ew, "rms_norm")?,
+            add_assign: f(&ew, "add_assign")?,
+            add_bias: f(&ew, "add_bias")?,
+            silu_mul: f(&ew, "silu_mul")?,
+            gather_rows: f(&ew, "gather_rows")?,
+            f32_to_bf16: f(&ew, "f32_to_bf16_kernel")?,
+            fill_random_bf16: f(&ew, "fill_random_bf16")?,
+            write_kv: f(&kv, "write_kv")?,
+            attn_partial: [
+                f(&at, "attn_partial_64")?,
+                f(&at, "attn_partial_128")?,
+                f(&at, "attn_partial_256")?,
+                f(&at, "attn_partial_any")?,
+            ],
+            attn_combine: f(&at, "attn_combine")?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_key_depends_on_every_part() {
+        assert_ne!(fnv1a(&["a", "sm_90"]), fnv1a(&["a", "sm_80"]));
+        assert_ne!(fnv1a(&["ab", "c"]), fnv1a(&["a", "bc"]));
+        assert_eq!(fnv1a(&["x"]), fnv1a(&["x"]));
+    }
+}

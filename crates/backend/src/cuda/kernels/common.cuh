@@ -1,0 +1,42 @@
+// Shared helpers of the turbokv CUDA kernels. Prepended to every kernel source before NVRTC
+// compiles it, so no CUDA header is needed at run time (16-bit conversions use PTX `cvt`).
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+__device__ __forceinline__ float bf16_to_f32(u16 x) { return __uint_as_float(((u32)x) << 16); }
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+    u16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+__device__ __forceinline__ float f16_to_f32(u16 x) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+    return f;
+}
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+// KV element codecs: `is_bf16` is uniform across a launch.
+__device__ __forceinline__ float kv_load(u16 x, int is_bf16) { return is_bf16 ? bf16_to_f32(x) : f16_to_f32(x); }
+__device__ __forceinline__ u16 kv_store(float f, int is_bf16) { return is_bf16 ? f32_to_bf16(f) : f32_to_f16(f); }
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the total.
+// `sh` holds 32 floats.
+__device__ float block_sum(float v, float* sh) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    __syncthreads();
+    if (l == 0) sh[w] = v;
+    __syncthreads();
+    int nw = (blockDim.x + 31) >> 5;
+    float t = (l < nw) ? sh[l] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    return t;
+}

@@ -1,0 +1,66 @@
+// Row-wise and element-wise kernels over f32 activations `[rows, cols]` (row-major).
+
+// out[r, :] = table[ids[r], :] (bf16 table). grid.x = rows.
+extern "C" __global__ void embed_bf16(const u16* table, const u32* ids, float* out, int cols) {
+    u64 r = blockIdx.x;
+    const u16* src = table + (u64)ids[r] * cols;
+    float* dst = out + r * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = bf16_to_f32(src[c]);
+}
+
+// out = x / sqrt(mean(x^2) + eps) * w. grid.x = rows, blockDim a multiple of 32.
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int cols, float eps) {
+    __shared__ float sh[32];
+    const float* xr = x + (u64)blockIdx.x * cols;
+    float* o = out + (u64)blockIdx.x * cols;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += xr[c] * xr[c];
+    s = block_sum(s, sh);
+    float inv = 1.0f / sqrtf(s / (float)cols + eps);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = xr[c] * inv * w[c];
+}
+
+// x[i] += y[i].
+extern "C" __global__ void add_assign(float* x, const float* y, u64 n) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) x[i] += y[i];
+}
+
+// x[r, c] += bias[c].
+extern "C" __global__ void add_bias(float* x, const float* bias, u64 n, int cols) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        x[i] += bias[i % (u64)cols];
+}
+
+// out[r, c] = silu(gu[r, c]) * gu[r, f + c], out is [rows, f].
+extern "C" __global__ void silu_mul(const float* gu, float* out, u64 n, int f) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        u64 r = i / (u64)f, c = i % (u64)f;
+        float g = gu[r * 2 * f + c], u = gu[r * 2 * f + f + c];
+        out[i] = g / (1.0f + expf(-g)) * u;
+    }
+}
+
+// out[i, :] = x[rows[i], :]. grid.x = output rows.
+extern "C" __global__ void gather_rows(const float* x, const u32* rows, float* out, int cols) {
+    const float* src = x + (u64)rows[blockIdx.x] * cols;
+    float* dst = out + (u64)blockIdx.x * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = src[c];
+}
+
+// out[i] = bf16(x[i]) (GEMM inputs).
+extern "C" __global__ void f32_to_bf16_kernel(const float* x, u16* out, u64 n) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        out[i] = f32_to_bf16(x[i]);
+}
+
+// out[i] = bf16(uniform(-scale, scale)) from a counter hash (random weights for benchmarks).
+extern "C" __global__ void fill_random_bf16(u16* out, u64 n, u64 seed, float scale) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        u64 z = i * 0x9E3779B97F4A7C15ull + seed;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        float u = (float)(z >> 40) * (1.0f / 16777216.0f);
+        out[i] = f32_to_bf16((2.0f * u - 1.0f) * scale);
+    }
+}

@@ -1,0 +1,262 @@
+//! Per-step device metadata and reusable scratch buffers of the CUDA backend.
+//!
+//! The token metadata of a step is one `u32` buffer:
+//!
+//! ```text
+//! [ tok_pos: rows | tok_seq: rows | seq_tbl: seqs | tables: Σ blocks ]
+//! ```
+//!
+//! `tok_pos[t]` is row t's position, `tok_seq[t]` its sequence, `seq_tbl[s]` the offset of
+//! sequence s's block table inside `tables`. It is uploaded only when the spans change, so the
+//! layers of one step share a single upload.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr, ValidAsZeroBits};
+use half::bf16;
+
+use super::{CudaKvPool, cuda_err};
+use crate::Error;
+use crate::backend::SeqSpan;
+use crate::cpu::shape;
+
+/// Reusable device buffers (grown on demand, never shrunk).
+#[derive(Default)]
+pub(crate) struct Scratch {
+    /// bf16 copy of a matmul input.
+    pub bf16: Option<CudaSlice<bf16>>,
+    /// Token ids or row indices.
+    pub idx: Option<CudaSlice<u32>>,
+    meta_host: Vec<u32>,
+    meta: Option<CudaSlice<u32>>,
+    meta_rows: usize,
+    meta_seqs: usize,
+    rope_host: Vec<f32>,
+    rope: Option<CudaSlice<f32>>,
+    /// Attention partials: (max, sum) per (row, head, split).
+    pub part_ml: Option<CudaSlice<f32>>,
+    /// Attention partials: unnormalised accumulators per (row, head, split).
+    pub part_acc: Option<CudaSlice<f32>>,
+}
+
+/// Views of the uploaded step metadata.
+pub(crate) struct Meta<'a> {
+    pub pos: CudaView<'a, u32>,
+    pub seq: CudaView<'a, u32>,
+    pub seq_tbl: CudaView<'a, u32>,
+    pub tables: CudaView<'a, u32>,
+}
+
+/// `slot` with room for at least `n` elements (contents unspecified after growth).
+pub(crate) fn grow<'a, T: DeviceRepr + ValidAsZeroBits>(
+    stream: &Arc<CudaStream>,
+    slot: &'a mut Option<CudaSlice<T>>,
+    n: usize,
+) -> Result<&'a mut CudaSlice<T>, Error> {
+    let need = n.max(1);
+    if slot.as_ref().is_none_or(|s| s.len() < need) {
+        *slot = None;
+        *slot = Some(
+            stream
+                .alloc_zeros::<T>(need.next_power_of_two())
+                .map_err(cuda_err("alloc scratch"))?,
+        );
+    }
+    slot.as_mut().ok_or_else(|| Error::Cuda {
+        op: "scratch",
+        detail: "buffer missing".into(),
+    })
+}
+
+fn views(m: Option<&CudaSlice<u32>>, t: usize, s: usize) -> Result<Meta<'_>, Error> {
+    let m = m.ok_or_else(|| Error::Cuda {
+        op: "spans",
+        detail: "not uploaded".into(),
+    })?;
+    Ok(Meta {
+        pos: m.slice(..t),
+        seq: m.slice(t..2 * t),
+        seq_tbl: m.slice(2 * t..2 * t + s),
+        tables: m.slice(2 * t + s..),
+    })
+}
+
+/// Checks that the spans tile `rows` rows exactly and encodes their metadata.
+fn encode(spans: &[SeqSpan<'_>], rows: usize, out: &mut Vec<u32>) -> Result<(), Error> {
+    out.clear();
+    out.resize(2 * rows + spans.len(), u32::MAX);
+    let mut tables = 0usize;
+    for (si, s) in spans.iter().enumerate() {
+        let end = s.first_row + s.n_tokens;
+        if end > rows {
+            return Err(shape(
+                "spans",
+                format!("span rows {}..{end} beyond {rows} rows", s.first_row),
+            ));
+        }
+        let last = s.first_pos + s.n_tokens;
+        if last > u32::MAX as usize {
+            return Err(shape("spans", format!("position {last} too large")));
+        }
+        for i in 0..s.n_tokens {
+            let r = s.first_row + i;
+            if out[rows + r] != u32::MAX {
+                return Err(shape("spans", format!("row {r} belongs to two sequences")));
+            }
+            out[r] = (s.first_pos + i) as u32;
+            out[rows + r] = si as u32;
+        }
+        out[2 * rows + si] = tables as u32;
+        tables += s.blocks.len();
+    }
+    if out[rows..2 * rows].contains(&u32::MAX) {
+        return Err(shape("spans", "some rows belong to no sequence".into()));
+    }
+    for s in spans {
+        out.extend_from_slice(s.blocks);
+    }
+    Ok(())
+}
+
+/// Checks every block a span reads or writes against the pool.
+pub(crate) fn check_tables(spans: &[SeqSpan<'_>], pool: &CudaKvPool) -> Result<(), Error> {
+    for s in spans {
+        let need = (s.first_pos + s.n_tokens).div_ceil(pool.block_size);
+        let blocks = s.blocks.get(..need).ok_or_else(|| {
+            shape(
+                "kv",
+                format!(
+                    "position {} beyond the block table ({} blocks)",
+                    s.first_pos + s.n_tokens - 1,
+                    s.blocks.len()
+                ),
+            )
+        })?;
+        if let Some(&b) = blocks.iter().find(|&&b| b as usize >= pool.num_blocks) {
+            return Err(shape(
+                "kv",
+                format!("block {b} outside the pool of {}", pool.num_blocks),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Scratch {
+    /// Uploads the step metadata unless the same spans were uploaded last.
+    pub(crate) fn upload_meta(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        spans: &[SeqSpan<'_>],
+        rows: usize,
+    ) -> Result<(), Error> {
+        let mut host = Vec::new();
+        encode(spans, rows, &mut host)?;
+        if self.meta.is_some()
+            && host == self.meta_host
+            && self.meta_rows == rows
+            && self.meta_seqs == spans.len()
+        {
+            return Ok(());
+        }
+        self.meta_host.clear();
+        let dev = grow(stream, &mut self.meta, host.len())?;
+        stream
+            .memcpy_htod(&host, &mut dev.slice_mut(..host.len()))
+            .map_err(cuda_err("upload spans"))?;
+        self.meta_host = host;
+        self.meta_rows = rows;
+        self.meta_seqs = spans.len();
+        Ok(())
+    }
+
+    /// Views of the last uploaded metadata.
+    pub(crate) fn meta(&self) -> Result<Meta<'_>, Error> {
+        views(self.meta.as_ref(), self.meta_rows, self.meta_seqs)
+    }
+
+    /// The metadata views plus the attention partial buffers (max/sum, accumulators).
+    pub(crate) fn attention_parts(
+        &mut self,
+    ) -> Result<(Meta<'_>, &mut CudaSlice<f32>, &mut CudaSlice<f32>), Error> {
+        let meta = views(self.meta.as_ref(), self.meta_rows, self.meta_seqs)?;
+        match (self.part_ml.as_mut(), self.part_acc.as_mut()) {
+            (Some(ml), Some(acc)) => Ok((meta, ml, acc)),
+            _ => Err(Error::Cuda {
+                op: "attention",
+                detail: "partial buffers missing".into(),
+            }),
+        }
+    }
+
+    /// Uploads RoPE inverse frequencies unless unchanged; returns the device copy.
+    pub(crate) fn rope(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        inv_freq: &[f32],
+    ) -> Result<&CudaSlice<f32>, Error> {
+        if self.rope.is_none() || self.rope_host != inv_freq {
+            self.rope_host.clear();
+            let dev = grow(stream, &mut self.rope, inv_freq.len())?;
+            if !inv_freq.is_empty() {
+                stream
+                    .memcpy_htod(inv_freq, &mut dev.slice_mut(..inv_freq.len()))
+                    .map_err(cuda_err("upload rope"))?;
+            }
+            self.rope_host = inv_freq.to_vec();
+        }
+        self.rope.as_ref().ok_or_else(|| Error::Cuda {
+            op: "rope",
+            detail: "not uploaded".into(),
+        })
+    }
+
+    /// The device copy of the RoPE frequencies uploaded last.
+    pub(crate) fn rope_buf(&self) -> Result<&CudaSlice<f32>, Error> {
+        self.rope.as_ref().ok_or_else(|| Error::Cuda {
+            op: "rope",
+            detail: "not uploaded".into(),
+        })
+    }
+
+    /// Uploads `ids` into the index buffer.
+    pub(crate) fn upload_idx(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        ids: &[u32],
+    ) -> Result<(), Error> {
+        let dev = grow(stream, &mut self.idx, ids.len())?;
+        stream
+            .memcpy_htod(ids, &mut dev.slice_mut(..ids.len()))
+            .map_err(cuda_err("upload indices"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_layout_and_validation() {
+        let (a, b) = ([3u32, 4], [7u32]);
+        let spans = [
+            SeqSpan {
+                first_row: 0,
+                n_tokens: 2,
+                first_pos: 5,
+                blocks: &a,
+            },
+            SeqSpan {
+                first_row: 2,
+                n_tokens: 1,
+                first_pos: 0,
+                blocks: &b,
+            },
+        ];
+        let mut out = Vec::new();
+        encode(&spans, 3, &mut out).unwrap();
+        assert_eq!(out, vec![5, 6, 0, 0, 0, 1, 0, 2, 3, 4, 7]);
+        assert!(encode(&spans, 4, &mut out).is_err());
+        assert!(encode(&spans, 2, &mut out).is_err());
+    }
+}

@@ -1,0 +1,435 @@
+//! Every op of the CUDA backend against the CPU backend on fresh random inputs.
+//!
+//! Outputs are poisoned with NaN first, so an element a kernel forgets fails the comparison.
+//! Skips (with a message) when no GPU or driver is present.
+//!
+//! Tolerances (bf16 has an 8-bit significand: relative rounding error ≤ 2⁻⁹):
+//! - exact f32 ops (add, bias, gather, silu, rms_norm): 1e-5 relative + tiny absolute;
+//! - embed: the table is resident as bf16, so 2⁻⁸ relative;
+//! - matmul: both operands rounded to bf16 → each product off by ≤ 2⁻⁸ relative with random
+//!   sign, so the sum's error is ≈ 2⁻⁸·‖x∘w‖ ≈ 2⁻⁸·rms(out); we allow 8× that over thousands
+//!   of outputs: `0.03·rms(ref)`;
+//! - write_kv: f32 math, sin/cos of different libms: 1e-4 absolute on O(1) values; the
+//!   stored K/V within one 16-bit ulp (a value near a rounding boundary may round either way);
+//! - attention: K and V stored in 16 bits on both sides, f32 accumulation in different orders:
+//!   2e-3 absolute + 1e-2 relative on outputs of size ≈ rms(V) ≈ 0.5.
+
+use std::sync::OnceLock;
+
+use half::{bf16, f16};
+use turbokv_backend::cpu::{CpuBackend, CpuTensor};
+use turbokv_backend::cuda::{CudaBackend, CudaTensor};
+use turbokv_backend::{AttnGeometry, Backend, QkNorm, Rope, RopeStyle, SeqSpan, WeightMatrix};
+use turbokv_cache::KvLayout;
+use turbokv_codec::KvDtype;
+
+fn gpu() -> Option<&'static CudaBackend> {
+    static B: OnceLock<Option<CudaBackend>> = OnceLock::new();
+    B.get_or_init(|| match CudaBackend::new(0) {
+        Ok(b) => {
+            eprintln!("CUDA tests on {}", b.describe());
+            Some(b)
+        }
+        Err(e) => {
+            eprintln!("skipping CUDA tests: {e}");
+            None
+        }
+    })
+    .as_ref()
+}
+
+struct Rng(u64);
+impl Rng {
+    fn f(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+    fn below(&mut self, n: usize) -> usize {
+        ((self.f() + 1.0) * 0.5 * n as f32) as usize % n
+    }
+}
+
+fn cpu_t(v: Vec<f32>, rows: usize, cols: usize) -> CpuTensor {
+    CpuTensor::from_vec(v, rows, cols).unwrap()
+}
+fn gpu_t(g: &CudaBackend, v: &[f32], rows: usize, cols: usize) -> CudaTensor {
+    g.tensor_from_host(v, rows, cols).unwrap()
+}
+fn poison(g: &CudaBackend, rows: usize, cols: usize) -> CudaTensor {
+    gpu_t(g, &vec![f32::NAN; rows * cols], rows, cols)
+}
+fn host(g: &CudaBackend, t: &CudaTensor) -> Vec<f32> {
+    let mut v = Vec::new();
+    g.to_host(t, &mut v).unwrap();
+    v
+}
+
+/// Asserts `|a - b| ≤ atol + rtol·|b|` everywhere (NaN fails); returns the max abs error.
+fn close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = 0f32;
+    for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
+        let err = (a - b).abs();
+        assert!(
+            err <= atol + rtol * b.abs(),
+            "{what}: element {i}: got {a}, want {b}"
+        );
+        worst = worst.max(err);
+    }
+    worst
+}
+
+fn rms(v: &[f32]) -> f32 {
+    (v.iter().map(|x| x * x).sum::<f32>() / v.len().max(1) as f32).sqrt()
+}
+
+#[test]
+fn elementwise_ops_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(11);
+    for (rows, cols) in [(1, 64), (7, 1000), (33, 4096)] {
+        let (x, y, bias) = (
+            r.vec(rows * cols, 2.0),
+            r.vec(rows * cols, 2.0),
+            r.vec(cols, 1.0),
+        );
+        // add_assign
+        let (mut cx, cy) = (cpu_t(x.clone(), rows, cols), cpu_t(y.clone(), rows, cols));
+        let (mut gx, gy) = (gpu_t(g, &x, rows, cols), gpu_t(g, &y, rows, cols));
+        c.add_assign(&mut cx, &cy).unwrap();
+        g.add_assign(&mut gx, &gy).unwrap();
+        close("add_assign", &host(g, &gx), cx.as_slice(), 1e-6, 1e-6);
+        // add_bias
+        let (cb, gb) = (c.vector(&bias).unwrap(), g.vector(&bias).unwrap());
+        c.add_bias(&mut cx, &cb).unwrap();
+        g.add_bias(&mut gx, &gb).unwrap();
+        close("add_bias", &host(g, &gx), cx.as_slice(), 1e-6, 1e-6);
+        // rms_norm
+        let w = r.vec(cols, 1.0);
+        let (cw, gw) = (c.vector(&w).unwrap(), g.vector(&w).unwrap());
+        let mut co = c.tensor(rows, cols).unwrap();
+        let mut go = poison(g, rows, cols);
+        c.rms_norm(&cx, &cw, 1e-5, &mut co).unwrap();
+        g.rms_norm(&gx, &gw, 1e-5, &mut go).unwrap();
+        close("rms_norm", &host(g, &go), co.as_slice(), 1e-6, 1e-5);
+        // silu_mul ([rows, 2·(cols/2)] → [rows, cols/2])
+        let f = cols / 2;
+        let (mut co, mut go) = (c.tensor(rows, f).unwrap(), poison(g, rows, f));
+        c.silu_mul(&cx, &mut co).unwrap();
+        g.silu_mul(&gx, &mut go).unwrap();
+        close("silu_mul", &host(g, &go), co.as_slice(), 1e-6, 1e-5);
+        // gather_rows
+        let pick: Vec<usize> = (0..rows.min(5)).map(|_| r.below(rows)).collect();
+        let (mut co, mut go) = (
+            c.tensor(pick.len(), cols).unwrap(),
+            poison(g, pick.len(), cols),
+        );
+        c.gather_rows(&cx, &pick, &mut co).unwrap();
+        g.gather_rows(&gx, &pick, &mut go).unwrap();
+        close("gather_rows", &host(g, &go), co.as_slice(), 0.0, 0.0);
+    }
+}
+
+#[test]
+fn embed_and_matmuls_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(12);
+    for (t, k, n) in [(1, 256, 512), (5, 1024, 300), (64, 2048, 1536)] {
+        let table = WeightMatrix::from_f32(n, k, &r.vec(n * k, 1.0)).unwrap();
+        let ids: Vec<u32> = (0..t).map(|_| r.below(n) as u32).collect();
+        let (ct, gt) = (c.matrix(&table).unwrap(), g.matrix(&table).unwrap());
+        let (mut co, mut go) = (c.tensor(t, k).unwrap(), poison(g, t, k));
+        c.embed(&ct, &ids, &mut co).unwrap();
+        g.embed(&gt, &ids, &mut go).unwrap();
+        close("embed", &host(g, &go), co.as_slice(), 1e-30, 1.0 / 256.0);
+        assert!(
+            g.embed(&gt, &[n as u32], &mut go).is_err(),
+            "out-of-vocabulary id must be refused"
+        );
+
+        let x = r.vec(t * k, 1.0);
+        let (cx, gx) = (cpu_t(x.clone(), t, k), gpu_t(g, &x, t, k));
+        let (mut co, mut go) = (c.tensor(t, n).unwrap(), poison(g, t, n));
+        c.matmul(&cx, &ct, &mut co).unwrap();
+        g.matmul(&gx, &gt, &mut go).unwrap();
+        let tol = 0.03 * rms(co.as_slice());
+        let e = close("matmul", &host(g, &go), co.as_slice(), tol, 0.0);
+        eprintln!(
+            "matmul [{t}×{k}]·[{n}×{k}]ᵀ: max err {e:.2e} (rms of output {:.2e})",
+            rms(co.as_slice())
+        );
+
+        let parts: Vec<WeightMatrix> = [n / 3, n - n / 3, 17]
+            .iter()
+            .map(|&rows| WeightMatrix::from_f32(rows, k, &r.vec(rows * k, 1.0)).unwrap())
+            .collect();
+        let total: usize = parts.iter().map(WeightMatrix::rows).sum();
+        let cps: Vec<_> = parts.iter().map(|w| c.matrix(w).unwrap()).collect();
+        let gps: Vec<_> = parts.iter().map(|w| g.matrix(w).unwrap()).collect();
+        let (mut co, mut go) = (c.tensor(t, total).unwrap(), poison(g, t, total));
+        c.matmul_cat(&cx, &cps, &mut co).unwrap();
+        g.matmul_cat(&gx, &gps, &mut go).unwrap();
+        close(
+            "matmul_cat",
+            &host(g, &go),
+            co.as_slice(),
+            0.03 * rms(co.as_slice()),
+            0.0,
+        );
+    }
+}
+
+/// One attention configuration: geometry, dtype, RoPE style, q/k norm.
+struct Case {
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    dtype: KvDtype,
+    style: RopeStyle,
+    norm: bool,
+}
+
+/// Two steps over several sequences: a prefill of each sequence's history, then a mixed step
+/// (decode rows, a prefill continuation, a new sequence) whose contexts cross blocks and, for
+/// the long sequence, trigger split-K decode.
+fn run_case(g: &CudaBackend, case: &Case, seed: u64) {
+    let c = CpuBackend::new();
+    let mut r = Rng(seed);
+    let geo = AttnGeometry {
+        n_heads: case.heads,
+        n_kv_heads: case.kv_heads,
+        head_dim: case.d,
+        scale: 1.0 / (case.d as f32).sqrt(),
+    };
+    let rope = Rope {
+        inv_freq: (0..case.d / 2)
+            .map(|i| 10000f32.powf(-(2.0 * i as f32) / case.d as f32))
+            .collect(),
+        style: case.style,
+    };
+    let bs = 16;
+    let layout = KvLayout::uniform(1, case.kv_heads, case.d, case.dtype, bs, 8192).unwrap();
+    let (mut cpool, mut gpool) = (
+        c.kv_pool(&layout, 0).unwrap(),
+        g.kv_pool(&layout, 0).unwrap(),
+    );
+    // Block tables: a random permutation of the pool's blocks, dealt out to 4 sequences.
+    let mut perm: Vec<u32> = (0..layout.num_blocks as u32).collect();
+    for i in (1..perm.len()).rev() {
+        perm.swap(i, r.below(i + 1));
+    }
+    let tables: Vec<&[u32]> = perm.chunks(layout.num_blocks / 4).take(4).collect();
+    let (qn, kn) = (
+        r.vec(case.d, 0.3)
+            .iter()
+            .map(|x| x + 1.0)
+            .collect::<Vec<_>>(),
+        r.vec(case.d, 0.3)
+            .iter()
+            .map(|x| x + 1.0)
+            .collect::<Vec<_>>(),
+    );
+    let (cqn, ckn, gqn, gkn) = (
+        c.vector(&qn).unwrap(),
+        c.vector(&kn).unwrap(),
+        g.vector(&qn).unwrap(),
+        g.vector(&kn).unwrap(),
+    );
+    // (history length, new tokens in step 2) per sequence; sequence 3 is new in step 2.
+    let seqs = [(1100usize, 1usize), (37, 1), (20, 5), (0, 19)];
+    for step in 0..2 {
+        let mut spans = Vec::new();
+        let mut row = 0;
+        for (i, &(hist, new)) in seqs.iter().enumerate() {
+            let (first_pos, n) = if step == 0 { (0, hist) } else { (hist, new) };
+            if n > 0 {
+                spans.push(SeqSpan {
+                    first_row: row,
+                    n_tokens: n,
+                    first_pos,
+                    blocks: tables[i],
+                });
+                row += n;
+            }
+        }
+        let w = geo.qkv_width();
+        let qkv = r.vec(row * w, 1.5);
+        let (mut cq, mut gq) = (cpu_t(qkv.clone(), row, w), gpu_t(g, &qkv, row, w));
+        let cnorm = case.norm.then_some(QkNorm {
+            q: &cqn,
+            k: &ckn,
+            eps: 1e-6,
+        });
+        let gnorm = case.norm.then_some(QkNorm {
+            q: &gqn,
+            k: &gkn,
+            eps: 1e-6,
+        });
+        c.write_kv(&mut cq, &geo, &rope, cnorm, &spans, &mut cpool)
+            .unwrap();
+        g.write_kv(&mut gq, &geo, &rope, gnorm, &spans, &mut gpool)
+            .unwrap();
+        let what = format!(
+            "write_kv d={} heads {}/{} {:?} {:?} step {step}",
+            case.d, case.heads, case.kv_heads, case.dtype, case.style
+        );
+        close(&what, &host(g, &gq), cq.as_slice(), 1e-4, 1e-4);
+        check_pool(
+            g,
+            &gpool,
+            cq.as_slice(),
+            &geo,
+            &spans,
+            bs,
+            case.dtype,
+            &what,
+        );
+
+        let cols = case.heads * case.d;
+        let (mut co, mut go) = (c.tensor(row, cols).unwrap(), poison(g, row, cols));
+        c.attention(&cq, &geo, &spans, &cpool, &mut co).unwrap();
+        g.attention(&gq, &geo, &spans, &gpool, &mut go).unwrap();
+        let e = close(
+            &what.replace("write_kv", "attention"),
+            &host(g, &go),
+            co.as_slice(),
+            2e-3,
+            1e-2,
+        );
+        eprintln!("{}: max err {e:.2e}", what.replace("write_kv", "attention"));
+    }
+}
+
+/// The GPU pool holds, at every written slot, the 16-bit encoding of the CPU's roped k and v.
+#[allow(clippy::too_many_arguments)]
+fn check_pool(
+    g: &CudaBackend,
+    pool: &turbokv_backend::cuda::CudaKvPool,
+    qkv: &[f32],
+    geo: &AttnGeometry,
+    spans: &[SeqSpan<'_>],
+    bs: usize,
+    dtype: KvDtype,
+    what: &str,
+) {
+    let (k, v) = g.kv_to_host(pool).unwrap();
+    let (d, nkv, w) = (geo.head_dim, geo.n_kv_heads, geo.qkv_width());
+    let dec = |x: u16| {
+        if dtype == KvDtype::Bf16 {
+            bf16::from_bits(x).to_f32()
+        } else {
+            f16::from_bits(x).to_f32()
+        }
+    };
+    let ulp = if dtype == KvDtype::Bf16 {
+        1.0 / 128.0
+    } else {
+        1.0 / 1024.0
+    };
+    for s in spans {
+        for i in 0..s.n_tokens {
+            let pos = s.first_pos + i;
+            let row = &qkv[(s.first_row + i) * w..][..w];
+            for h in 0..nkv {
+                let at = ((s.blocks[pos / bs] as usize * nkv + h) * bs + pos % bs) * d;
+                for j in 0..d {
+                    let (want_k, want_v) = (
+                        row[(geo.n_heads + h) * d + j],
+                        row[(geo.n_heads + nkv + h) * d + j],
+                    );
+                    let (got_k, got_v) = (dec(k[at + j]), dec(v[at + j]));
+                    assert!(
+                        (got_k - want_k).abs() <= ulp * want_k.abs() + 1e-4,
+                        "{what}: K pos {pos} head {h} dim {j}: {got_k} vs {want_k}"
+                    );
+                    assert!(
+                        (got_v - want_v).abs() <= ulp * want_v.abs() + 1e-4,
+                        "{what}: V pos {pos} head {h} dim {j}: {got_v} vs {want_v}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn write_kv_and_attention_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let mut seed = 100;
+    for d in [64, 128, 256] {
+        for group in [1, 4, 8] {
+            let kv_heads = 2;
+            let dtype = if (d + group) % 2 == 0 {
+                KvDtype::Bf16
+            } else {
+                KvDtype::F16
+            };
+            let style = if group == 4 {
+                RopeStyle::Interleaved
+            } else {
+                RopeStyle::HalfSplit
+            };
+            let case = Case {
+                heads: kv_heads * group,
+                kv_heads,
+                d,
+                dtype,
+                style,
+                norm: group != 1,
+            };
+            seed += 1;
+            run_case(g, &case, seed);
+        }
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    let Some(g) = gpu() else { return };
+    let geo = AttnGeometry {
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 64,
+        scale: 0.125,
+    };
+    let layout = KvLayout::uniform(1, 2, 64, KvDtype::Bf16, 16, 64).unwrap();
+    let mut pool = g.kv_pool(&layout, 0).unwrap();
+    let rope = Rope {
+        inv_freq: vec![1.0; 32],
+        style: RopeStyle::HalfSplit,
+    };
+    let mut qkv = poison(g, 2, geo.qkv_width());
+    let far = [999u32];
+    let spans = [SeqSpan {
+        first_row: 0,
+        n_tokens: 2,
+        first_pos: 0,
+        blocks: &far,
+    }];
+    assert!(
+        g.write_kv(&mut qkv, &geo, &rope, None, &spans, &mut pool)
+            .is_err(),
+        "block outside the pool"
+    );
+    let short: [u32; 0] = [];
+    let spans = [SeqSpan {
+        first_row: 0,
+        n_tokens: 2,
+        first_pos: 0,
+        blocks: &short,
+    }];
+    assert!(
+        g.write_kv(&mut qkv, &geo, &rope, None, &spans, &mut pool)
+            .is_err(),
+        "table too short"
+    );
+    assert!(g.check_kv_dtype(KvDtype::Bf16, 512).is_err());
+}

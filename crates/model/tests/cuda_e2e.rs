@@ -1,0 +1,353 @@
+//! End to end on the GPU: random tiny models (llama with GQA, qwen2 with QKV bias, qwen3 with
+//! q/k norm) loaded on the CPU backend (f32 reference weights) and on the CUDA backend (bf16
+//! weights); logits of a chunked prefill, of single-token decode steps and of a batched step
+//! over several sequences must agree. With `$TURBOKV_MODEL` set, greedy continuations of the
+//! real model must agree for at least 32 tokens.
+//!
+//! Skips with a message when no GPU/driver is present.
+//!
+//! Tolerance: weights and matmul inputs are rounded to bf16 (2⁻⁹ relative) on the GPU; over a
+//! few layers the logits drift by a few times 2⁻⁸ of their scale, so we allow `0.05·rms` of
+//! the reference logits per element and require the same argmax where the top two reference
+//! logits are more than that apart.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use turbokv_backend::Backend;
+use turbokv_backend::cpu::{CpuBackend, WeightMode};
+use turbokv_backend::cuda::CudaBackend;
+use turbokv_codec::KvDtype;
+use turbokv_model::{LoadOptions, LogitsFor, Model, SeqInput, Session};
+
+fn gpu() -> Option<CudaBackend> {
+    match CudaBackend::new(0) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            eprintln!("skipping CUDA end-to-end tests: {e}");
+            None
+        }
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn f(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Shape {
+    arch: &'static str,
+    vocab: usize,
+    hidden: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    ffn: usize,
+}
+
+/// Writes a Hugging Face directory (config.json + model.safetensors, f32) with random weights.
+fn write_model(s: &Shape, dir: &Path, seed: u64) {
+    let mut r = Rng(seed);
+    let mut t: HashMap<String, (Vec<usize>, Vec<f32>)> = HashMap::new();
+    let mut put = |name: String, shape: Vec<usize>, scale: f32, offset: f32| {
+        let n = shape.iter().product();
+        t.insert(
+            name,
+            (shape, (0..n).map(|_| r.f() * scale + offset).collect()),
+        );
+    };
+    let (q, kv, w) = (
+        s.heads * s.head_dim,
+        s.kv_heads * s.head_dim,
+        1.0 / (s.hidden as f32).sqrt(),
+    );
+    put(
+        "model.embed_tokens.weight".into(),
+        vec![s.vocab, s.hidden],
+        1.0,
+        0.0,
+    );
+    put("model.norm.weight".into(), vec![s.hidden], 0.2, 1.0);
+    put("lm_head.weight".into(), vec![s.vocab, s.hidden], 0.3, 0.0);
+    for l in 0..s.layers {
+        let p = |n: &str| format!("model.layers.{l}.{n}");
+        put(p("input_layernorm.weight"), vec![s.hidden], 0.2, 1.0);
+        put(
+            p("post_attention_layernorm.weight"),
+            vec![s.hidden],
+            0.2,
+            1.0,
+        );
+        put(
+            p("self_attn.q_proj.weight"),
+            vec![q, s.hidden],
+            2.0 * w,
+            0.0,
+        );
+        put(
+            p("self_attn.k_proj.weight"),
+            vec![kv, s.hidden],
+            2.0 * w,
+            0.0,
+        );
+        put(p("self_attn.v_proj.weight"), vec![kv, s.hidden], w, 0.0);
+        put(p("self_attn.o_proj.weight"), vec![s.hidden, q], w, 0.0);
+        put(p("mlp.gate_proj.weight"), vec![s.ffn, s.hidden], w, 0.0);
+        put(p("mlp.up_proj.weight"), vec![s.ffn, s.hidden], w, 0.0);
+        put(
+            p("mlp.down_proj.weight"),
+            vec![s.hidden, s.ffn],
+            1.0 / (s.ffn as f32).sqrt(),
+            0.0,
+        );
+        if s.arch == "Qwen2ForCausalLM" {
+            put(p("self_attn.q_proj.bias"), vec![q], 0.5, 0.0);
+            put(p("self_attn.k_proj.bias"), vec![kv], 0.5, 0.0);
+            put(p("self_attn.v_proj.bias"), vec![kv], 0.5, 0.0);
+        }
+        if s.arch == "Qwen3ForCausalLM" {
+            put(p("self_attn.q_norm.weight"), vec![s.head_dim], 0.2, 1.0);
+            put(p("self_attn.k_norm.weight"), vec![s.head_dim], 0.2, 1.0);
+        }
+    }
+    let config = serde_json::json!({
+        "architectures": [s.arch], "vocab_size": s.vocab, "hidden_size": s.hidden,
+        "num_hidden_layers": s.layers, "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads, "head_dim": s.head_dim, "intermediate_size": s.ffn,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 4096,
+        "tie_word_embeddings": false,
+    });
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = t
+        .iter()
+        .map(|(n, (shape, v))| {
+            (
+                n.clone(),
+                shape.clone(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            )
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = bytes
+        .iter()
+        .map(|(n, shape, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), b)
+                    .unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+}
+
+fn rms(v: &[f32]) -> f32 {
+    (v.iter().map(|x| x * x).sum::<f32>() / v.len().max(1) as f32).sqrt()
+}
+
+fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map_or(0, |(i, _)| i)
+}
+
+/// Compares logits row by row (each `vocab` wide); returns the worst error relative to rms.
+fn compare(what: &str, got: &[f32], want: &[f32], vocab: usize) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let mut worst = 0f32;
+    for (row, (g, w)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
+        let scale = rms(w);
+        let err = g
+            .iter()
+            .zip(w)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            err <= 0.05 * scale,
+            "{what} row {row}: max error {err} vs rms {scale}"
+        );
+        worst = worst.max(err / scale);
+        let mut sorted = w.to_vec();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        if sorted[0] - sorted[1] > 0.1 * scale {
+            assert_eq!(argmax(g), argmax(w), "{what} row {row}: argmax");
+        }
+    }
+    worst
+}
+
+#[test]
+fn random_tiny_models_match_cpu() {
+    let Some(_) = gpu() else { return };
+    let shapes = [
+        Shape {
+            arch: "LlamaForCausalLM",
+            vocab: 512,
+            hidden: 256,
+            layers: 3,
+            heads: 8,
+            kv_heads: 2,
+            head_dim: 64,
+            ffn: 512,
+        },
+        Shape {
+            arch: "Qwen2ForCausalLM",
+            vocab: 300,
+            hidden: 128,
+            layers: 2,
+            heads: 4,
+            kv_heads: 4,
+            head_dim: 32,
+            ffn: 256,
+        },
+        Shape {
+            arch: "Qwen3ForCausalLM",
+            vocab: 400,
+            hidden: 256,
+            layers: 2,
+            heads: 16,
+            kv_heads: 2,
+            head_dim: 128,
+            ffn: 384,
+        },
+    ];
+    for (i, s) in shapes.iter().enumerate() {
+        let dir = std::env::temp_dir().join(format!("turbokv-cuda-e2e-{}-{i}", std::process::id()));
+        write_model(s, &dir, 7 + i as u64);
+        let cpu = Model::load(
+            &dir,
+            CpuBackend::with_weights(WeightMode::DequantizedF32),
+            &LoadOptions::default(),
+        )
+        .unwrap();
+        let gpu = Model::load(&dir, gpu().unwrap(), &LoadOptions::default()).unwrap();
+        let mut r = Rng(99 + i as u64);
+        let prompt: Vec<u32> = (0..600)
+            .map(|_| ((r.f() + 1.0) * 0.5 * (s.vocab - 1) as f32) as u32)
+            .collect();
+        for dtype in [KvDtype::Bf16, KvDtype::F16] {
+            let (mut cs, mut gs) = (
+                Session::new(&cpu.transformer, dtype, 1024).unwrap(),
+                Session::new(&gpu.transformer, dtype, 1024).unwrap(),
+            );
+            // 600 tokens: two prefill chunks (512 + 88), then decode steps.
+            let (cl, gl) = (
+                cs.prefill_all_logits(&prompt).unwrap(),
+                gs.prefill_all_logits(&prompt).unwrap(),
+            );
+            let e = compare(&format!("{} {dtype} prefill", s.arch), &gl, &cl, s.vocab);
+            let mut worst_step = 0f32;
+            let mut next = argmax(&cl[cl.len() - s.vocab..]) as u32;
+            for step in 0..24 {
+                let c = cs.step(next).unwrap().to_vec();
+                let g = gs.step(next).unwrap().to_vec();
+                worst_step = worst_step.max(compare(
+                    &format!("{} {dtype} step {step}", s.arch),
+                    &g,
+                    &c,
+                    s.vocab,
+                ));
+                next = argmax(&c) as u32;
+            }
+            eprintln!(
+                "{} {dtype}: prefill max err {e:.3}·rms, decode max err {worst_step:.3}·rms",
+                s.arch
+            );
+        }
+        batched_step_matches(&cpu, &gpu, s);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// One `forward` over three sequences of different lengths (a decode row, a continuation,
+/// a fresh prompt), after each was prefilled separately.
+fn batched_step_matches<C: Backend, G: Backend>(cpu: &Model<C>, gpu: &Model<G>, s: &Shape) {
+    let (ct, gt) = (&cpu.transformer, &gpu.transformer);
+    let (mut cc, mut gc) = (
+        ct.new_cache(KvDtype::Bf16, 16, 4096, 2048).unwrap(),
+        gt.new_cache(KvDtype::Bf16, 16, 4096, 2048).unwrap(),
+    );
+    let (mut csc, mut gsc) = (ct.new_scratch().unwrap(), gt.new_scratch().unwrap());
+    let mut r = Rng(5);
+    let mut toks = |n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|_| ((r.f() + 1.0) * 0.5 * (s.vocab - 1) as f32) as u32)
+            .collect()
+    };
+    let hist = [toks(300), toks(45), vec![]];
+    let new = [toks(1), toks(7), toks(33)];
+    let (mut cl, mut gl) = (Vec::new(), Vec::new());
+    for (id, h) in hist.iter().enumerate() {
+        cc.add_sequence(id as u64).unwrap();
+        gc.add_sequence(id as u64).unwrap();
+        if !h.is_empty() {
+            let inp = [SeqInput {
+                seq: id as u64,
+                tokens: h,
+            }];
+            ct.forward(&inp, &mut cc, &mut csc, LogitsFor::LastToken, &mut cl)
+                .unwrap();
+            gt.forward(&inp, &mut gc, &mut gsc, LogitsFor::LastToken, &mut gl)
+                .unwrap();
+        }
+    }
+    let inputs: Vec<SeqInput<'_>> = new
+        .iter()
+        .enumerate()
+        .map(|(id, t)| SeqInput {
+            seq: id as u64,
+            tokens: t,
+        })
+        .collect();
+    ct.forward(&inputs, &mut cc, &mut csc, LogitsFor::AllTokens, &mut cl)
+        .unwrap();
+    gt.forward(&inputs, &mut gc, &mut gsc, LogitsFor::AllTokens, &mut gl)
+        .unwrap();
+    let e = compare(&format!("{} batched", s.arch), &gl, &cl, s.vocab);
+    eprintln!(
+        "{} batched step (3 sequences, 41 rows): max err {e:.3}·rms",
+        s.arch
+    );
+}
+
+#[test]
+fn demo_model_greedy_agrees() {
+    let Some(g) = gpu() else { return };
+    let Some(path) = std::env::var_os("TURBOKV_MODEL") else {
+        eprintln!("skipping demo-model check: TURBOKV_MODEL is not set");
+        return;
+    };
+    let path = std::path::PathBuf::from(path);
+    let cpu = Model::load(&path, CpuBackend::new(), &LoadOptions::default()).unwrap();
+    let gpu = Model::load(&path, g, &LoadOptions::default()).unwrap();
+    let prompt: Vec<u32> = (1..40).map(|i| (i * 37) % 1000 + 100).collect();
+    let (mut cs, mut gs) = (
+        Session::new(&cpu.transformer, KvDtype::Bf16, 512).unwrap(),
+        Session::new(&gpu.transformer, KvDtype::Bf16, 512).unwrap(),
+    );
+    let (mut c, mut gq) = (
+        argmax(cs.prefill(&prompt).unwrap()) as u32,
+        argmax(gs.prefill(&prompt).unwrap()) as u32,
+    );
+    let mut agree = 0;
+    while c == gq && agree < 64 {
+        agree += 1;
+        c = argmax(cs.step(c).unwrap()) as u32;
+        gq = argmax(gs.step(gq).unwrap()) as u32;
+    }
+    eprintln!("demo model: greedy continuations agree for {agree} tokens");
+    assert!(
+        agree >= 32,
+        "greedy continuations diverged after {agree} tokens"
+    );
+}
