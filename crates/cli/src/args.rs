@@ -82,7 +82,7 @@ pub struct ModelArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Device: cpu.
+    /// Device: cpu, cuda or cuda:N (falls back to the CPU when no GPU can be opened).
     #[arg(long, default_value = "cpu")]
     pub device: String,
     #[command(flatten)]

@@ -22,7 +22,11 @@ struct Row {
 
 /// Runs the benchmark and prints a table (and JSON if asked).
 pub fn run(args: &BenchModelArgs) -> Result<()> {
-    let loaded = load(&args.model, &args.cache)?;
+    crate::with_device!(&args.model.device, b => run_on(b, args))
+}
+
+fn run_on<B: turbokv_backend::Backend>(backend: B, args: &BenchModelArgs) -> Result<()> {
+    let loaded = load(backend, &args.model, &args.cache)?;
     let text_path = args
         .text
         .clone()

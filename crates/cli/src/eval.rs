@@ -35,11 +35,15 @@ struct Acc {
 
 /// Runs the evaluation.
 pub fn run(args: &EvalPplArgs) -> Result<()> {
+    crate::with_device!(&args.model.device, b => run_on(b, args))
+}
+
+fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
     let cache = crate::args::CacheArgs {
         kv: "bf16".into(),
         ctx: Some(args.ctx),
     };
-    let loaded = load(&args.model, &cache)?;
+    let loaded = load(backend, &args.model, &cache)?;
     let dtypes: Vec<KvDtype> = args
         .kv
         .iter()
@@ -131,8 +135,8 @@ fn floor_char(s: &str, mut i: usize) -> usize {
     i
 }
 
-fn window_logits(
-    loaded: &crate::generate::Loaded,
+fn window_logits<B: Backend>(
+    loaded: &crate::generate::Loaded<B>,
     kv: KvDtype,
     window: &[u32],
 ) -> Result<Vec<f32>> {
@@ -172,12 +176,12 @@ fn argmax(v: &[f32]) -> usize {
         .fold(0, |b, (i, &x)| if x > v[b] { i } else { b })
 }
 
-fn row(
+fn row<B: Backend>(
     kv: KvDtype,
     a: &Acc,
     base_ppl: f64,
     head_dim: usize,
-    loaded: &crate::generate::Loaded,
+    loaded: &crate::generate::Loaded<B>,
 ) -> Row {
     let ppl = (a.nll / a.n as f64).exp();
     let cfg = loaded.model.transformer.config();

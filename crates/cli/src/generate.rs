@@ -6,6 +6,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail};
 use turbokv_backend::Backend;
 use turbokv_backend::cpu::CpuBackend;
+use turbokv_backend::cuda::CudaBackend;
 use turbokv_codec::KvDtype;
 use turbokv_model::tokenizer::Tokenizer;
 use turbokv_model::{LoadOptions, Model, Session};
@@ -13,24 +14,58 @@ use turbokv_model::{LoadOptions, Model, Session};
 use crate::args::{CacheArgs, ChatArgs, ModelArgs, RunArgs};
 
 /// A loaded model with its tokenizer.
-pub struct Loaded {
-    pub model: Model<CpuBackend>,
+pub struct Loaded<B: Backend> {
+    pub model: Model<B>,
     pub tokenizer: Tokenizer,
     pub kv: KvDtype,
     pub ctx: usize,
 }
 
-/// Sizes the thread pool, loads the model and tokenizer, validates the KV dtype.
-pub fn load(args: &ModelArgs, cache: &CacheArgs) -> Result<Loaded> {
-    if args.device != "cpu" {
-        bail!(
-            "device {:?} is not available in this build; use --device cpu",
-            args.device
-        );
+/// The backend `--device` asked for.
+pub enum Device {
+    /// The CPU.
+    Cpu(CpuBackend),
+    /// An NVIDIA GPU.
+    Cuda(Box<CudaBackend>),
+}
+
+/// Opens `--device` (`cpu`, `cuda`, `cuda:N`); a GPU that cannot be opened falls back to the
+/// CPU with a one-line explanation.
+pub fn select_device(spec: &str) -> Result<Device> {
+    if spec == "cpu" {
+        return Ok(Device::Cpu(CpuBackend::new()));
     }
+    if turbokv_backend::cuda::parse_device(spec).is_none() {
+        bail!("unknown --device {spec:?}; use cpu, cuda or cuda:N");
+    }
+    match CudaBackend::from_spec(spec) {
+        Ok(b) => Ok(Device::Cuda(Box::new(b))),
+        Err(e) => {
+            eprintln!("turbokv: {e}; falling back to the CPU");
+            Ok(Device::Cpu(CpuBackend::new()))
+        }
+    }
+}
+
+/// Runs `$body` with `$b` bound to the selected backend (one monomorphised copy per backend).
+#[macro_export]
+macro_rules! with_device {
+    ($spec:expr, $b:ident => $body:expr) => {
+        match $crate::generate::select_device($spec)? {
+            $crate::generate::Device::Cpu($b) => $body,
+            $crate::generate::Device::Cuda($b) => {
+                let $b = *$b;
+                $body
+            }
+        }
+    };
+}
+
+/// Loads the model and tokenizer onto `backend`, validates the KV dtype.
+pub fn load<B: Backend>(backend: B, args: &ModelArgs, cache: &CacheArgs) -> Result<Loaded<B>> {
     let kv: KvDtype = cache.kv.parse().map_err(|e| anyhow::anyhow!("--kv: {e}"))?;
     let path = args.model_path()?;
-    let model = Model::load(&path, CpuBackend::new(), &LoadOptions { progress: true })
+    let model = Model::load(&path, backend, &LoadOptions { progress: true })
         .with_context(|| format!("loading {}", path.display()))?;
     let tokenizer = load_tokenizer(&path, &model)?;
     let ctx = cache
@@ -45,7 +80,7 @@ pub fn load(args: &ModelArgs, cache: &CacheArgs) -> Result<Loaded> {
     })
 }
 
-fn load_tokenizer(path: &Path, model: &Model<CpuBackend>) -> Result<Tokenizer> {
+fn load_tokenizer<B: Backend>(path: &Path, model: &Model<B>) -> Result<Tokenizer> {
     let tok = match &model.gguf {
         Some(g) => Tokenizer::from_gguf(&g.metadata),
         None => Tokenizer::from_hf_dir(path),
@@ -55,7 +90,11 @@ fn load_tokenizer(path: &Path, model: &Model<CpuBackend>) -> Result<Tokenizer> {
 
 /// `turbokv run`.
 pub fn run(args: &RunArgs) -> Result<()> {
-    let loaded = load(&args.model, &args.cache)?;
+    with_device!(&args.model.device, b => run_on(b, args))
+}
+
+fn run_on<B: Backend>(backend: B, args: &RunArgs) -> Result<()> {
+    let loaded = load(backend, &args.model, &args.cache)?;
     let prompt = if args.raw {
         args.prompt.clone()
     } else {
@@ -83,7 +122,11 @@ pub fn run(args: &RunArgs) -> Result<()> {
 /// `turbokv chat`: one line per user turn; the whole conversation is re-rendered with the
 /// template and only the new suffix is prefilled (earlier turns stay cached).
 pub fn chat(args: &ChatArgs) -> Result<()> {
-    let loaded = load(&args.model, &args.cache)?;
+    with_device!(&args.model.device, b => chat_on(b, args))
+}
+
+fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> Result<()> {
+    let loaded = load(backend, &args.model, &args.cache)?;
     let mut session = Session::new(&loaded.model.transformer, loaded.kv, loaded.ctx)?;
     let mut messages: Vec<(String, String)> = Vec::new();
     let stdin = std::io::stdin();
@@ -146,9 +189,9 @@ pub struct GenStats {
     pub stop: &'static str,
 }
 
-fn generate(
-    loaded: &Loaded,
-    session: &mut Session<'_, CpuBackend>,
+fn generate<B: Backend>(
+    loaded: &Loaded<B>,
+    session: &mut Session<'_, B>,
     prompt: &str,
     s: &crate::args::SamplingArgs,
     out: &mut dyn Write,
@@ -157,9 +200,9 @@ fn generate(
     generate_ids(loaded, session, &ids, s, out)
 }
 
-fn generate_ids(
-    loaded: &Loaded,
-    session: &mut Session<'_, CpuBackend>,
+fn generate_ids<B: Backend>(
+    loaded: &Loaded<B>,
+    session: &mut Session<'_, B>,
     ids: &[u32],
     s: &crate::args::SamplingArgs,
     out: &mut dyn Write,
@@ -232,7 +275,7 @@ fn generate_ids(
     })
 }
 
-fn print_stats(loaded: &Loaded, session: &Session<'_, CpuBackend>, stats: &GenStats) {
+fn print_stats<B: Backend>(loaded: &Loaded<B>, session: &Session<'_, B>, stats: &GenStats) {
     let t = session.times;
     let rate = |n: usize, d: std::time::Duration| {
         if d.as_secs_f64() > 0.0 {

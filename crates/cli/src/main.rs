@@ -1,10 +1,11 @@
 //! The `turbokv` command line: run, chat, bench, eval.
 
 mod args;
+#[macro_use]
+mod generate;
 mod bench_codec;
 mod bench_model;
 mod eval;
-mod generate;
 
 use anyhow::{Context, Result};
 use clap::Parser;
