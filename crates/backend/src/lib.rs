@@ -17,7 +17,9 @@ pub use quant::{GgmlType, WeightBytes, WeightMatrix};
 #[non_exhaustive]
 pub enum Error {
     /// A tensor type the engine cannot compute with.
-    #[error("unsupported weight type {name} (ggml type {id}); supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K")]
+    #[error(
+        "unsupported weight type {name} (ggml type {id}); supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K"
+    )]
     UnsupportedWeightType {
         /// The on-disk type number.
         id: u32,

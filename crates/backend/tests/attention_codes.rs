@@ -35,9 +35,21 @@ fn roundtrip(codec: &turbokv_codec::VectorCodec, x: &[f32]) -> Vec<f32> {
 
 /// Runs `chunks` (token counts) of one sequence through write_kv + attention; returns the
 /// worst |error| / max |reference| over every output row.
-fn check(dtype: KvDtype, n_heads: usize, n_kv: usize, d: usize, chunks: &[usize], seed: u64) -> f64 {
+fn check(
+    dtype: KvDtype,
+    n_heads: usize,
+    n_kv: usize,
+    d: usize,
+    chunks: &[usize],
+    seed: u64,
+) -> f64 {
     let b = CpuBackend::new();
-    let g = AttnGeometry { n_heads, n_kv_heads: n_kv, head_dim: d, scale: 1.0 / (d as f32).sqrt() };
+    let g = AttnGeometry {
+        n_heads,
+        n_kv_heads: n_kv,
+        head_dim: d,
+        scale: 1.0 / (d as f32).sqrt(),
+    };
     let total: usize = chunks.iter().sum();
     let layout = KvLayout::uniform(1, n_kv, d, dtype, BLOCK, total).unwrap();
     let mut pool = b.kv_pool(&layout, 0).unwrap();
@@ -45,7 +57,10 @@ fn check(dtype: KvDtype, n_heads: usize, n_kv: usize, d: usize, chunks: &[usize]
     // Scatter logical blocks over the pool to exercise the block table.
     let nb = total.div_ceil(BLOCK);
     let blocks: Vec<u32> = (0..nb as u32).map(|i| (i * 7) % nb as u32).collect();
-    let no_rope = Rope { inv_freq: Vec::new(), style: RopeStyle::HalfSplit };
+    let no_rope = Rope {
+        inv_freq: Vec::new(),
+        style: RopeStyle::HalfSplit,
+    };
     let mut rng = Rng(seed | 1);
     let (mut ks, mut vs) = (Vec::new(), Vec::new()); // decoded [pos][kv head] vectors
     let mut worst = 0f64;
@@ -59,26 +74,50 @@ fn check(dtype: KvDtype, n_heads: usize, n_kv: usize, d: usize, chunks: &[usize]
             }
         }
         let mut qkv = CpuTensor::from_vec(data.clone(), n, g.qkv_width()).unwrap();
-        let spans = [SeqSpan { first_row: 0, n_tokens: n, first_pos: pos, blocks: &blocks }];
-        b.write_kv(&mut qkv, &g, &no_rope, None, &spans, &mut pool).unwrap();
+        let spans = [SeqSpan {
+            first_row: 0,
+            n_tokens: n,
+            first_pos: pos,
+            blocks: &blocks,
+        }];
+        b.write_kv(&mut qkv, &g, &no_rope, None, &spans, &mut pool)
+            .unwrap();
         let mut out = b.tensor(n, n_heads * d).unwrap();
         out.as_mut_slice().fill(f32::NAN);
         b.attention(&qkv, &g, &spans, &pool, &mut out).unwrap();
         for (t, row) in data.chunks(g.qkv_width()).enumerate() {
             let (k, v) = (&row[n_heads * d..], &row[(n_heads + n_kv) * d..]);
-            ks.push((0..n_kv).map(|h| roundtrip(&codec.key, &k[h * d..(h + 1) * d])).collect::<Vec<_>>());
-            vs.push((0..n_kv).map(|h| roundtrip(&codec.value, &v[h * d..(h + 1) * d])).collect::<Vec<_>>());
+            ks.push(
+                (0..n_kv)
+                    .map(|h| roundtrip(&codec.key, &k[h * d..(h + 1) * d]))
+                    .collect::<Vec<_>>(),
+            );
+            vs.push(
+                (0..n_kv)
+                    .map(|h| roundtrip(&codec.value, &v[h * d..(h + 1) * d]))
+                    .collect::<Vec<_>>(),
+            );
             let p = pos + t;
             for h in 0..n_heads {
                 let kvh = h / (n_heads / n_kv);
                 let q = &row[h * d..(h + 1) * d];
                 let scores: Vec<f64> = (0..=p)
-                    .map(|j| q.iter().zip(&ks[j][kvh]).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * g.scale as f64)
+                    .map(|j| {
+                        q.iter()
+                            .zip(&ks[j][kvh])
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>()
+                            * g.scale as f64
+                    })
                     .collect();
                 let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
                 let want: Vec<f64> = (0..d)
-                    .map(|c| (0..=p).map(|j| (scores[j] - m).exp() / z * vs[j][kvh][c] as f64).sum())
+                    .map(|c| {
+                        (0..=p)
+                            .map(|j| (scores[j] - m).exp() / z * vs[j][kvh][c] as f64)
+                            .sum()
+                    })
                     .collect();
                 let got = &out.row(t)[h * d..(h + 1) * d];
                 let scale = want.iter().map(|x| x.abs()).fold(1e-6, f64::max);
@@ -101,7 +140,10 @@ fn prefill_in_chunks_matches_decoded_reference_for_every_dtype() {
         let dtype: KvDtype = name.parse().unwrap();
         for (n_heads, n_kv, d) in [(3, 1, 64), (8, 8, 128), (8, 1, 256)] {
             let err = check(dtype, n_heads, n_kv, d, &[21, 1, 30], 100 + i as u64);
-            assert!(err < 2e-4, "{name} heads {n_heads}/{n_kv} d {d}: relative error {err}");
+            assert!(
+                err < 2e-4,
+                "{name} heads {n_heads}/{n_kv} d {d}: relative error {err}"
+            );
         }
     }
 }
@@ -120,7 +162,10 @@ fn long_context_split_k_decode_matches_decoded_reference() {
 fn unsupported_dtype_and_head_dim_are_refused_with_the_accepted_list() {
     let b = CpuBackend::new();
     // TurboQuant needs an even split for fractional widths; head dim 3 cannot be encoded.
-    let err = b.check_kv_dtype("tq2.5".parse().unwrap(), 3).unwrap_err().to_string();
+    let err = b
+        .check_kv_dtype("tq2.5".parse().unwrap(), 3)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("tq2.5") && err.contains("accepted"), "{err}");
     assert!(b.check_kv_dtype(KvDtype::F16, 3).is_ok());
 }
