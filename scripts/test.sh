@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # The test command: fetch the assets the integration tests use (idempotent, cached outside
 # the repo), then run every test of the workspace in release mode (the model tests run a real
-# 135M-parameter model; unoptimised builds make them needlessly slow).
+# 135M-parameter model; unoptimised builds make them needlessly slow). Ends with one summary
+# line over all test binaries.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-assets.sh >/dev/null
 eval "$(scripts/fetch-assets.sh --print-env)"
-export TURBOKV_MODEL TURBOKV_WIKI 2>/dev/null || true
-cargo test --workspace --release "$@"
+export TURBOKV_MODEL TURBOKV_WIKI
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace --release "$@" 2>&1 | tee "$log" || status=$?
+awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"
+exit "$status"
