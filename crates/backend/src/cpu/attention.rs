@@ -6,6 +6,8 @@
 //! whose partial results `(max, sum, acc)` are merged afterwards, so long-context decode uses
 //! every thread.
 
+use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
 
 use super::kv::{CodecStore, CpuKvPool, Half};
@@ -16,7 +18,7 @@ use crate::backend::{AttnGeometry, SeqSpan};
 /// Query tokens per task.
 const QUERY_TILE: usize = 16;
 /// Keys per task when a sequence's keys are split (rounded to whole blocks).
-const KEY_CHUNK: usize = 512;
+const KEY_CHUNK: usize = 256;
 
 #[derive(Clone, Copy, Debug)]
 struct Task {
@@ -71,7 +73,7 @@ fn plan(spans: &[SeqSpan<'_>], g: &AttnGeometry, block_size: usize) -> Vec<Task>
     let mut tasks = Vec::new();
     for (si, s) in spans.iter().enumerate() {
         let ctx = s.first_pos + s.n_tokens;
-        let split = s.n_tokens <= QUERY_TILE && ctx > 2 * chunk;
+        let split = s.n_tokens <= QUERY_TILE && ctx > chunk;
         for head in 0..g.n_kv_heads {
             for q0 in (0..s.n_tokens).step_by(QUERY_TILE) {
                 let q1 = (q0 + QUERY_TILE).min(s.n_tokens);
@@ -137,23 +139,27 @@ fn run_task(
                 let h = t.head * group + gh;
                 let q = &q_row[h * d..(h + 1) * d];
                 let r = (qi - t.q0) * group + gh;
-                for (j, sc) in scores[..visible].iter_mut().enumerate() {
-                    *sc = ops::dot(q, &kbuf[(slot + j) * d..(slot + j + 1) * d]) * g.scale;
-                }
+                let keys = &kbuf[slot * d..(slot + visible) * d];
+                ops::scores(q, keys, g.scale, &mut scores[..visible]);
                 let block_max = scores[..visible]
                     .iter()
                     .copied()
                     .fold(f32::NEG_INFINITY, f32::max);
                 let m_new = m[r].max(block_max);
-                let mut corr = (m[r] - m_new).exp();
-                l[r] *= corr;
-                let a = &mut acc[r * d..(r + 1) * d];
-                for (j, &sc) in scores[..visible].iter().enumerate() {
-                    let p = (sc - m_new).exp();
-                    l[r] += p;
-                    ops::scale_axpy(a, corr, p, &vbuf[(slot + j) * d..(slot + j + 1) * d]);
-                    corr = 1.0;
+                let corr = (m[r] - m_new).exp();
+                let mut block_sum = 0f32;
+                for sc in &mut scores[..visible] {
+                    *sc = (*sc - m_new).exp();
+                    block_sum += *sc;
                 }
+                l[r] = l[r] * corr + block_sum;
+                let values = &vbuf[slot * d..(slot + visible) * d];
+                ops::weighted_sum(
+                    &mut acc[r * d..(r + 1) * d],
+                    corr,
+                    &scores[..visible],
+                    values,
+                );
                 m[r] = m_new;
             }
         }
@@ -181,6 +187,8 @@ fn run_task_codec(
     let mut l = vec![0f32; rows];
     let mut acc = vec![0f32; rows * d];
     let mut scores = Vec::with_capacity(t.k1 - t.k0);
+    let mut exact: Vec<(usize, &[u16])> = Vec::new();
+    let (mut kx, mut vx) = (vec![0f32; d], vec![0f32; d]);
     for qi in t.q0..t.q1 {
         let end = (s.first_pos + qi + 1).min(t.k1);
         if end <= t.k0 {
@@ -202,6 +210,20 @@ fn run_task_codec(
                     chunk,
                 )?;
             }
+            let q = &q_row[h * d..(h + 1) * d];
+            let qpos = s.first_pos + qi;
+            // Sink and recent-window tokens: exact f16 scores replace the codes' scores.
+            exact.clear();
+            if c.window.is_active() {
+                for p in (t.k0..end).filter(|&p| c.window.is_exact(qpos, p)) {
+                    let block = pool.block_of(s.blocks, p)?;
+                    if let Some((k, v)) = pool.exact_kv(block, t.head, p % bs) {
+                        k.reinterpret_cast::<f16>().convert_to_f32_slice(&mut kx);
+                        scores[p - t.k0] = ops::dot(q, &kx);
+                        exact.push((p, v));
+                    }
+                }
+            }
             let mut mx = f32::NEG_INFINITY;
             for x in scores.iter_mut() {
                 *x *= g.scale;
@@ -211,6 +233,15 @@ fn run_task_codec(
             for x in scores.iter_mut() {
                 *x = (*x - mx).exp();
                 sum += *x;
+            }
+            // Exact values are summed in f32 here; their weights leave the codes' pass.
+            let out = &mut acc[r * d..(r + 1) * d];
+            vx.fill(0.0);
+            for &(p, v) in &exact {
+                v.reinterpret_cast::<f16>().convert_to_f32_slice(&mut kx);
+                let w = scores[p - t.k0];
+                vx.iter_mut().zip(&kx).for_each(|(o, x)| *o += w * x);
+                scores[p - t.k0] = 0.0;
             }
             let mut values = c.codec.value.new_accumulator();
             for (p0, chunk) in (t.k0..end).step_by(bs).zip(scores.chunks(bs)) {
@@ -222,9 +253,8 @@ fn run_task_codec(
                     chunk,
                 )?;
             }
-            c.codec
-                .value
-                .finish(&values, &mut acc[r * d..(r + 1) * d])?;
+            c.codec.value.finish(&values, out)?;
+            out.iter_mut().zip(&vx).for_each(|(o, x)| *o += x);
             m[r] = mx;
             l[r] = sum;
         }

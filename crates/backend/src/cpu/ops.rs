@@ -56,6 +56,27 @@ fn scale_axpy_body(y: &mut [f32], scale: f32, p: f32, x: &[f32]) {
     }
 }
 
+/// `out[j] = scale · ⟨q, k_j⟩` for the rows `k_j` (length `q.len()`) of `keys`.
+#[inline(always)]
+fn scores_body(q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
+    for (o, k) in out.iter_mut().zip(keys.chunks_exact(q.len())) {
+        *o = dot_body(q, k) * scale;
+    }
+}
+
+/// `acc = acc·corr + Σ_j p_j · v_j` for the rows `v_j` (length `acc.len()`) of `values`.
+#[inline(always)]
+fn weighted_sum_body(acc: &mut [f32], corr: f32, p: &[f32], values: &[f32]) {
+    for a in acc.iter_mut() {
+        *a *= corr;
+    }
+    for (&w, v) in p.iter().zip(values.chunks_exact(acc.len())) {
+        for (a, &x) in acc.iter_mut().zip(v) {
+            *a = w.mul_add(x, *a);
+        }
+    }
+}
+
 macro_rules! dispatch {
     ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? => $body:ident) => {
         $(#[$m])*
@@ -82,12 +103,22 @@ dispatch!(
     pub(crate) fn sum_sq(x: &[f32]) -> f32 => sum_sq_body
 );
 dispatch!(
-    /// Dot product over the common length.
+    /// Dot product over the common length (the kernels use it through [`scores`]).
+    #[cfg(test)]
     pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 => dot_body
 );
 dispatch!(
     /// `y = y·scale + p·x` (the online-softmax value update).
     pub(crate) fn scale_axpy(y: &mut [f32], scale: f32, p: f32, x: &[f32]) => scale_axpy_body
+);
+
+dispatch!(
+    /// Scores of one query against a block of keys (one call per block, not per key).
+    pub(crate) fn scores(q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) => scores_body
+);
+dispatch!(
+    /// Rescales an accumulator and adds a block of weighted values (the online-softmax update).
+    pub(crate) fn weighted_sum(acc: &mut [f32], corr: f32, p: &[f32], values: &[f32]) => weighted_sum_body
 );
 
 /// `out = x / sqrt(mean(x²) + eps) · w`.
