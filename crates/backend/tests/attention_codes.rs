@@ -8,7 +8,7 @@
 
 use turbokv_backend::cpu::{CpuBackend, CpuTensor};
 use turbokv_backend::{AttnGeometry, Backend, Rope, RopeStyle, SeqSpan};
-use turbokv_cache::KvLayout;
+use turbokv_cache::{KvLayout, KvWindow};
 use turbokv_codec::{KvDtype, LayerCodec};
 
 struct Rng(u64);
@@ -43,6 +43,25 @@ fn check(
     chunks: &[usize],
     seed: u64,
 ) -> f64 {
+    check_windowed(dtype, KvWindow::default(), n_heads, n_kv, d, chunks, seed)
+}
+
+/// f16-rounded copy of `x`: what a full-precision window holds.
+fn f16_round(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
+}
+
+/// [`check`] with sink and recent-window tokens: the reference reads those positions from
+/// f16-rounded vectors and every other position from the codec's decoded vectors.
+fn check_windowed(
+    dtype: KvDtype,
+    window: KvWindow,
+    n_heads: usize,
+    n_kv: usize,
+    d: usize,
+    chunks: &[usize],
+    seed: u64,
+) -> f64 {
     let b = CpuBackend::new();
     let g = AttnGeometry {
         n_heads,
@@ -51,7 +70,8 @@ fn check(
         scale: 1.0 / (d as f32).sqrt(),
     };
     let total: usize = chunks.iter().sum();
-    let layout = KvLayout::uniform(1, n_kv, d, dtype, BLOCK, total).unwrap();
+    let mut layout = KvLayout::uniform(1, n_kv, d, dtype, BLOCK, total).unwrap();
+    layout.window = window;
     let mut pool = b.kv_pool(&layout, 0).unwrap();
     let codec = LayerCodec::new(dtype, d, 0, &layout.codec).unwrap();
     // Scatter logical blocks over the pool to exercise the block table.
@@ -63,6 +83,7 @@ fn check(
     };
     let mut rng = Rng(seed | 1);
     let (mut ks, mut vs) = (Vec::new(), Vec::new()); // decoded [pos][kv head] vectors
+    let (mut kx, mut vx) = (Vec::new(), Vec::new()); // f16-rounded [pos][kv head] vectors
     let mut worst = 0f64;
     let mut pos = 0;
     for &n in chunks {
@@ -97,14 +118,39 @@ fn check(
                     .map(|h| roundtrip(&codec.value, &v[h * d..(h + 1) * d]))
                     .collect::<Vec<_>>(),
             );
+            kx.push(
+                (0..n_kv)
+                    .map(|h| f16_round(&k[h * d..(h + 1) * d]))
+                    .collect::<Vec<_>>(),
+            );
+            vx.push(
+                (0..n_kv)
+                    .map(|h| f16_round(&v[h * d..(h + 1) * d]))
+                    .collect::<Vec<_>>(),
+            );
             let p = pos + t;
+            let codec_16 = matches!(dtype, KvDtype::F16 | KvDtype::Bf16);
+            let key = |j: usize, h: usize| {
+                if !codec_16 && window.is_exact(p, j) {
+                    &kx[j][h]
+                } else {
+                    &ks[j][h]
+                }
+            };
+            let val = |j: usize, h: usize| {
+                if !codec_16 && window.is_exact(p, j) {
+                    &vx[j][h]
+                } else {
+                    &vs[j][h]
+                }
+            };
             for h in 0..n_heads {
                 let kvh = h / (n_heads / n_kv);
                 let q = &row[h * d..(h + 1) * d];
                 let scores: Vec<f64> = (0..=p)
                     .map(|j| {
                         q.iter()
-                            .zip(&ks[j][kvh])
+                            .zip(key(j, kvh))
                             .map(|(a, b)| *a as f64 * *b as f64)
                             .sum::<f64>()
                             * g.scale as f64
@@ -115,7 +161,7 @@ fn check(
                 let want: Vec<f64> = (0..d)
                     .map(|c| {
                         (0..=p)
-                            .map(|j| (scores[j] - m).exp() / z * vs[j][kvh][c] as f64)
+                            .map(|j| (scores[j] - m).exp() / z * val(j, kvh)[c] as f64)
                             .sum()
                     })
                     .collect();
@@ -168,4 +214,60 @@ fn unsupported_dtype_and_head_dim_are_refused_with_the_accepted_list() {
         .to_string();
     assert!(err.contains("tq2.5") && err.contains("accepted"), "{err}");
     assert!(b.check_kv_dtype(KvDtype::F16, 3).is_ok());
+}
+
+#[test]
+fn window_and_sink_tokens_are_attended_at_f16_and_the_rest_on_codes() {
+    for name in ["int8", "tq3", "k4v3", "tq2"] {
+        let dtype: KvDtype = name.parse().unwrap();
+        for window in [
+            KvWindow {
+                recent: 20,
+                sinks: 1,
+            },
+            KvWindow {
+                recent: 0,
+                sinks: 17,
+            },
+            KvWindow {
+                recent: 5,
+                sinks: 0,
+            },
+        ] {
+            // Chunked prefill, then decode steps: windows slide across block edges, and
+            // shadows of blocks behind the window are dropped while later steps still run.
+            let err = check_windowed(dtype, window, 6, 2, 64, &[40, 30, 1, 1, 1, 1], 11);
+            assert!(err < 2e-4, "{name} {window:?}: relative error {err}");
+        }
+    }
+}
+
+#[test]
+fn a_window_covering_the_context_gives_exactly_the_f16_cache_output() {
+    // Every token in the window: a tq2 pool must match an f16 pool, not its own codes.
+    let window = KvWindow {
+        recent: 64,
+        sinks: 0,
+    };
+    let err = check_windowed("tq2".parse().unwrap(), window, 4, 2, 64, &[30, 20, 1], 5);
+    assert!(err < 2e-4, "relative error vs the f16 reference {err}");
+}
+
+#[test]
+fn window_survives_split_k_decode() {
+    // Context > one key chunk: the window lands in the last chunk, sinks in the first.
+    let window = KvWindow {
+        recent: 24,
+        sinks: 2,
+    };
+    let err = check_windowed(
+        "tq3".parse().unwrap(),
+        window,
+        6,
+        2,
+        64,
+        &[600, 500, 1, 1],
+        7,
+    );
+    assert!(err < 2e-4, "relative error {err}");
 }

@@ -11,6 +11,41 @@ pub struct LayerKv {
     pub dtype: KvDtype,
 }
 
+/// Tokens of each sequence kept at 16-bit precision beside the codes of a compressed pool.
+///
+/// Attention of a query at position `p` reads positions `< sinks` and `> p - recent` from the
+/// exact copy and everything else from the codes. Part of the cache identity: the same codes
+/// with a different window give different attention outputs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvWindow {
+    /// Most recent tokens (the query's own included) attended at full precision.
+    pub recent: usize,
+    /// First tokens of the sequence ("attention sinks") attended at full precision.
+    pub sinks: usize,
+}
+
+impl KvWindow {
+    /// Whether any token is kept exact.
+    pub fn is_active(&self) -> bool {
+        self.recent > 0 || self.sinks > 0
+    }
+
+    /// Whether a query at `query_pos` reads key position `pos` exactly.
+    #[inline]
+    pub fn is_exact(&self, query_pos: usize, pos: usize) -> bool {
+        pos < self.sinks || pos + self.recent > query_pos
+    }
+
+    /// Extra bits per element at context `ctx` of keeping up to `recent + sinks` tokens in f16
+    /// beside the codes (amortised over the context; the codes of those tokens are kept too).
+    pub fn bits_overhead(&self, ctx: usize) -> f64 {
+        if ctx == 0 {
+            return 0.0;
+        }
+        16.0 * (self.recent + self.sinks).min(ctx) as f64 / ctx as f64
+    }
+}
+
 /// Shapes of the whole paged cache: every attention layer has `num_blocks` blocks of
 /// `block_size` tokens × `kv_heads` heads × `head_dim` values, in its own dtype.
 ///
@@ -31,6 +66,8 @@ pub struct KvLayout {
     /// Key mode, rotation seed and outlier channels of the compressed formats (part of the
     /// cache identity).
     pub codec: CodecOptions,
+    /// Tokens kept at full precision beside the codes of compressed layers.
+    pub window: KvWindow,
 }
 
 impl KvLayout {
@@ -55,6 +92,7 @@ impl KvLayout {
             block_size,
             num_blocks: max_tokens.div_ceil(block_size).max(1),
             codec: CodecOptions::default(),
+            window: KvWindow::default(),
         })
     }
 

@@ -8,9 +8,11 @@
 
 mod allocator;
 mod layout;
+mod policy;
 
 pub use allocator::{BlockAllocator, BlockTable, SeqId};
-pub use layout::{KvLayout, LayerKv};
+pub use layout::{KvLayout, KvWindow, LayerKv};
+pub use policy::KvPolicy;
 
 /// Errors of the cache crate.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

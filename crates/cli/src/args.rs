@@ -50,9 +50,20 @@ pub struct EvalPplArgs {
     /// Windows (consecutive, non-overlapping).
     #[arg(long, default_value_t = 4)]
     pub windows: usize,
-    /// KV dtypes to compare with bf16, comma-separated (e.g. f16,int8,tq4,tq3).
+    /// KV caches to compare with bf16, comma-separated: dtypes (f16,int8,tq4,tq3,k4v3), presets
+    /// (balanced, compact), or a dtype with its own full-precision window, `k4v3@w16s1`
+    /// (16 most recent tokens and 1 sink token exact).
     #[arg(long, value_delimiter = ',', default_value = "f16")]
     pub kv: Vec<String>,
+    /// Most recent tokens kept at f16 for compressed entries without their own `@w…`.
+    #[arg(long, default_value_t = 0)]
+    pub kv_window: usize,
+    /// First ("sink") tokens kept at f16 for compressed entries without their own `@…s…`.
+    #[arg(long, default_value_t = 0)]
+    pub kv_sinks: usize,
+    /// Per-layer dtype overrides for every compared cache, e.g. `0:bf16,-1:bf16`.
+    #[arg(long, default_value = "")]
+    pub kv_layers: String,
     /// Also write the rows as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,

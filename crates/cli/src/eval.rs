@@ -11,6 +11,8 @@ use turbokv_model::Session;
 
 use crate::args::{EvalPplArgs, cache_dir};
 use crate::generate::load;
+use crate::kvspec::KvSpec;
+use turbokv_cache::{KvPolicy, KvWindow};
 
 #[derive(Serialize, Clone, Debug)]
 struct Row {
@@ -44,21 +46,43 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
         ctx: Some(args.ctx),
     };
     let loaded = load(backend, &args.model, &cache)?;
-    let dtypes: Vec<KvDtype> = args
+    let default_window = KvWindow {
+        recent: args.kv_window,
+        sinks: args.kv_sinks,
+    };
+    let dtypes: Vec<(String, KvSpec)> = args
         .kv
         .iter()
-        .map(|s| s.parse().map_err(|e| anyhow::anyhow!("--kv {s}: {e}")))
+        .map(|s| KvSpec::parse(s, default_window).map(|k| (k.label(s), k)))
         .collect::<Result<Vec<_>>>()?
         .into_iter()
-        .filter(|d| *d != KvDtype::Bf16) // the baseline row is always there
+        // The bf16 baseline row is always there.
+        .filter(|(_, k)| k.dtype != KvDtype::Bf16 || k.window.is_active())
         .collect();
-    let head_dim = loaded.model.transformer.config().head_dim;
-    for d in &dtypes {
+    let layers = KvPolicy::parse_layers(&args.kv_layers)?;
+    let cfg = loaded.model.transformer.config();
+    let head_dim = cfg.head_dim;
+    // Refuse a bad layer index now, not after the first reference window.
+    let mut probe = turbokv_cache::KvLayout::uniform(
+        cfg.n_layers,
+        cfg.n_kv_heads,
+        head_dim,
+        KvDtype::F16,
+        16,
+        16,
+    )?;
+    KvPolicy {
+        layers: layers.clone(),
+        ..Default::default()
+    }
+    .apply(&mut probe)
+    .context("--kv-layers")?;
+    for (_, k) in &dtypes {
         loaded
             .model
             .transformer
             .backend()
-            .check_kv_dtype(*d, head_dim)?;
+            .check_kv_dtype(k.dtype, head_dim)?;
     }
     let text_path: PathBuf = args
         .text
@@ -95,25 +119,33 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
     let mut accs = vec![Acc::default(); dtypes.len()];
     for w in 0..args.windows {
         let window = &ids[w * args.ctx..(w + 1) * args.ctx];
-        let reference = window_logits(&loaded, KvDtype::Bf16, window)?;
+        let bf16 = KvSpec {
+            dtype: KvDtype::Bf16,
+            window: KvWindow::default(),
+        };
+        let reference = window_logits(&loaded, bf16, &[], window)?;
         let ref_lp = log_softmax_rows(&reference, vocab);
         drop(reference);
         score(&ref_lp, &ref_lp, window, vocab, &mut base);
         bar.inc(1);
-        for (d, acc) in dtypes.iter().zip(&mut accs) {
-            let lp = log_softmax_rows(&window_logits(&loaded, *d, window)?, vocab);
+        for ((_, d), acc) in dtypes.iter().zip(&mut accs) {
+            let lp = log_softmax_rows(&window_logits(&loaded, *d, &layers, window)?, vocab);
             score(&lp, &ref_lp, window, vocab, acc);
             bar.inc(1);
         }
     }
     bar.finish_and_clear();
     let base_ppl = (base.nll / base.n as f64).exp();
-    let mut rows = vec![row(KvDtype::Bf16, &base, base_ppl, head_dim, &loaded)];
+    let bf16 = KvSpec {
+        dtype: KvDtype::Bf16,
+        window: KvWindow::default(),
+    };
+    let mut rows = vec![row("bf16", bf16, &[], &base, base_ppl, args.ctx, &loaded)];
     rows.extend(
         dtypes
             .iter()
             .zip(&accs)
-            .map(|(d, a)| row(*d, a, base_ppl, head_dim, &loaded)),
+            .map(|((name, d), a)| row(name, *d, &layers, a, base_ppl, args.ctx, &loaded)),
     );
     print_table(&rows, args);
     if let Some(path) = &args.json {
@@ -137,10 +169,16 @@ fn floor_char(s: &str, mut i: usize) -> usize {
 
 fn window_logits<B: Backend>(
     loaded: &crate::generate::Loaded<B>,
-    kv: KvDtype,
+    kv: KvSpec,
+    layers: &[(i64, KvDtype)],
     window: &[u32],
 ) -> Result<Vec<f32>> {
-    let mut session = Session::new(&loaded.model.transformer, kv, window.len())?;
+    let policy = KvPolicy {
+        window: kv.window,
+        layers: layers.to_vec(),
+    };
+    let mut session =
+        Session::with_policy(&loaded.model.transformer, kv.dtype, &policy, window.len())?;
     Ok(session.prefill_all_logits(window)?)
 }
 
@@ -176,18 +214,40 @@ fn argmax(v: &[f32]) -> usize {
         .fold(0, |b, (i, &x)| if x > v[b] { i } else { b })
 }
 
+/// One table row; bits per element count side information and, for a windowed cache, the f16
+/// copies of its sink and recent tokens amortised over the evaluated context `ctx`, averaged
+/// over layers when `layers` overrides some of them.
 fn row<B: Backend>(
-    kv: KvDtype,
+    name: &str,
+    kv: KvSpec,
+    layers: &[(i64, KvDtype)],
     a: &Acc,
     base_ppl: f64,
-    head_dim: usize,
+    ctx: usize,
     loaded: &crate::generate::Loaded<B>,
 ) -> Row {
     let ppl = (a.nll / a.n as f64).exp();
     let cfg = loaded.model.transformer.config();
-    let bits = kv.bits_per_element(head_dim, KeyMode::Mse);
+    let head_dim = cfg.head_dim;
+    let n = cfg.n_layers as i64;
+    let bits = (0..n)
+        .map(|l| {
+            let d = layers
+                .iter()
+                .rev()
+                .find(|(i, _)| (if *i < 0 { n + i } else { *i }) == l)
+                .map_or(kv.dtype, |(_, d)| *d);
+            let window = if matches!(d, KvDtype::F16 | KvDtype::Bf16) {
+                0.0
+            } else {
+                kv.window.bits_overhead(ctx)
+            };
+            d.bits_per_element(head_dim, KeyMode::Mse) + window
+        })
+        .sum::<f64>()
+        / n as f64;
     Row {
-        kv: kv.to_string(),
+        kv: name.to_string(),
         bits_per_element: bits,
         kv_bytes_per_token: 2.0 * bits * (cfg.n_layers * cfg.n_kv_heads * head_dim) as f64 / 8.0,
         ppl,
@@ -201,12 +261,12 @@ fn row<B: Backend>(
 fn print_table(rows: &[Row], args: &EvalPplArgs) {
     println!("ctx {} × {} windows", args.ctx, args.windows);
     println!(
-        "{:>10} {:>9} {:>10} {:>9} {:>8} {:>10} {:>8}",
+        "{:>24} {:>9} {:>10} {:>9} {:>8} {:>10} {:>8}",
         "kv", "bits/el", "KV B/tok", "ppl", "Δppl %", "KL", "top-1"
     );
     for r in rows {
         println!(
-            "{:>10} {:>9.3} {:>10.0} {:>9.4} {:>+8.2} {:>10.5} {:>7.1}%",
+            "{:>24} {:>9.3} {:>10.0} {:>9.4} {:>+8.2} {:>10.5} {:>7.1}%",
             r.kv,
             r.bits_per_element,
             r.kv_bytes_per_token,

@@ -6,6 +6,7 @@ mod generate;
 mod bench_codec;
 mod bench_model;
 mod eval;
+mod kvspec;
 
 use anyhow::{Context, Result};
 use clap::Parser;

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use turbokv_backend::Backend;
-use turbokv_cache::SeqId;
+use turbokv_cache::{KvPolicy, SeqId};
 use turbokv_codec::KvDtype;
 
 use crate::ModelError;
@@ -45,8 +45,18 @@ pub struct Session<'m, B: Backend> {
 impl<'m, B: Backend> Session<'m, B> {
     /// A session whose cache holds up to `ctx` tokens in `dtype`.
     pub fn new(model: &'m Transformer<B>, dtype: KvDtype, ctx: usize) -> Result<Self, ModelError> {
+        Self::with_policy(model, dtype, &KvPolicy::default(), ctx)
+    }
+
+    /// [`Self::new`] under a cache policy (per-layer overrides, full-precision window).
+    pub fn with_policy(
+        model: &'m Transformer<B>,
+        dtype: KvDtype,
+        policy: &KvPolicy,
+        ctx: usize,
+    ) -> Result<Self, ModelError> {
         let ctx = ctx.min(model.config().max_context);
-        let mut cache = model.new_cache(dtype, BLOCK_SIZE, ctx, ctx)?;
+        let mut cache = model.new_cache_with(dtype, policy, BLOCK_SIZE, ctx, ctx)?;
         cache.add_sequence(SEQ)?;
         Ok(Self {
             model,

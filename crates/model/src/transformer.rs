@@ -1,7 +1,7 @@
 //! The decoder-only transformer forward pass over a batch of sequences and a paged KV cache.
 
 use turbokv_backend::{AttnGeometry, Backend, QkNorm, Rope, SeqSpan};
-use turbokv_cache::{BlockAllocator, KvLayout, SeqId};
+use turbokv_cache::{BlockAllocator, KvLayout, KvPolicy, SeqId};
 use turbokv_codec::KvDtype;
 
 use crate::ModelError;
@@ -125,8 +125,27 @@ impl<B: Backend> Transformer<B> {
         max_tokens: usize,
         max_tokens_per_seq: usize,
     ) -> Result<KvCache<B>, ModelError> {
+        self.new_cache_with(
+            dtype,
+            &KvPolicy::default(),
+            block_size,
+            max_tokens,
+            max_tokens_per_seq,
+        )
+    }
+
+    /// [`Self::new_cache`] under `policy`: per-layer dtype overrides, and sink and
+    /// recent-window tokens of compressed layers attended at full precision.
+    pub fn new_cache_with(
+        &self,
+        dtype: KvDtype,
+        policy: &KvPolicy,
+        block_size: usize,
+        max_tokens: usize,
+        max_tokens_per_seq: usize,
+    ) -> Result<KvCache<B>, ModelError> {
         self.backend.check_kv_dtype(dtype, self.config.head_dim)?;
-        let layout = KvLayout::uniform(
+        let mut layout = KvLayout::uniform(
             self.config.n_layers,
             self.config.n_kv_heads,
             self.config.head_dim,
@@ -134,6 +153,10 @@ impl<B: Backend> Transformer<B> {
             block_size,
             max_tokens,
         )?;
+        policy.apply(&mut layout)?;
+        for l in &layout.layers {
+            self.backend.check_kv_dtype(l.dtype, self.config.head_dim)?;
+        }
         let pools = (0..self.config.n_layers)
             .map(|l| self.backend.kv_pool(&layout, l))
             .collect::<Result<_, _>>()?;

@@ -11,7 +11,9 @@
 
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
-use turbokv_cache::KvLayout;
+use std::collections::HashMap;
+
+use turbokv_cache::{KvLayout, KvWindow};
 use turbokv_codec::{BlockLayout, KvDtype, LayerCodec};
 
 use super::{CpuTensor, shape};
@@ -58,6 +60,20 @@ pub(crate) struct CodecStore {
     pub(crate) v_layout: BlockLayout,
     k: Vec<u8>,
     v: Vec<u8>,
+    /// Tokens attended at f16 instead of from the codes.
+    pub(crate) window: KvWindow,
+    /// f16 copies of K and V of blocks that may still hold sink or recent-window tokens,
+    /// keyed by physical block id, each `[kv_heads, block_size, head_dim]`. Blocks that fall
+    /// wholly behind every future query's window are dropped on write, so this holds at most
+    /// about `sequences × (recent / block_size + sink blocks + 2)` blocks after prefill.
+    shadow: HashMap<usize, Shadow>,
+}
+
+/// f16 bits of one block's K and V.
+#[derive(Debug)]
+struct Shadow {
+    k: Vec<u16>,
+    v: Vec<u16>,
 }
 
 #[derive(Debug)]
@@ -131,6 +147,8 @@ impl CpuKvPool {
                     v_layout,
                     k: vec![0; k_len],
                     v: vec![0; v_len],
+                    window: layout.window,
+                    shadow: HashMap::new(),
                 }))
             }
         };
@@ -232,12 +250,40 @@ impl CpuKvPool {
                                 &c.v_layout,
                                 slot,
                             )?;
+                            if c.window.is_active() {
+                                let len = self.kv_heads * self.block_size * d;
+                                let sh = c.shadow.entry(block).or_insert_with(|| Shadow {
+                                    k: vec![0; len],
+                                    v: vec![0; len],
+                                });
+                                let at = (h * self.block_size + slot) * d;
+                                encode16(KvStorage::F16, k, &mut sh.k[at..at + d]);
+                                encode16(KvStorage::F16, v, &mut sh.v[at..at + d]);
+                            }
                         }
                     }
                 }
             }
+            if let Store::Codec(c) = &mut self.store {
+                c.prune(s, self.block_size);
+            }
         }
         Ok(())
+    }
+
+    /// f16 bits of K and V of token `slot` of (block, head) when a shadow copy exists.
+    pub(crate) fn exact_kv(
+        &self,
+        block: usize,
+        head: usize,
+        slot: usize,
+    ) -> Option<(&[u16], &[u16])> {
+        let Store::Codec(c) = &self.store else {
+            return None;
+        };
+        let sh = c.shadow.get(&block)?;
+        let at = (head * self.block_size + slot) * self.head_dim;
+        Some((&sh.k[at..at + self.head_dim], &sh.v[at..at + self.head_dim]))
     }
 
     /// Decodes the first `n` tokens of (block, head) of a 16-bit pool into `out`
@@ -264,6 +310,24 @@ impl CpuKvPool {
                 }
             }
             Store::Raw16 { .. } => &[],
+        }
+    }
+}
+
+impl CodecStore {
+    /// Drops the shadows of `s`'s blocks that no query from this span on can read exactly:
+    /// every position in them is past the sinks and before the window of the span's first
+    /// query (later queries' windows only move forward).
+    fn prune(&mut self, s: &SeqSpan<'_>, block_size: usize) {
+        if !self.window.is_active() {
+            return;
+        }
+        // The first query reads exactly from position `first_pos + 1 - recent` on.
+        let lo = (s.first_pos + 1).saturating_sub(self.window.recent.max(1));
+        let first_dead = self.window.sinks.div_ceil(block_size);
+        let end_dead = lo / block_size;
+        for &b in s.blocks.get(first_dead..end_dead).unwrap_or(&[]) {
+            self.shadow.remove(&(b as usize));
         }
     }
 }

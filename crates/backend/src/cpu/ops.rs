@@ -103,8 +103,7 @@ dispatch!(
     pub(crate) fn sum_sq(x: &[f32]) -> f32 => sum_sq_body
 );
 dispatch!(
-    /// Dot product over the common length (the kernels use it through [`scores`]).
-    #[cfg(test)]
+    /// Dot product over the common length.
     pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 => dot_body
 );
 dispatch!(

@@ -1,0 +1,113 @@
+//! What a KV cache keeps beyond its default dtype: per-layer dtype overrides and the tokens
+//! kept at full precision beside the codes.
+
+use turbokv_codec::KvDtype;
+
+use crate::{CacheError, KvLayout, KvWindow};
+
+/// A cache policy applied on top of a uniform [`KvLayout`]; part of the cache identity.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KvPolicy {
+    /// Sink and recent-window tokens attended at f16 in compressed layers.
+    pub window: KvWindow,
+    /// `(layer, dtype)`: a layer index, negative from the end (`-1` = last layer).
+    pub layers: Vec<(i64, KvDtype)>,
+}
+
+impl KvPolicy {
+    /// Parses `--kv-layers` text: `0:bf16,-1:bf16` (empty text = no overrides).
+    pub fn parse_layers(text: &str) -> Result<Vec<(i64, KvDtype)>, CacheError> {
+        text.split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|item| {
+                let bad = |why: String| {
+                    CacheError::InvalidLayout(format!(
+                        "layer override `{item}`: {why} (expected LAYER:DTYPE, e.g. 0:bf16,-1:bf16)"
+                    ))
+                };
+                let (l, d) = item.split_once(':').ok_or_else(|| bad("no `:`".into()))?;
+                let layer = l
+                    .trim()
+                    .parse::<i64>()
+                    .map_err(|e| bad(format!("layer `{l}`: {e}")))?;
+                let dtype = d
+                    .trim()
+                    .parse::<KvDtype>()
+                    .map_err(|e| bad(format!("dtype `{d}`: {e}")))?;
+                Ok((layer, dtype))
+            })
+            .collect()
+    }
+
+    /// Applies the policy to `layout`; a layer outside `-n..n` is an error naming the range.
+    pub fn apply(&self, layout: &mut KvLayout) -> Result<(), CacheError> {
+        let n = layout.layers.len() as i64;
+        for &(layer, dtype) in &self.layers {
+            let idx = if layer < 0 { n + layer } else { layer };
+            if !(0..n).contains(&idx) {
+                return Err(CacheError::InvalidLayout(format!(
+                    "layer override {layer}:{dtype}: the model has {n} layers, valid layers are 0..={} or -{n}..=-1",
+                    n - 1
+                )));
+            }
+            layout.layers[idx as usize].dtype = dtype;
+        }
+        layout.window = self.window;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> KvLayout {
+        KvLayout::uniform(4, 2, 64, "tq3".parse().unwrap(), 16, 64).unwrap()
+    }
+
+    #[test]
+    fn overrides_index_from_both_ends() {
+        let mut l = layout();
+        let p = KvPolicy {
+            layers: KvPolicy::parse_layers("0:bf16, -1:int8").unwrap(),
+            ..Default::default()
+        };
+        p.apply(&mut l).unwrap();
+        let names: Vec<String> = l.layers.iter().map(|x| x.dtype.to_string()).collect();
+        assert_eq!(names, ["bf16", "tq3", "tq3", "int8"]);
+    }
+
+    #[test]
+    fn a_layer_outside_the_model_is_refused_with_the_valid_range() {
+        for bad in ["4:bf16", "-5:bf16"] {
+            let p = KvPolicy {
+                layers: KvPolicy::parse_layers(bad).unwrap(),
+                ..Default::default()
+            };
+            let err = p.apply(&mut layout()).unwrap_err().to_string();
+            assert!(err.contains("0..=3") && err.contains("-4..=-1"), "{err}");
+        }
+    }
+
+    #[test]
+    fn malformed_overrides_are_errors() {
+        for bad in ["0", "x:bf16", "0:zz9"] {
+            assert!(KvPolicy::parse_layers(bad).is_err(), "{bad}");
+        }
+        assert!(KvPolicy::parse_layers("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn window_membership_and_its_honest_bit_cost() {
+        let w = KvWindow {
+            recent: 4,
+            sinks: 1,
+        };
+        let exact: Vec<usize> = (0..10).filter(|&p| w.is_exact(9, p)).collect();
+        assert_eq!(exact, [0, 6, 7, 8, 9]);
+        // 5 f16 tokens over 1024: 16·5/1024 bits per element; capped by the context.
+        assert!((w.bits_overhead(1024) - 0.078125).abs() < 1e-12);
+        assert_eq!(w.bits_overhead(2), 16.0);
+    }
+}
