@@ -103,7 +103,9 @@ pub struct ModelArgs {
 /// The KV cache's number format.
 #[derive(Args, Debug, Clone)]
 pub struct CacheArgs {
-    /// KV cache dtype: f16, bf16 (compressed formats: see `turbokv bench codec`).
+    /// KV cache: f16, bf16, int8, tq4/tq3/tq2, tq3.5/tq2.5, k{b}v{b}, a preset (balanced,
+    /// compact), or a compressed format with a full-precision window (`k4v3@w32s1`: the 32
+    /// most recent and the first token kept at f16).
     #[arg(long, default_value = "f16")]
     pub kv: String,
     /// Maximum context (prompt + generated tokens); default: the model's, capped at 8192.

@@ -57,9 +57,10 @@ fn run_on<B: turbokv_backend::Backend>(backend: B, args: &BenchModelArgs) -> Res
         let mut prefill = Vec::new();
         let mut decode = Vec::new();
         for _ in 0..args.repeats.max(1) {
-            let mut session = Session::new(
+            let mut session = Session::with_policy(
                 &loaded.model.transformer,
                 loaded.kv,
+                &loaded.policy,
                 n + args.gen_tokens + 1,
             )
             .context("creating the session")?;
@@ -77,7 +78,7 @@ fn run_on<B: turbokv_backend::Backend>(backend: B, args: &BenchModelArgs) -> Res
         let (p, d) = (median(&mut prefill), median(&mut decode));
         rows.push(Row {
             threads,
-            kv: loaded.kv.to_string(),
+            kv: loaded.kv_label.clone(),
             prompt_tokens: n,
             gen_tokens: args.gen_tokens,
             prefill_tok_s: p,

@@ -18,6 +18,10 @@ pub struct Loaded<B: Backend> {
     pub model: Model<B>,
     pub tokenizer: Tokenizer,
     pub kv: KvDtype,
+    /// Window, sinks and per-layer overrides of the cache.
+    pub policy: turbokv_cache::KvPolicy,
+    /// How `--kv` is shown in stats lines.
+    pub kv_label: String,
     pub ctx: usize,
 }
 
@@ -63,7 +67,12 @@ macro_rules! with_device {
 
 /// Loads the model and tokenizer onto `backend`, validates the KV dtype.
 pub fn load<B: Backend>(backend: B, args: &ModelArgs, cache: &CacheArgs) -> Result<Loaded<B>> {
-    let kv: KvDtype = cache.kv.parse().map_err(|e| anyhow::anyhow!("--kv: {e}"))?;
+    let spec = crate::kvspec::KvSpec::parse(&cache.kv, turbokv_cache::KvWindow::default())?;
+    let (kv, kv_label) = (spec.dtype, spec.label(&cache.kv));
+    let policy = turbokv_cache::KvPolicy {
+        window: spec.window,
+        layers: Vec::new(),
+    };
     let path = args.model_path()?;
     let model = Model::load(&path, backend, &LoadOptions { progress: true })
         .with_context(|| format!("loading {}", path.display()))?;
@@ -76,6 +85,8 @@ pub fn load<B: Backend>(backend: B, args: &ModelArgs, cache: &CacheArgs) -> Resu
         model,
         tokenizer,
         kv,
+        policy,
+        kv_label,
         ctx,
     })
 }
@@ -105,7 +116,12 @@ fn run_on<B: Backend>(backend: B, args: &RunArgs) -> Result<()> {
         messages.push(("user".to_string(), args.prompt.clone()));
         render_chat(&loaded.tokenizer, &messages)?
     };
-    let mut session = Session::new(&loaded.model.transformer, loaded.kv, loaded.ctx)?;
+    let mut session = Session::with_policy(
+        &loaded.model.transformer,
+        loaded.kv,
+        &loaded.policy,
+        loaded.ctx,
+    )?;
     let mut out = std::io::stdout().lock();
     let stats = generate(
         &loaded,
@@ -127,7 +143,12 @@ pub fn chat(args: &ChatArgs) -> Result<()> {
 
 fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> Result<()> {
     let loaded = load(backend, &args.model, &args.cache)?;
-    let mut session = Session::new(&loaded.model.transformer, loaded.kv, loaded.ctx)?;
+    let mut session = Session::with_policy(
+        &loaded.model.transformer,
+        loaded.kv,
+        &loaded.policy,
+        loaded.ctx,
+    )?;
     let mut messages: Vec<(String, String)> = Vec::new();
     let stdin = std::io::stdin();
     let mut cached: Vec<u32> = Vec::new();
@@ -292,7 +313,7 @@ fn print_stats<B: Backend>(loaded: &Loaded<B>, session: &Session<'_, B>, stats: 
         stats.stop,
         rate(t.prefill_tokens, t.prefill),
         rate(t.decode_tokens, t.decode),
-        loaded.kv,
+        loaded.kv_label,
         per_token,
         per_token * session.len() as f64 / (1024.0 * 1024.0),
     );
