@@ -1,5 +1,7 @@
 //! Shapes and dtypes of the paged KV storage.
 
+use std::sync::Arc;
+
 use turbokv_codec::{CodecOptions, KvDtype};
 
 use crate::CacheError;
@@ -68,6 +70,49 @@ pub struct KvLayout {
     pub codec: CodecOptions,
     /// Tokens kept at full precision beside the codes of compressed layers.
     pub window: KvWindow,
+    /// Per-head mean key and value subtracted before encoding compressed layers (exact:
+    /// softmax ignores a shift shared by every key, and attention weights sum to 1 so a
+    /// shared value shift is added back once). `None` = no centering.
+    pub centers: Option<Arc<KvCenters>>,
+}
+
+/// Mean key and value per (layer, kv head), each `[layers, kv_heads, head_dim]`, from a
+/// calibration pass. Part of the cache identity: codes are only meaningful with them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvCenters {
+    /// KV heads per layer.
+    pub kv_heads: usize,
+    /// Values per head vector.
+    pub head_dim: usize,
+    /// Mean post-RoPE key, `[layers, kv_heads, head_dim]`.
+    pub key: Vec<f32>,
+    /// Mean value, same shape.
+    pub value: Vec<f32>,
+}
+
+impl KvCenters {
+    /// The mean key of (layer, head), or `None` outside the calibrated shape.
+    pub fn key(&self, layer: usize, head: usize) -> Option<&[f32]> {
+        self.slice(&self.key, layer, head)
+    }
+
+    /// The mean value of (layer, head), or `None` outside the calibrated shape.
+    pub fn value(&self, layer: usize, head: usize) -> Option<&[f32]> {
+        self.slice(&self.value, layer, head)
+    }
+
+    /// Layers covered.
+    pub fn layers(&self) -> usize {
+        self.key.len() / (self.kv_heads * self.head_dim).max(1)
+    }
+
+    fn slice<'a>(&self, v: &'a [f32], layer: usize, head: usize) -> Option<&'a [f32]> {
+        if head >= self.kv_heads {
+            return None;
+        }
+        let at = (layer * self.kv_heads + head) * self.head_dim;
+        v.get(at..at + self.head_dim)
+    }
 }
 
 impl KvLayout {
@@ -93,6 +138,7 @@ impl KvLayout {
             num_blocks: max_tokens.div_ceil(block_size).max(1),
             codec: CodecOptions::default(),
             window: KvWindow::default(),
+            centers: None,
         })
     }
 
