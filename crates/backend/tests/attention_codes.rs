@@ -6,10 +6,12 @@
 //! float64 causal attention. Shapes cover GQA ratios 1/3/8, head dims 64/128/256, contexts
 //! crossing block boundaries, prefill in chunks, and split-K decode (context > 1024).
 
+use std::sync::Arc;
 use turbokv_backend::cpu::{CpuBackend, CpuTensor};
 use turbokv_backend::{AttnGeometry, Backend, Rope, RopeStyle, SeqSpan};
-use turbokv_cache::{KvLayout, KvWindow};
-use turbokv_codec::{KvDtype, LayerCodec};
+
+use turbokv_cache::{KvCenters, KvLayout, KvWindow};
+use turbokv_codec::{KeyMode, KvDtype, LayerCodec};
 
 struct Rng(u64);
 impl Rng {
@@ -46,6 +48,13 @@ fn check(
     check_windowed(dtype, KvWindow::default(), n_heads, n_kv, d, chunks, seed)
 }
 
+/// Key mode and centering of a [`check_with`] run.
+#[derive(Clone, Copy, Default)]
+struct Variant {
+    prod_keys: bool,
+    centered: bool,
+}
+
 /// f16-rounded copy of `x`: what a full-precision window holds.
 fn f16_round(x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
@@ -62,6 +71,24 @@ fn check_windowed(
     chunks: &[usize],
     seed: u64,
 ) -> f64 {
+    let v = Variant::default();
+    check_with(dtype, window, v, n_heads, n_kv, d, chunks, seed)
+}
+
+/// [`check_windowed`] with prod-mode keys and/or per-head centering: a centered pool stores
+/// `k − μ_k` and `v − μ_v`; the reference attends over those keys (a shared shift leaves
+/// softmax unchanged) and over `μ_v +` the stored values.
+#[allow(clippy::too_many_arguments)]
+fn check_with(
+    dtype: KvDtype,
+    window: KvWindow,
+    variant: Variant,
+    n_heads: usize,
+    n_kv: usize,
+    d: usize,
+    chunks: &[usize],
+    seed: u64,
+) -> f64 {
     let b = CpuBackend::new();
     let g = AttnGeometry {
         n_heads,
@@ -72,6 +99,22 @@ fn check_windowed(
     let total: usize = chunks.iter().sum();
     let mut layout = KvLayout::uniform(1, n_kv, d, dtype, BLOCK, total).unwrap();
     layout.window = window;
+    if variant.prod_keys {
+        layout.codec.key_mode = KeyMode::Prod;
+    }
+    let mut crng = Rng(seed.wrapping_mul(31) | 1);
+    let centers = KvCenters {
+        kv_heads: n_kv,
+        head_dim: d,
+        key: (0..n_kv * d).map(|_| 0.5 + crng.next()).collect(),
+        value: (0..n_kv * d).map(|_| 2.0 * crng.next()).collect(),
+    };
+    let (mu_k, mu_v) = if variant.centered {
+        layout.centers = Some(Arc::new(centers.clone()));
+        (centers.key.clone(), centers.value.clone())
+    } else {
+        (vec![0.0; n_kv * d], vec![0.0; n_kv * d])
+    };
     let mut pool = b.kv_pool(&layout, 0).unwrap();
     let codec = LayerCodec::new(dtype, d, 0, &layout.codec).unwrap();
     // Scatter logical blocks over the pool to exercise the block table.
@@ -107,7 +150,23 @@ fn check_windowed(
         out.as_mut_slice().fill(f32::NAN);
         b.attention(&qkv, &g, &spans, &pool, &mut out).unwrap();
         for (t, row) in data.chunks(g.qkv_width()).enumerate() {
-            let (k, v) = (&row[n_heads * d..], &row[(n_heads + n_kv) * d..]);
+            // What the pool encodes: the vectors minus their head's mean (16-bit pools never
+            // center).
+            let codec_16 = matches!(dtype, KvDtype::F16 | KvDtype::Bf16);
+            let center = |x: &[f32], mu: &[f32]| -> Vec<f32> {
+                if codec_16 {
+                    return x.to_vec();
+                }
+                x.iter().zip(mu).map(|(a, m)| a - m).collect()
+            };
+            let k = center(&row[n_heads * d..(n_heads + n_kv) * d], &mu_k);
+            let v = center(&row[(n_heads + n_kv) * d..(n_heads + 2 * n_kv) * d], &mu_v);
+            let uncenter = |h: usize, x: Vec<f32>| -> Vec<f32> {
+                if codec_16 {
+                    return x;
+                }
+                x.iter().zip(&mu_v[h * d..]).map(|(a, m)| a + m).collect()
+            };
             ks.push(
                 (0..n_kv)
                     .map(|h| roundtrip(&codec.key, &k[h * d..(h + 1) * d]))
@@ -115,7 +174,7 @@ fn check_windowed(
             );
             vs.push(
                 (0..n_kv)
-                    .map(|h| roundtrip(&codec.value, &v[h * d..(h + 1) * d]))
+                    .map(|h| uncenter(h, roundtrip(&codec.value, &v[h * d..(h + 1) * d])))
                     .collect::<Vec<_>>(),
             );
             kx.push(
@@ -125,11 +184,10 @@ fn check_windowed(
             );
             vx.push(
                 (0..n_kv)
-                    .map(|h| f16_round(&v[h * d..(h + 1) * d]))
+                    .map(|h| uncenter(h, f16_round(&v[h * d..(h + 1) * d])))
                     .collect::<Vec<_>>(),
             );
             let p = pos + t;
-            let codec_16 = matches!(dtype, KvDtype::F16 | KvDtype::Bf16);
             let key = |j: usize, h: usize| {
                 if !codec_16 && window.is_exact(p, j) {
                     &kx[j][h]
@@ -270,4 +328,73 @@ fn window_survives_split_k_decode() {
         7,
     );
     assert!(err < 2e-4, "relative error {err}");
+}
+
+#[test]
+fn prod_keys_and_fractional_widths_match_decoded_reference() {
+    // Prod keys carry sign coordinates in the working basis (twice the head dim).
+    let prod = Variant {
+        prod_keys: true,
+        centered: false,
+    };
+    for name in ["tq4", "tq3", "tq3.5", "k3v2"] {
+        let dtype: KvDtype = name.parse().unwrap();
+        for (n_heads, n_kv, d) in [(3, 1, 64), (8, 1, 128)] {
+            let w = KvWindow::default();
+            let err = check_with(dtype, w, prod, n_heads, n_kv, d, &[21, 1, 30], 3);
+            assert!(err < 2e-4, "{name}/prod d {d}: relative error {err}");
+        }
+    }
+    let err = check("tq3.5".parse().unwrap(), 8, 2, 128, &[40, 1], 4);
+    assert!(err < 2e-4, "tq3.5: relative error {err}");
+}
+
+#[test]
+fn centered_pools_match_the_uncentered_reference() {
+    let centered = Variant {
+        prod_keys: false,
+        centered: true,
+    };
+    let windows = [
+        KvWindow::default(),
+        KvWindow {
+            recent: 20,
+            sinks: 1,
+        },
+    ];
+    for name in ["int8", "tq3", "k4v3", "f16"] {
+        let dtype: KvDtype = name.parse().unwrap();
+        for w in windows {
+            let err = check_with(dtype, w, centered, 6, 2, 64, &[40, 30, 1, 1], 9);
+            assert!(err < 2e-4, "{name} {w:?} centered: relative error {err}");
+        }
+    }
+    // Split-K decode: the value mean is added once after the chunks merge.
+    let err = check_with(
+        "tq3".parse().unwrap(),
+        windows[1],
+        centered,
+        6,
+        2,
+        64,
+        &[600, 500, 1],
+        8,
+    );
+    assert!(err < 2e-4, "split-K centered: relative error {err}");
+}
+
+#[test]
+fn centers_of_the_wrong_shape_are_refused() {
+    let b = CpuBackend::new();
+    let mut layout = KvLayout::uniform(2, 2, 64, "tq3".parse().unwrap(), BLOCK, 64).unwrap();
+    layout.centers = Some(Arc::new(KvCenters {
+        kv_heads: 2,
+        head_dim: 64,
+        key: vec![0.0; 2 * 64],
+        value: vec![0.0; 2 * 64],
+    }));
+    // One layer calibrated, two in the layout.
+    assert!(b.kv_pool(&layout, 0).is_ok());
+    let err = b.kv_pool(&layout, 1).unwrap_err().to_string();
+    assert!(err.contains("layer 1"), "{err}");
 }

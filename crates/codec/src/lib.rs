@@ -65,6 +65,7 @@ pub mod rotation;
 pub mod score;
 pub mod snapshot;
 pub mod tq;
+mod work;
 
 pub use codec::{CodecOptions, LayerCodec, VectorCodec};
 pub use dtype::{KeyMode, KvDtype, TqBits};

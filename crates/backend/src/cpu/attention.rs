@@ -5,13 +5,22 @@
 //! once per tile. A sequence with a single tile (decode) has its key range split into chunks
 //! whose partial results `(max, sum, acc)` are merged afterwards, so long-context decode uses
 //! every thread.
+//!
+//! Compressed pools run the same loop in the codec's *working basis* (see
+//! `turbokv_codec::VectorCodec::decode_tile`): queries are rotated once per task, each block
+//! of codes is decoded once into an f32 tile shared by every query row of the task, and the
+//! value sum stays rotated until one inverse rotation per output row. Sink and recent-window
+//! tokens enter the same basis from their f16 copies, so exact and coded tokens share one
+//! softmax.
 
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
 
+use turbokv_cache::KvWindow;
+
 use super::kv::{CodecStore, CpuKvPool, Half};
-use super::{CpuTensor, ops};
+use super::{CpuTensor, ops, shape};
 use crate::Error;
 use crate::backend::{AttnGeometry, SeqSpan};
 
@@ -31,12 +40,15 @@ struct Task {
 }
 
 /// Softmax state of one task: per row (query token × grouped head) the running max, the
-/// running sum of exponentials, and the unnormalised value accumulator.
+/// running sum of exponentials, and the unnormalised value accumulator (in the value codec's
+/// working basis). A task that covers its rows' whole key range finishes its rows itself
+/// (`done`: `acc` holds output rows), so the sequential merge only handles split decode.
 struct Partial {
     task: Task,
     m: Vec<f32>,
     l: Vec<f32>,
     acc: Vec<f32>,
+    done: bool,
 }
 
 pub(crate) fn attend(
@@ -53,19 +65,20 @@ pub(crate) fn attend(
             pool.block_of(s.blocks, last - 1)?;
         }
     }
+    if let Some(c) = pool.codec()
+        && c.codec.value.work_dim() != g.head_dim
+    {
+        return Err(shape(
+            "attention",
+            format!("value working dim {} ≠ head dim", c.codec.value.work_dim()),
+        ));
+    }
     let tasks = plan(spans, g, pool.block_size());
-    let partials: Vec<Partial> = match pool.codec() {
-        None => tasks
-            .par_iter()
-            .map(|&t| run_task(t, qkv, g, spans, pool))
-            .collect(),
-        Some(c) => tasks
-            .par_iter()
-            .map(|&t| run_task_codec(t, qkv, g, spans, pool, c))
-            .collect::<Result<_, _>>()?,
-    };
-    merge_into(partials, g, spans, out);
-    Ok(())
+    let partials: Vec<Partial> = tasks
+        .par_iter()
+        .map(|&t| run_task(t, qkv, g, spans, pool))
+        .collect::<Result<_, _>>()?;
+    merge_into(partials, g, spans, pool, out)
 }
 
 fn plan(spans: &[SeqSpan<'_>], g: &AttnGeometry, block_size: usize) -> Vec<Task> {
@@ -111,155 +124,239 @@ fn run_task(
     g: &AttnGeometry,
     spans: &[SeqSpan<'_>],
     pool: &CpuKvPool,
-) -> Partial {
+) -> Result<Partial, Error> {
     let s = &spans[t.span];
     let (d, group, bs) = (g.head_dim, g.group(), pool.block_size());
+    let codec = pool.codec();
+    let (wk, wv) = codec.map_or((d, d), |c| (c.codec.key.work_dim(), d));
     let rows = (t.q1 - t.q0) * group;
+    // Queries in the keys' working basis, once per task.
+    let mut qw = vec![0f32; rows * wk];
+    for qi in t.q0..t.q1 {
+        let q_row = qkv.row(s.first_row + qi);
+        for gh in 0..group {
+            let h = t.head * group + gh;
+            let r = (qi - t.q0) * group + gh;
+            let (q, dst) = (&q_row[h * d..(h + 1) * d], &mut qw[r * wk..(r + 1) * wk]);
+            match codec {
+                None => dst.copy_from_slice(q),
+                Some(c) => c.codec.key.query_to_work(q, dst)?,
+            }
+        }
+    }
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0f32; rows];
-    let mut acc = vec![0f32; rows * d];
-    let mut kbuf = vec![0f32; bs * d];
-    let mut vbuf = vec![0f32; bs * d];
+    let mut acc = vec![0f32; rows * wv];
+    let mut kbuf = vec![0f32; bs * wk];
+    let mut vbuf = vec![0f32; bs * wv];
     let mut scores = vec![0f32; bs];
+    let mut exact = ExactTiles::new(codec, bs, wk, wv);
+    let first_qpos = s.first_pos + t.q0;
     let mut p0 = t.k0;
     while p0 < t.k1 {
         let n = (bs - p0 % bs).min(t.k1 - p0);
-        // Blocks were validated in `attend`; positions below the span's end are covered.
-        let block = pool.block_of(s.blocks, p0).unwrap_or(0);
-        let slot = p0 % bs;
-        pool.load(Half::K, block, t.head, slot + n, &mut kbuf);
-        pool.load(Half::V, block, t.head, slot + n, &mut vbuf);
+        let block = pool.block_of(s.blocks, p0)?;
+        let slots = p0 % bs..p0 % bs + n;
+        let (keys, values) = (&mut kbuf[..n * wk], &mut vbuf[..n * wv]);
+        match codec {
+            None => {
+                pool.load(Half::K, block, t.head, slots.clone(), keys);
+                pool.load(Half::V, block, t.head, slots.clone(), values);
+            }
+            Some(c) => {
+                let kb = pool.codec_block(Half::K, block, t.head);
+                c.codec
+                    .key
+                    .decode_tile(kb, &c.k_layout, slots.clone(), keys)?;
+                let vb = pool.codec_block(Half::V, block, t.head);
+                c.codec
+                    .value
+                    .decode_tile(vb, &c.v_layout, slots.clone(), values)?;
+            }
+        }
+        let any_exact = exact.load(pool, block, t.head, p0, slots.start, n, first_qpos)?;
         for qi in t.q0..t.q1 {
-            let visible = (s.first_pos + qi + 1).saturating_sub(p0).min(n);
+            let qpos = s.first_pos + qi;
+            let visible = (qpos + 1).saturating_sub(p0).min(n);
             if visible == 0 {
                 continue;
             }
-            let q_row = qkv.row(s.first_row + qi);
             for gh in 0..group {
-                let h = t.head * group + gh;
-                let q = &q_row[h * d..(h + 1) * d];
                 let r = (qi - t.q0) * group + gh;
-                let keys = &kbuf[slot * d..(slot + visible) * d];
-                ops::scores(q, keys, g.scale, &mut scores[..visible]);
-                let block_max = scores[..visible]
-                    .iter()
-                    .copied()
-                    .fold(f32::NEG_INFINITY, f32::max);
+                let q = &qw[r * wk..(r + 1) * wk];
+                let sc = &mut scores[..visible];
+                ops::scores(q, &keys[..visible * wk], g.scale, sc);
+                if any_exact {
+                    exact.rescore(q, g.scale, qpos, p0, sc);
+                }
+                let block_max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let m_new = m[r].max(block_max);
                 let corr = (m[r] - m_new).exp();
                 let mut block_sum = 0f32;
-                for sc in &mut scores[..visible] {
-                    *sc = (*sc - m_new).exp();
-                    block_sum += *sc;
+                for x in sc.iter_mut() {
+                    *x = (*x - m_new).exp();
+                    block_sum += *x;
                 }
                 l[r] = l[r] * corr + block_sum;
-                let values = &vbuf[slot * d..(slot + visible) * d];
-                ops::weighted_sum(
-                    &mut acc[r * d..(r + 1) * d],
-                    corr,
-                    &scores[..visible],
-                    values,
-                );
+                let out = &mut acc[r * wv..(r + 1) * wv];
+                if any_exact {
+                    exact.accumulate(out, corr, qpos, p0, sc, &values[..visible * wv]);
+                } else {
+                    ops::weighted_sum(out, corr, sc, &values[..visible * wv]);
+                }
                 m[r] = m_new;
             }
         }
         p0 += n;
     }
-    Partial { task: t, m, l, acc }
-}
-
-/// [`run_task`] for a compressed pool: for each query row, scores every visible key on its
-/// codes (the query rotated once), softmaxes, and accumulates the values' codes in the
-/// rotated basis before one inverse rotation. Two passes over the task's key range (scores,
-/// then values) read each block's bytes once per query head.
-fn run_task_codec(
-    t: Task,
-    qkv: &CpuTensor,
-    g: &AttnGeometry,
-    spans: &[SeqSpan<'_>],
-    pool: &CpuKvPool,
-    c: &CodecStore,
-) -> Result<Partial, Error> {
-    let s = &spans[t.span];
-    let (d, group, bs) = (g.head_dim, g.group(), pool.block_size());
-    let rows = (t.q1 - t.q0) * group;
-    let mut m = vec![f32::NEG_INFINITY; rows];
-    let mut l = vec![0f32; rows];
-    let mut acc = vec![0f32; rows * d];
-    let mut scores = Vec::with_capacity(t.k1 - t.k0);
-    let mut exact: Vec<(usize, &[u16])> = Vec::new();
-    let (mut kx, mut vx) = (vec![0f32; d], vec![0f32; d]);
-    for qi in t.q0..t.q1 {
-        let end = (s.first_pos + qi + 1).min(t.k1);
-        if end <= t.k0 {
-            continue;
-        }
-        let q_row = qkv.row(s.first_row + qi);
-        for gh in 0..group {
-            let h = t.head * group + gh;
-            let r = (qi - t.q0) * group + gh;
-            let pq = c.codec.key.prepare_query(&q_row[h * d..(h + 1) * d])?;
-            scores.clear();
-            scores.resize(end - t.k0, 0.0);
-            for (p0, chunk) in (t.k0..end).step_by(bs).zip(scores.chunks_mut(bs)) {
-                let block = pool.block_of(s.blocks, p0)?;
-                c.codec.key.score_block(
-                    &pq,
-                    pool.codec_block(Half::K, block, t.head),
-                    &c.k_layout,
-                    chunk,
-                )?;
-            }
-            let q = &q_row[h * d..(h + 1) * d];
-            let qpos = s.first_pos + qi;
-            // Sink and recent-window tokens: exact f16 scores replace the codes' scores.
-            exact.clear();
-            if c.window.is_active() {
-                for p in (t.k0..end).filter(|&p| c.window.is_exact(qpos, p)) {
-                    let block = pool.block_of(s.blocks, p)?;
-                    if let Some((k, v)) = pool.exact_kv(block, t.head, p % bs) {
-                        k.reinterpret_cast::<f16>().convert_to_f32_slice(&mut kx);
-                        scores[p - t.k0] = ops::dot(q, &kx);
-                        exact.push((p, v));
-                    }
-                }
-            }
-            let mut mx = f32::NEG_INFINITY;
-            for x in scores.iter_mut() {
-                *x *= g.scale;
-                mx = mx.max(*x);
-            }
-            let mut sum = 0f32;
-            for x in scores.iter_mut() {
-                *x = (*x - mx).exp();
-                sum += *x;
-            }
-            // Exact values are summed in f32 here; their weights leave the codes' pass.
-            let out = &mut acc[r * d..(r + 1) * d];
-            vx.fill(0.0);
-            for &(p, v) in &exact {
-                v.reinterpret_cast::<f16>().convert_to_f32_slice(&mut kx);
-                let w = scores[p - t.k0];
-                vx.iter_mut().zip(&kx).for_each(|(o, x)| *o += w * x);
-                scores[p - t.k0] = 0.0;
-            }
-            let mut values = c.codec.value.new_accumulator();
-            for (p0, chunk) in (t.k0..end).step_by(bs).zip(scores.chunks(bs)) {
-                let block = pool.block_of(s.blocks, p0)?;
-                c.codec.value.accumulate_block(
-                    &mut values,
-                    pool.codec_block(Half::V, block, t.head),
-                    &c.v_layout,
-                    chunk,
-                )?;
-            }
-            c.codec.value.finish(&values, out)?;
-            out.iter_mut().zip(&vx).for_each(|(o, x)| *o += x);
-            m[r] = mx;
-            l[r] = sum;
+    // A task that saw every key its rows can see finishes them here, in parallel.
+    let whole = t.k0 == 0 && t.k1 == s.first_pos + t.q1;
+    if whole {
+        let mut tmp = vec![0f32; wv];
+        for r in 0..rows {
+            let row = &mut acc[r * wv..(r + 1) * wv];
+            let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
+            row.iter_mut().for_each(|x| *x *= inv);
+            finish_row(pool, t.head, row, &mut tmp)?;
+            row.copy_from_slice(&tmp);
         }
     }
-    Ok(Partial { task: t, m, l, acc })
+    Ok(Partial {
+        task: t,
+        m,
+        l,
+        acc,
+        done: whole,
+    })
+}
+
+/// A normalised value row in the working basis → the output basis (rotated back, the value
+/// mean added when the pool is centered). 16-bit pools copy.
+fn finish_row(pool: &CpuKvPool, head: usize, row: &[f32], out: &mut [f32]) -> Result<(), Error> {
+    match pool.codec() {
+        None => out.copy_from_slice(row),
+        Some(c) => {
+            c.codec.value.work_to_output(row, out)?;
+            if let Some(mu) = c.value_center(head, out.len()) {
+                out.iter_mut().zip(mu).for_each(|(o, m)| *o += m);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Sink and recent-window tokens of the current block in the working basis, from their f16
+/// copies, for the query rows that read them exactly.
+struct ExactTiles {
+    window: Option<KvWindow>,
+    wk: usize,
+    wv: usize,
+    keys: Vec<f32>,
+    values: Vec<f32>,
+    /// Per slot of the current block (from the block's first visible slot): whether an f16
+    /// copy was loaded, i.e. whether some row of the task may read it exactly.
+    present: Vec<bool>,
+    /// Weights of the exact tokens for one row (the codes' weights are zeroed there).
+    weights: Vec<f32>,
+    scratch: Vec<f32>,
+}
+
+impl ExactTiles {
+    fn new(codec: Option<&CodecStore>, bs: usize, wk: usize, wv: usize) -> Self {
+        let window = codec.map(|c| c.window).filter(KvWindow::is_active);
+        let n = if window.is_some() { bs } else { 0 };
+        ExactTiles {
+            window,
+            wk,
+            wv,
+            keys: vec![0.0; n * wk],
+            values: vec![0.0; n * wv],
+            present: vec![false; n],
+            weights: vec![0.0; n],
+            scratch: Vec::new(),
+        }
+    }
+
+    /// Loads the f16 copies of positions `p0..p0 + n` (slots from `slot0`) that any query at
+    /// or after `first_qpos` reads exactly; returns whether there were any.
+    #[allow(clippy::too_many_arguments)]
+    fn load(
+        &mut self,
+        pool: &CpuKvPool,
+        block: usize,
+        head: usize,
+        p0: usize,
+        slot0: usize,
+        n: usize,
+        first_qpos: usize,
+    ) -> Result<bool, Error> {
+        let (Some(w), Some(c)) = (self.window, pool.codec()) else {
+            return Ok(false);
+        };
+        // Exactness only shrinks as the query moves on, except for sinks.
+        let candidate = |p: usize| p < w.sinks || p + w.recent > first_qpos;
+        if !(p0..p0 + n).any(candidate) {
+            return Ok(false);
+        }
+        let d = c.codec.key.head_dim();
+        self.scratch.resize(d, 0.0);
+        let mut any = false;
+        for j in 0..n {
+            self.present[j] = false;
+            if !candidate(p0 + j) {
+                continue;
+            }
+            let Some((k, v)) = pool.exact_kv(block, head, slot0 + j) else {
+                continue;
+            };
+            k.reinterpret_cast::<f16>()
+                .convert_to_f32_slice(&mut self.scratch);
+            let kw = &mut self.keys[j * self.wk..(j + 1) * self.wk];
+            c.codec.key.exact_to_work(&self.scratch, kw)?;
+            v.reinterpret_cast::<f16>()
+                .convert_to_f32_slice(&mut self.scratch);
+            let vw = &mut self.values[j * self.wv..(j + 1) * self.wv];
+            c.codec.value.exact_to_work(&self.scratch, vw)?;
+            self.present[j] = true;
+            any = true;
+        }
+        Ok(any)
+    }
+
+    fn is_exact(&self, qpos: usize, p: usize, j: usize) -> bool {
+        self.present[j] && self.window.is_some_and(|w| w.is_exact(qpos, p))
+    }
+
+    /// Replaces the codes' scores of the tokens this row reads exactly.
+    fn rescore(&self, q: &[f32], scale: f32, qpos: usize, p0: usize, scores: &mut [f32]) {
+        for (j, sc) in scores.iter_mut().enumerate() {
+            if self.is_exact(qpos, p0 + j, j) {
+                *sc = scale * ops::dot(q, &self.keys[j * self.wk..(j + 1) * self.wk]);
+            }
+        }
+    }
+
+    /// The online-softmax value update with exact tokens' values from their copies.
+    fn accumulate(
+        &mut self,
+        acc: &mut [f32],
+        corr: f32,
+        qpos: usize,
+        p0: usize,
+        p: &mut [f32],
+        coded: &[f32],
+    ) {
+        let n = p.len();
+        for (j, pj) in p.iter_mut().enumerate() {
+            let e = self.is_exact(qpos, p0 + j, j);
+            self.weights[j] = if e { *pj } else { 0.0 };
+            if e {
+                *pj = 0.0;
+            }
+        }
+        ops::weighted_sum(acc, corr, p, coded);
+        ops::weighted_sum(acc, 1.0, &self.weights[..n], &self.values[..n * self.wv]);
+    }
 }
 
 /// Merges the key-chunk partials of each (sequence, head, tile) and writes normalised rows.
@@ -267,11 +364,13 @@ fn merge_into(
     partials: Vec<Partial>,
     g: &AttnGeometry,
     spans: &[SeqSpan<'_>],
+    pool: &CpuKvPool,
     out: &mut CpuTensor,
-) {
+) -> Result<(), Error> {
     let (d, group) = (g.head_dim, g.group());
     let width = out.cols();
     let data = out.as_mut_slice();
+    let mut tmp = vec![0f32; d];
     let mut i = 0;
     while i < partials.len() {
         let t = partials[i].task;
@@ -284,6 +383,20 @@ fn merge_into(
         }
         let parts = &partials[i..j];
         let s = &spans[t.span];
+        if let [p] = parts
+            && p.done
+        {
+            for qi in t.q0..t.q1 {
+                for gh in 0..group {
+                    let r = (qi - t.q0) * group + gh;
+                    let h = t.head * group + gh;
+                    data[(s.first_row + qi) * width + h * d..][..d]
+                        .copy_from_slice(&p.acc[r * d..(r + 1) * d]);
+                }
+            }
+            i = j;
+            continue;
+        }
         for qi in t.q0..t.q1 {
             for gh in 0..group {
                 let r = (qi - t.q0) * group + gh;
@@ -305,8 +418,11 @@ fn merge_into(
                 }
                 let inv = if total > 0.0 { 1.0 / total } else { 0.0 };
                 dst.iter_mut().for_each(|x| *x *= inv);
+                tmp.copy_from_slice(dst);
+                finish_row(pool, t.head, &tmp, dst)?;
             }
         }
         i = j;
     }
+    Ok(())
 }

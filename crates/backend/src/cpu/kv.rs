@@ -37,6 +37,11 @@ impl KvStorage {
         match dtype {
             KvDtype::F16 => Ok(Self::F16),
             KvDtype::Bf16 => Ok(Self::Bf16),
+            other if head_dim > MAX_HEAD_DIM => Err(Error::UnsupportedKvDtype {
+                dtype: format!("{other} (head dim {head_dim} > {MAX_HEAD_DIM})"),
+                backend: "cpu",
+                accepted: "f16, bf16 for head dims above 1024",
+            }),
             other => {
                 // Build a codec once to validate (head dim support, widths).
                 LayerCodec::new(other, head_dim, 0, &Default::default()).map_err(|e| {
@@ -52,6 +57,9 @@ impl KvStorage {
     }
 }
 
+/// Largest head dimension a compressed pool accepts (the centering scratch lives on the stack).
+pub(crate) const MAX_HEAD_DIM: usize = 1024;
+
 /// Compressed K and V blocks with their codecs.
 #[derive(Debug)]
 pub(crate) struct CodecStore {
@@ -62,6 +70,9 @@ pub(crate) struct CodecStore {
     v: Vec<u8>,
     /// Tokens attended at f16 instead of from the codes.
     pub(crate) window: KvWindow,
+    /// This layer's per-head mean key and value (`[kv_heads, head_dim]` each), subtracted
+    /// before encoding (see [`turbokv_cache::KvCenters`]); attention adds the value mean back.
+    centers: Option<(Vec<f32>, Vec<f32>)>,
     /// f16 copies of K and V of blocks that may still hold sink or recent-window tokens,
     /// keyed by physical block id, each `[kv_heads, block_size, head_dim]`. Blocks that fall
     /// wholly behind every future query's window are dropped on write, so this holds at most
@@ -141,8 +152,37 @@ impl CpuKvPool {
                 let v_len = blocks
                     .checked_mul(v_layout.total_bytes)
                     .ok_or_else(overflow)?;
+                let centers = match &layout.centers {
+                    None => None,
+                    Some(c) => {
+                        let (mut k, mut v) = (Vec::new(), Vec::new());
+                        for h in 0..layout.kv_heads {
+                            let (Some(kc), Some(vc)) = (c.key(layer, h), c.value(layer, h)) else {
+                                return Err(shape(
+                                    "kv centers",
+                                    format!(
+                                        "no mean for layer {layer} head {h} (calibrated {} layers × {} heads × {})",
+                                        c.layers(),
+                                        c.kv_heads,
+                                        c.head_dim
+                                    ),
+                                ));
+                            };
+                            if kc.len() != layout.head_dim || c.head_dim != layout.head_dim {
+                                return Err(shape(
+                                    "kv centers",
+                                    format!("head dim {} vs {}", c.head_dim, layout.head_dim),
+                                ));
+                            }
+                            k.extend_from_slice(kc);
+                            v.extend_from_slice(vc);
+                        }
+                        Some((k, v))
+                    }
+                };
                 Store::Codec(Box::new(CodecStore {
                     codec,
+                    centers,
                     k_layout,
                     v_layout,
                     k: vec![0; k_len],
@@ -235,6 +275,21 @@ impl CpuKvPool {
                             encode16(*storage, v, &mut vb[at..at + d]);
                         }
                         Store::Codec(c) => {
+                            let (mut kc, mut vc) = ([0f32; MAX_HEAD_DIM], [0f32; MAX_HEAD_DIM]);
+                            let (k, v) = match &c.centers {
+                                None => (k, v),
+                                Some((mk, mv)) => {
+                                    let (kc, vc) = (&mut kc[..d], &mut vc[..d]);
+                                    let (mk, mv) = (&mk[h * d..][..d], &mv[h * d..][..d]);
+                                    kc.iter_mut()
+                                        .zip(k.iter().zip(mk))
+                                        .for_each(|(o, (x, m))| *o = x - m);
+                                    vc.iter_mut()
+                                        .zip(v.iter().zip(mv))
+                                        .for_each(|(o, (x, m))| *o = x - m);
+                                    (&*kc, &*vc)
+                                }
+                            };
                             let bi = block * self.kv_heads + h;
                             let kl = c.k_layout.total_bytes;
                             let vl = c.v_layout.total_bytes;
@@ -286,16 +341,24 @@ impl CpuKvPool {
         Some((&sh.k[at..at + self.head_dim], &sh.v[at..at + self.head_dim]))
     }
 
-    /// Decodes the first `n` tokens of (block, head) of a 16-bit pool into `out`
-    /// (`n · head_dim`). Codec pools are read through [`Self::codec_block`] instead.
-    pub(crate) fn load(&self, half: Half, block: usize, head: usize, n: usize, out: &mut [f32]) {
-        let at = self.raw_offset(block, head, 0);
+    /// Decodes tokens `slots` of (block, head) of a 16-bit pool into `out`
+    /// (`slots.len() · head_dim`). Codec pools are read through [`Self::codec_block`] instead.
+    pub(crate) fn load(
+        &self,
+        half: Half,
+        block: usize,
+        head: usize,
+        slots: std::ops::Range<usize>,
+        out: &mut [f32],
+    ) {
+        let at = self.raw_offset(block, head, slots.start);
+        let len = slots.len() * self.head_dim;
         if let Store::Raw16 { storage, k, v } = &self.store {
             let src = match half {
-                Half::K => &k[at..at + n * self.head_dim],
-                Half::V => &v[at..at + n * self.head_dim],
+                Half::K => &k[at..at + len],
+                Half::V => &v[at..at + len],
             };
-            decode16(*storage, src, &mut out[..n * self.head_dim]);
+            decode16(*storage, src, &mut out[..len]);
         }
     }
 
@@ -315,6 +378,13 @@ impl CpuKvPool {
 }
 
 impl CodecStore {
+    /// The mean value of `head` that attention adds back to its output, if centered.
+    pub(crate) fn value_center(&self, head: usize, head_dim: usize) -> Option<&[f32]> {
+        self.centers
+            .as_ref()
+            .map(|(_, v)| &v[head * head_dim..(head + 1) * head_dim])
+    }
+
     /// Drops the shadows of `s`'s blocks that no query from this span on can read exactly:
     /// every position in them is past the sinks and before the window of the span's first
     /// query (later queries' windows only move forward).

@@ -443,3 +443,85 @@ pub(super) unsafe fn pack_signs(v: &[f32], out: &mut [u8]) {
         *o = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(x, zero)) as u8;
     }
 }
+
+/// `out[i] = scale·centroids[code_i]` for packed 1–4-bit codes (see [`super::decode_codes`]).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn decode_codes(
+    packed: &[u8],
+    bits: u8,
+    centroids: &[f32],
+    scale: f32,
+    out: &mut [f32],
+) {
+    let b = usize::from(bits);
+    let ok = out.len().is_multiple_of(8)
+        && (1..=4).contains(&b)
+        && packed.len() == out.len() / 8 * b
+        && centroids.len() == 1 << b;
+    if !ok {
+        return super::decode_codes_scalar(packed, bits, centroids, scale, out);
+    }
+    let mut table = [0.0f32; 16];
+    table[..centroids.len()].copy_from_slice(centroids);
+    match b {
+        1 => decode_codes_b::<1>(packed, &table, scale, out),
+        2 => decode_codes_b::<2>(packed, &table, scale, out),
+        3 => decode_codes_b::<3>(packed, &table, scale, out),
+        _ => decode_codes_b::<4>(packed, &table, scale, out),
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn decode_codes_b<const B: usize>(packed: &[u8], table: &[f32; 16], scale: f32, out: &mut [f32]) {
+    let bi = B as i32;
+    let shifts = _mm256_setr_epi32(0, bi, 2 * bi, 3 * bi, 4 * bi, 5 * bi, 6 * bi, 7 * bi);
+    let mask = _mm256_set1_epi32((1 << B) - 1);
+    let s = _mm256_set1_ps(scale);
+    // SAFETY: `table` holds 16 floats.
+    let (lo, hi) = unsafe {
+        (
+            _mm256_mul_ps(_mm256_loadu_ps(table.as_ptr()), s),
+            _mm256_mul_ps(_mm256_loadu_ps(table.as_ptr().add(8)), s),
+        )
+    };
+    for (oc, pc) in out.chunks_exact_mut(8).zip(packed.chunks_exact(B)) {
+        let mut w = [0u8; 4];
+        w[..B].copy_from_slice(pc);
+        let word = _mm256_set1_epi32(i32::from_le_bytes(w));
+        let idx = _mm256_and_si256(_mm256_srlv_epi32(word, shifts), mask);
+        let c = if B == 4 {
+            let a = _mm256_permutevar8x32_ps(lo, idx);
+            let h = _mm256_permutevar8x32_ps(hi, idx);
+            // Bit 3 of the code selects the upper half of the table.
+            _mm256_blendv_ps(a, h, _mm256_castsi256_ps(_mm256_slli_epi32::<28>(idx)))
+        } else {
+            _mm256_permutevar8x32_ps(lo, idx)
+        };
+        // SAFETY: `oc` holds exactly 8 floats.
+        unsafe { _mm256_storeu_ps(oc.as_mut_ptr(), c) };
+    }
+}
+
+/// `out[i] = bit_i ? c : −c` over packed sign bits (see [`super::decode_signs`]).
+///
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn decode_signs(signs: &[u8], c: f32, out: &mut [f32]) {
+    if !out.len().is_multiple_of(8) || signs.len() != out.len() / 8 {
+        return super::decode_signs_scalar(signs, c, out);
+    }
+    let bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    let sign_bit = _mm256_set1_epi32(i32::MIN);
+    let cv = _mm256_set1_ps(c);
+    for (oc, &byte) in out.chunks_exact_mut(8).zip(signs) {
+        let set = _mm256_and_si256(_mm256_set1_epi32(i32::from(byte)), bit);
+        let clear = _mm256_cmpeq_epi32(set, _mm256_setzero_si256());
+        let flip = _mm256_castsi256_ps(_mm256_and_si256(clear, sign_bit));
+        // SAFETY: `oc` holds exactly 8 floats.
+        unsafe { _mm256_storeu_ps(oc.as_mut_ptr(), _mm256_xor_ps(cv, flip)) };
+    }
+}

@@ -252,3 +252,57 @@ pub fn dot_signs(v: &[f32], signs: &[u8]) -> f32 {
     }
     crate::score::dot_signs_ref(v, signs)
 }
+
+/// `out[i] = scale·centroids[code_i]` over packed codes, `out.len()` of them: the decode of
+/// one part in its rotated basis (SIMD where available; the same values as the scalar twin,
+/// one multiply each).
+pub fn decode_codes(packed: &[u8], bits: u8, centroids: &[f32], scale: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::detect() == Isa::Avx2 {
+        // SAFETY: AVX2 and FMA were detected; the kernel checks its lengths.
+        return unsafe { avx2::decode_codes(packed, bits, centroids, scale, out) };
+    }
+    decode_codes_scalar(packed, bits, centroids, scale, out)
+}
+
+/// Scalar twin of [`decode_codes`]. Codes whose index exceeds the table decode to 0.
+pub fn decode_codes_scalar(
+    packed: &[u8],
+    bits: u8,
+    centroids: &[f32],
+    scale: f32,
+    out: &mut [f32],
+) {
+    if !(1..=8).contains(&bits) {
+        out.fill(0.0);
+        return;
+    }
+    let b = usize::from(bits);
+    let mask = (1u64 << b) - 1;
+    for (chunk, o8) in packed.chunks(b).zip(out.chunks_mut(8)) {
+        let w = load_le(chunk);
+        for (j, o) in o8.iter_mut().enumerate() {
+            let code = ((w >> (j * b)) & mask) as usize;
+            *o = centroids.get(code).map_or(0.0, |&c| c * scale);
+        }
+    }
+}
+
+/// `out[i] = bit_i ? c : −c` over packed sign bits (SIMD where available).
+pub fn decode_signs(signs: &[u8], c: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if Isa::detect() == Isa::Avx2 {
+        // SAFETY: AVX2 and FMA were detected; the kernel checks its lengths.
+        return unsafe { avx2::decode_signs(signs, c, out) };
+    }
+    decode_signs_scalar(signs, c, out)
+}
+
+/// Scalar twin of [`decode_signs`].
+pub fn decode_signs_scalar(signs: &[u8], c: f32, out: &mut [f32]) {
+    for (&byte, o8) in signs.iter().zip(out.chunks_mut(8)) {
+        for (j, o) in o8.iter_mut().enumerate() {
+            *o = if (byte >> j) & 1 == 1 { c } else { -c };
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! The working basis of attention on codes: whole blocks decoded to f32 *without* undoing the
+//! rotation, so an attention kernel can score and accumulate them with the same dense inner
+//! loops it uses for 16-bit caches.
+//!
+//! For a TurboQuant format the working vector of a token is, part after part,
+//! `[s·c[idx] (MSE coordinates)] [γ·κ·(±1) (QJL signs, prod keys only)]`, and a query's is
+//! `[R·q_part] [S·R·q_part]`; their dot product is exactly the score of
+//! [`crate::score`] (`s·Σ q'_i c[idx_i] + γκ·Σ (Sq')_i·sign_i`). Values are summed in this basis
+//! and brought back once per output row by [`VectorCodec::work_to_output`] (Rᵀ, plus Sᵀ for
+//! sign coordinates). A full-precision vector enters the basis through
+//! [`VectorCodec::exact_to_work`] (rotated, sign coordinates zero), so exact and coded tokens
+//! mix in one softmax. Plain formats (`int8`, 16-bit) use the original basis.
+//!
+//! Decoding a tile costs one table lookup per coordinate (an AVX2 `vpermps` per 8), and the
+//! query heads of a kv head share it: this is what lets a 3-bit cache beat a 16-bit one when
+//! both are limited by memory reads.
+
+use std::ops::Range;
+
+use half::f16;
+
+use crate::codec::{Format, MAX_SCALARS, VectorCodec, read_scalars};
+use crate::error::{Error, Result};
+use crate::kernels;
+use crate::layout::BlockLayout;
+use crate::tq::with_scratch;
+
+impl VectorCodec {
+    /// Length of a working vector (head_dim, plus head_dim of sign coordinates in prod mode).
+    pub fn work_dim(&self) -> usize {
+        match &self.format {
+            Format::Plain(_) => self.head_dim,
+            Format::Tq(t) => t
+                .parts
+                .iter()
+                .map(|p| {
+                    let mse = if p.mse_bits > 0 { p.dim } else { 0 };
+                    mse + if p.qjl.is_some() { p.dim } else { 0 }
+                })
+                .sum(),
+        }
+    }
+
+    fn check_len(&self, what: &'static str, expected: usize, got: usize) -> Result<()> {
+        if expected == got {
+            Ok(())
+        } else {
+            Err(Error::LengthMismatch {
+                what,
+                expected,
+                got,
+            })
+        }
+    }
+
+    /// A query (`head_dim`) in the working basis (`work_dim`): rotated, and sketched in
+    /// prod mode. `⟨work(q), tile row⟩` is the score of that token.
+    pub fn query_to_work(&self, q: &[f32], out: &mut [f32]) -> Result<()> {
+        self.check_len("query", self.head_dim, q.len())?;
+        self.check_len("working vector", self.work_dim(), out.len())?;
+        match &self.format {
+            Format::Plain(_) => out.copy_from_slice(q),
+            Format::Tq(t) => with_scratch(|s| {
+                let mut at = 0;
+                for part in &t.parts {
+                    let m = part.dim;
+                    s.ensure(m);
+                    let (g, rotated) = (&mut s.a[..m], &mut s.b[..m]);
+                    part.gather(q, g);
+                    part.rotation.forward(g, rotated)?;
+                    if part.mse_bits > 0 {
+                        out[at..at + m].copy_from_slice(rotated);
+                        at += m;
+                    }
+                    if let Some(qjl) = &part.qjl {
+                        qjl.apply(rotated, &mut out[at..at + m]);
+                        at += m;
+                    }
+                }
+                Ok::<(), Error>(())
+            })?,
+        }
+        Ok(())
+    }
+
+    /// A full-precision vector (`head_dim`) in the working basis: rotated, sign coordinates
+    /// zero, so its dot product with a working query is the exact `⟨q, x⟩` and its weighted
+    /// sum comes back through [`VectorCodec::work_to_output`] unchanged. Formats with a part
+    /// that has no MSE coordinates (1-bit prod keys) cannot carry an exact vector: error.
+    pub fn exact_to_work(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
+        self.check_len("vector", self.head_dim, x.len())?;
+        self.check_len("working vector", self.work_dim(), out.len())?;
+        match &self.format {
+            Format::Plain(_) => out.copy_from_slice(x),
+            Format::Tq(t) => with_scratch(|s| {
+                let mut at = 0;
+                for part in &t.parts {
+                    let m = part.dim;
+                    if part.mse_bits == 0 {
+                        return Err(Error::InvalidConfig {
+                            what: "full-precision window",
+                            reason: "needs MSE codes in every part (1-bit prod keys have none)",
+                        });
+                    }
+                    s.ensure(m);
+                    part.gather(x, &mut s.a[..m]);
+                    part.rotation.forward(&s.a[..m], &mut out[at..at + m])?;
+                    at += m;
+                    if part.qjl.is_some() {
+                        out[at..at + m].fill(0.0);
+                        at += m;
+                    }
+                }
+                Ok(())
+            })?,
+        }
+        Ok(())
+    }
+
+    /// Decodes slots `slots` of a block into `out` (`slots.len() × work_dim`, row-major),
+    /// leaving the rotation in place.
+    pub fn decode_tile(
+        &self,
+        block: &[u8],
+        layout: &BlockLayout,
+        slots: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        self.check_layout(layout)?;
+        let w = self.work_dim();
+        self.check_len("tile", slots.len() * w, out.len())?;
+        if slots.is_empty() {
+            return Ok(());
+        }
+        layout.check(block.len(), slots.end - 1)?;
+        let mut buf = [f16::ZERO; MAX_SCALARS];
+        for (slot, row) in slots.zip(out.chunks_exact_mut(w)) {
+            let codes = &block[layout.codes_range(slot)];
+            let sc = read_scalars(&block[layout.scalars_range(slot)], &mut buf);
+            match &self.format {
+                Format::Plain(p) => p.decode(codes, sc, row),
+                Format::Tq(t) => {
+                    let mut at = 0;
+                    for part in &t.parts {
+                        let m = part.dim;
+                        if part.mse_bits > 0 {
+                            let packed = &codes[part.code_offset..][..part.code_bytes];
+                            kernels::decode_codes(
+                                packed,
+                                part.mse_bits,
+                                part.codebook.centroids(),
+                                sc[part.scalar_index].to_f32(),
+                                &mut row[at..at + m],
+                            );
+                            at += m;
+                        }
+                        if let Some(qjl) = &part.qjl {
+                            let signs = &codes[part.sign_offset..][..part.sign_bytes];
+                            let c = sc[part.scalar_index + 1].to_f32() * qjl.constant;
+                            kernels::decode_signs(signs, c, &mut row[at..at + m]);
+                            at += m;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings a weighted sum of working vectors (`work_dim`) back to the original basis
+    /// (`head_dim`): Sᵀ on sign coordinates, Rᵀ, and the part's channels.
+    pub fn work_to_output(&self, acc: &[f32], out: &mut [f32]) -> Result<()> {
+        self.check_len("working vector", self.work_dim(), acc.len())?;
+        self.check_len("output", self.head_dim, out.len())?;
+        match &self.format {
+            Format::Plain(_) => out.copy_from_slice(acc),
+            Format::Tq(t) => with_scratch(|s| {
+                let mut at = 0;
+                for part in &t.parts {
+                    let m = part.dim;
+                    s.ensure(m);
+                    let (v, st, x) = (&mut s.a[..m], &mut s.b[..m], &mut s.c[..m]);
+                    if part.mse_bits > 0 {
+                        v.copy_from_slice(&acc[at..at + m]);
+                        at += m;
+                    } else {
+                        v.fill(0.0);
+                    }
+                    if let Some(qjl) = &part.qjl {
+                        // The tile's sign coordinates already carry γ·κ.
+                        qjl.apply_t(&acc[at..at + m], st);
+                        for (vi, sv) in v.iter_mut().zip(st.iter()) {
+                            *vi += sv;
+                        }
+                        at += m;
+                    }
+                    part.rotation.inverse(v, x)?;
+                    part.scatter(x, out);
+                }
+                Ok::<(), Error>(())
+            })?,
+        }
+        Ok(())
+    }
+}
