@@ -192,11 +192,7 @@ fn run_task(
                 let block_max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let m_new = m[r].max(block_max);
                 let corr = (m[r] - m_new).exp();
-                let mut block_sum = 0f32;
-                for x in sc.iter_mut() {
-                    *x = (*x - m_new).exp();
-                    block_sum += *x;
-                }
+                let block_sum = ops::exp_shift_sum(sc, m_new);
                 l[r] = l[r] * corr + block_sum;
                 let out = &mut acc[r * wv..(r + 1) * wv];
                 if any_exact {

@@ -3,6 +3,8 @@
 //! It is also the correctness reference the GPU backend is tested against.
 
 mod attention;
+#[cfg(target_arch = "x86_64")]
+mod attn_avx2;
 mod kv;
 mod ops;
 

@@ -111,14 +111,44 @@ dispatch!(
     pub(crate) fn scale_axpy(y: &mut [f32], scale: f32, p: f32, x: &[f32]) => scale_axpy_body
 );
 
-dispatch!(
-    /// Scores of one query against a block of keys (one call per block, not per key).
-    pub(crate) fn scores(q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) => scores_body
-);
-dispatch!(
-    /// Rescales an accumulator and adds a block of weighted values (the online-softmax update).
-    pub(crate) fn weighted_sum(acc: &mut [f32], corr: f32, p: &[f32], values: &[f32]) => weighted_sum_body
-);
+/// `out[j] = scale · ⟨q, k_j⟩` for the rows `k_j` (length `q.len()`) of `keys`: one call
+/// per block of keys, not per key.
+#[inline]
+pub(crate) fn scores(q: &[f32], keys: &[f32], scale: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() && q.len().is_multiple_of(8) && keys.len() >= out.len() * q.len() {
+        // SAFETY: AVX2 and FMA were detected; the lengths were checked just above.
+        return unsafe { super::attn_avx2::scores(q, keys, scale, out) };
+    }
+    scores_body(q, keys, scale, out)
+}
+
+/// `acc = acc·corr + Σ_j p_j · v_j` (the online-softmax value update for a block of values).
+#[inline]
+pub(crate) fn weighted_sum(acc: &mut [f32], corr: f32, p: &[f32], values: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() && acc.len().is_multiple_of(8) && values.len() >= p.len() * acc.len() {
+        // SAFETY: AVX2 and FMA were detected; the lengths were checked just above.
+        return unsafe { super::attn_avx2::weighted_sum(acc, corr, p, values) };
+    }
+    weighted_sum_body(acc, corr, p, values)
+}
+
+/// `x[j] = e^(x[j] − m)`, returning `Σ_j x[j]` (the softmax numerators of a block).
+#[inline]
+pub(crate) fn exp_shift_sum(x: &mut [f32], m: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: AVX2 and FMA were detected.
+        return unsafe { super::attn_avx2::exp_shift_sum(x, m) };
+    }
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - m).exp();
+        sum += *v;
+    }
+    sum
+}
 
 /// `out = x / sqrt(mean(x²) + eps) · w`.
 pub(crate) fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
