@@ -297,12 +297,19 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) {
         let (mut co, mut go) = (c.tensor(row, cols).unwrap(), poison(g, row, cols));
         c.attention(&cq, &geo, &spans, &cpool, &mut co).unwrap();
         g.attention(&gq, &geo, &spans, &gpool, &mut go).unwrap();
+        // Spans of ≥ 16 tokens over bf16 KV with head_dim 64/128 take the tensor-core kernel,
+        // whose queries and softmax weights are rounded to bf16 (2⁻⁹ relative) for the MMAs.
+        let mma = case.dtype == KvDtype::Bf16
+            && matches!(case.d, 64 | 128)
+            && 64 % (case.heads / case.kv_heads) == 0
+            && spans.iter().any(|s| s.n_tokens >= 16);
+        let (atol, rtol) = if mma { (1e-2, 2e-2) } else { (2e-3, 1e-2) };
         let e = close(
             &what.replace("write_kv", "attention"),
             &host(g, &go),
             co.as_slice(),
-            2e-3,
-            1e-2,
+            atol,
+            rtol,
         );
         eprintln!("{}: max err {e:.2e}", what.replace("write_kv", "attention"));
     }
@@ -364,8 +371,12 @@ fn check_pool(
 fn write_kv_and_attention_match_cpu() {
     let Some(g) = gpu() else { return };
     let mut seed = 100;
-    for d in [64, 128, 256] {
-        for group in [1, 4, 8] {
+    // 96 and group 12 take the tiled kernel, the others the row-parallel one.
+    for d in [64, 96, 128, 256] {
+        for group in [1, 4, 8, 12] {
+            if group * d > 2048 {
+                continue;
+            }
             let kv_heads = 2;
             let dtype = if (d + group) % 2 == 0 {
                 KvDtype::Bf16
@@ -432,4 +443,109 @@ fn bad_inputs_are_errors() {
         "table too short"
     );
     assert!(g.check_kv_dtype(KvDtype::Bf16, 512).is_err());
+}
+
+/// Decode steps of a one-layer model through `run_graphed` (eager, capture, replays, a batch
+/// change that forces a new graph, block-table growth) give the same logits as the same steps
+/// run eagerly on an identical cache.
+#[test]
+fn graphed_steps_match_eager_steps() {
+    if gpu().is_none() {
+        return;
+    }
+    // A backend of its own: graph mode is backend-wide and other tests run concurrently.
+    let g = CudaBackend::new(0).unwrap();
+    let (hidden, vocab, bs) = (128, 64, 16);
+    let geo = AttnGeometry {
+        n_heads: 8,
+        n_kv_heads: 2,
+        head_dim: 64,
+        scale: 0.125,
+    };
+    let rope = Rope {
+        inv_freq: (0..32).map(|i| 10000f32.powf(-(i as f32) / 32.0)).collect(),
+        style: RopeStyle::HalfSplit,
+    };
+    let embed = g.random_matrix(vocab, hidden, 1, 1.0).unwrap();
+    let wqkv = vec![g.random_matrix(geo.qkv_width(), hidden, 2, 0.1).unwrap()];
+    let wo = g.random_matrix(hidden, 8 * 64, 3, 0.05).unwrap();
+    let lm = g.random_matrix(vocab, hidden, 4, 0.1).unwrap();
+    let norm = g.vector(&vec![1.0; hidden]).unwrap();
+    let layout = KvLayout::uniform(1, 2, 64, KvDtype::Bf16, bs, 64 * bs).unwrap();
+    let mut pools = [
+        g.kv_pool(&layout, 0).unwrap(),
+        g.kv_pool(&layout, 0).unwrap(),
+    ];
+    let tables: Vec<Vec<u32>> = (0..3u32).map(|s| (s * 8..s * 8 + 8).collect()).collect();
+    let (mut x, mut xn, mut qkv, mut att, mut proj, mut pick, mut pick_n, mut logits) = (
+        g.tensor(0, hidden).unwrap(),
+        g.tensor(0, hidden).unwrap(),
+        g.tensor(0, geo.qkv_width()).unwrap(),
+        g.tensor(0, 8 * 64).unwrap(),
+        g.tensor(0, hidden).unwrap(),
+        g.tensor(0, hidden).unwrap(),
+        g.tensor(0, hidden).unwrap(),
+        g.tensor(0, vocab).unwrap(),
+    );
+    // One step: `seqs` sequences, sequence s at `pos[s]` with `n` new tokens each.
+    let mut step = |pool: &mut turbokv_backend::cuda::CudaKvPool,
+                    seqs: usize,
+                    pos: &[usize],
+                    n: usize,
+                    tok: u32,
+                    out: &mut Vec<f32>|
+     -> Result<(), turbokv_backend::Error> {
+        let spans: Vec<SeqSpan<'_>> = (0..seqs)
+            .map(|s| SeqSpan {
+                first_row: s * n,
+                n_tokens: n,
+                first_pos: pos[s],
+                blocks: &tables[s],
+            })
+            .collect();
+        let ids: Vec<u32> = (0..seqs * n)
+            .map(|i| (tok + 7 * i as u32) % vocab as u32)
+            .collect();
+        g.embed(&embed, &ids, &mut x)?;
+        g.rms_norm(&x, &norm, 1e-5, &mut xn)?;
+        g.matmul_cat(&xn, &wqkv, &mut qkv)?;
+        g.write_kv(&mut qkv, &geo, &rope, None, &spans, pool)?;
+        g.attention(&qkv, &geo, &spans, pool, &mut att)?;
+        g.matmul(&att, &wo, &mut proj)?;
+        g.add_assign(&mut x, &proj)?;
+        let last: Vec<usize> = (0..seqs).map(|s| s * n + n - 1).collect();
+        g.gather_rows(&x, &last, &mut pick)?;
+        g.rms_norm(&pick, &norm, 1e-5, &mut pick_n)?;
+        g.matmul(&pick_n, &lm, &mut logits)?;
+        g.to_host(&logits, out)
+    };
+    // Identical prefill of both caches (eager).
+    let mut pos = vec![40usize; 3];
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for p in pools.iter_mut() {
+        step(p, 3, &[0, 0, 0], 40, 5, &mut a).unwrap();
+    }
+    let [pa, pb] = &mut pools;
+    let mut tok = 11;
+    for i in 0..16 {
+        // Steps 10..13 decode two sequences only (a second graph), then three again.
+        let seqs = if (10..13).contains(&i) { 2 } else { 3 };
+        step(pa, seqs, &pos, 1, tok, &mut a).unwrap();
+        g.run_graphed(|| step(pb, seqs, &pos, 1, tok, &mut b))
+            .unwrap();
+        close(&format!("graph step {i}"), &b, &a, 1e-4, 1e-4);
+        for p in pos.iter_mut().take(seqs) {
+            *p += 1;
+        }
+        tok += 3;
+    }
+    let st = g.graph_stats().unwrap();
+    eprintln!("graph stats {st:?}");
+    assert!(st.replayed >= 8, "{st:?}");
+    assert!(st.captured >= 2, "{st:?}");
+    let (ka, va) = g.kv_to_host(pa).unwrap();
+    let (kb, vb) = g.kv_to_host(pb).unwrap();
+    let f = |v: &[u16]| -> Vec<f32> { v.iter().map(|&u| bf16::from_bits(u).to_f32()).collect() };
+    close("graph K cache", &f(&kb), &f(&ka), 1e-2, 1e-2);
+    close("graph V cache", &f(&vb), &f(&va), 1e-2, 1e-2);
 }

@@ -29,6 +29,10 @@ pub(crate) struct Kernels {
     pub write_kv: CudaFunction,
     /// Attention partials for head_dim 64, 128, 256 (compile-time) and any other.
     pub attn_partial: [CudaFunction; 4],
+    /// Row-parallel attention for head_dim 64/128/256 × up to 4/8 query heads per kv head.
+    pub attn_rows: [CudaFunction; 6],
+    /// Tensor-core prefill attention for head_dim 64 and 128 (bf16 KV).
+    pub attn_mma: [CudaFunction; 2],
     pub attn_combine: CudaFunction,
 }
 
@@ -135,6 +139,15 @@ impl Kernels {
                 f(&at, "attn_partial_any")?,
             ],
             attn_combine: f(&at, "attn_combine")?,
+            attn_mma: [f(&at, "attn_mma_64")?, f(&at, "attn_mma_128")?],
+            attn_rows: [
+                f(&at, "attn_rows_64_4")?,
+                f(&at, "attn_rows_64_8")?,
+                f(&at, "attn_rows_128_4")?,
+                f(&at, "attn_rows_128_8")?,
+                f(&at, "attn_rows_256_4")?,
+                f(&at, "attn_rows_256_8")?,
+            ],
         })
     }
 }

@@ -15,23 +15,34 @@
 //!
 //! All work runs on one stream in submission order; host-visible results appear at
 //! [`Backend::to_host`], which synchronises.
+//!
+//! [`CudaBackend::run_graphed`] replays whole steps (decode) as CUDA graphs; see `graph.rs`.
+//! Attention has three kernels: a tensor-core tile kernel for prefill spans over bf16 KV
+//! (head_dim 64/128), a row-parallel split-K kernel for decode rows (head_dim 64/128/256, up
+//! to 8 query heads per kv head), and the original tiled kernel for everything else.
 
+mod graph;
 mod kernels;
 mod ops;
 mod step;
 
+pub use graph::GraphStats;
+
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use half::bf16;
 use turbokv_cache::KvLayout;
 use turbokv_codec::KvDtype;
 
 use crate::Error;
+use graph::State;
 use kernels::Kernels;
-use step::Scratch;
+
+/// Bytes of the cuBLAS workspace (NVIDIA recommends 32 MiB on Hopper).
+const BLAS_WORKSPACE: usize = 32 << 20;
 
 /// Maps a CUDA library error to [`Error::Cuda`].
 pub(crate) fn cuda_err<E: std::fmt::Debug>(op: &'static str) -> impl Fn(E) -> Error {
@@ -150,7 +161,9 @@ pub struct CudaBackend {
     smem_limit: usize,
     /// See [`CudaOptions::attention_blocks_per_sm`].
     blocks_per_sm: usize,
-    scratch: Mutex<Scratch>,
+    state: Mutex<State>,
+    /// cuBLAS workspace set on the handle (so that captured GEMMs allocate nothing).
+    _blas_workspace: CudaSlice<u8>,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -251,10 +264,28 @@ impl CudaBackend {
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
             .map_err(cuda_err("device attribute"))?
             .max(48 * 1024) as usize;
-        let stream = ctx.default_stream();
+        // A stream of our own: the legacy default stream cannot be captured into a graph.
+        let stream = ctx.new_stream().map_err(cuda_err("stream"))?;
         let blas = CudaBlas::new(stream.clone()).map_err(cuda_err("cublas init"))?;
+        let blas_workspace = stream
+            .alloc_zeros::<u8>(BLAS_WORKSPACE)
+            .map_err(cuda_err("alloc cublas workspace"))?;
+        {
+            let (wp, _g) = blas_workspace.device_ptr(&stream);
+            // SAFETY: the workspace outlives the handle (both are fields of the backend, the
+            // handle declared first so it is destroyed first) and holds BLAS_WORKSPACE bytes.
+            unsafe {
+                cudarc::cublas::sys::cublasSetWorkspace_v2(
+                    *blas.handle(),
+                    wp as *mut _,
+                    BLAS_WORKSPACE,
+                )
+            }
+            .result()
+            .map_err(cuda_err("cublas workspace"))?;
+        }
         let k = Kernels::load(&ctx, arch, opts.ptx_cache.as_deref())?;
-        for f in &k.attn_partial {
+        for f in k.attn_partial.iter().chain(&k.attn_rows).chain(&k.attn_mma) {
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem_limit as i32,
@@ -272,7 +303,16 @@ impl CudaBackend {
             sms,
             smem_limit,
             blocks_per_sm: opts.attention_blocks_per_sm.max(1),
-            scratch: Mutex::new(Scratch::default()),
+            state: Mutex::new(State::default()),
+            _blas_workspace: blas_workspace,
+        })
+    }
+
+    /// The backend's mutable state (scratch buffers, graph machinery).
+    pub(crate) fn lock_state(&self, op: &'static str) -> Result<MutexGuard<'_, State>, Error> {
+        self.state.lock().map_err(|_| Error::Cuda {
+            op,
+            detail: "backend state poisoned".into(),
         })
     }
 

@@ -2,12 +2,15 @@
 //! backend's stream.
 
 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
-use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
 use half::bf16;
 use turbokv_cache::KvLayout;
 use turbokv_codec::KvDtype;
 
-use super::step::{check_tables, grow};
+use super::graph::{Mode, sig};
+use super::step::{check_tables, graph_changed, grow};
 use super::{
     CudaBackend, CudaKvPool, CudaMatrix, CudaTensor, CudaVector, cuda_err, unsupported_kv,
 };
@@ -20,6 +23,10 @@ const ATTN_TILE: usize = 32;
 const ATTN_THREADS: usize = 128;
 /// Accumulator elements per thread: `group · head_dim ≤ 128 · 16`.
 const ATTN_MAX_ELEMS: usize = ATTN_THREADS * 16;
+/// Spans of at least this many new tokens (prefill) send a step to the tensor-core kernel.
+const MMA_MIN_ROWS: usize = 16;
+/// Keys per K/V tile of the tensor-core kernel (see attention.cu).
+const MMA_TK: usize = 32;
 /// Fewest keys a decode split covers.
 const MIN_SPLIT_KEYS: usize = 64;
 
@@ -57,6 +64,26 @@ fn rows_cfg(rows: usize, threads: u32, smem: usize) -> LaunchConfig {
     }
 }
 
+/// The device address of a buffer (event tracking is off, so the guard does nothing).
+fn addr<T, P: DevicePtr<T>>(p: &P, stream: &Arc<CudaStream>) -> u64 {
+    let (a, _guard) = p.device_ptr(stream);
+    a
+}
+
+/// Op codes that start each launch signature.
+mod opc {
+    pub const GEMM: u64 = 1;
+    pub const ATTN: u64 = 2;
+    pub const EMBED: u64 = 3;
+    pub const NORM: u64 = 4;
+    pub const BIAS: u64 = 5;
+    pub const ADD: u64 = 6;
+    pub const SILU: u64 = 7;
+    pub const GATHER: u64 = 8;
+    pub const WRITE_KV: u64 = 9;
+    pub const ATTN_MMA: u64 = 10;
+}
+
 impl CudaBackend {
     /// `out[:, col .. col + w.rows] = bf16(x) · Wᵀ` for each `(w, col)`, f32 accumulate.
     fn gemm(&self, x: &CudaTensor, ws: &[&CudaMatrix], out: &mut CudaTensor) -> Result<(), Error> {
@@ -64,23 +91,46 @@ impl CudaBackend {
         if t == 0 {
             return Ok(());
         }
-        let mut sc = self.scratch.lock().map_err(|_| Error::Cuda {
-            op: "matmul",
-            detail: "scratch poisoned".into(),
-        })?;
-        let xb = grow(&self.stream, &mut sc.bf16, t * k)?;
-        let n = (t * k) as u64;
-        let mut b = self.stream.launch_builder(&self.k.f32_to_bf16);
-        b.arg(&x.buf).arg(&mut *xb).arg(&n);
-        // SAFETY: reads t·k floats of x and writes t·k bf16 of xb, both at least that long.
-        unsafe { b.launch(self.grid_1d(t * k)) }.map_err(cuda_err("f32_to_bf16"))?;
+        let mut st = self.lock_state("matmul")?;
+        let sc = st.sc();
+        let may_alloc = !sc.defer;
+        let xp = addr(
+            grow(&self.stream, &mut sc.bf16, t * k, may_alloc)?,
+            &self.stream,
+        );
+        let xsrc = addr(&x.buf, &self.stream);
+        // The op before wrote bf16(x) into the scratch already: no conversion launch.
+        let converted = st.bf16_of == Some([xsrc, xp, t as u64, k as u64]);
+        let op = addr(&out.buf, &self.stream);
         let ldc = int("matmul", out.cols)?;
+        let mut parts = vec![
+            opc::GEMM,
+            xsrc,
+            xp,
+            op,
+            t as u64,
+            k as u64,
+            ldc as u64,
+            u64::from(converted),
+        ];
+        for w in ws {
+            parts.extend([addr(&w.data, &self.stream), w.rows as u64]);
+        }
+        if !st.admit(sig(&parts))? {
+            return Ok(());
+        }
+        if !converted {
+            let n = (t * k) as u64;
+            let mut b = self.stream.launch_builder(&self.k.f32_to_bf16);
+            b.arg(&xsrc).arg(&xp).arg(&n);
+            // SAFETY: reads t·k floats of x and writes t·k bf16 of the scratch, both at least
+            // that long (the pointers are kernel parameters of the buffers' pointer size).
+            unsafe { b.launch(self.grid_1d(t * k)) }.map_err(cuda_err("f32_to_bf16"))?;
+        }
         let (alpha, beta) = (1f32, 0f32);
-        let (xp, _gx) = xb.device_ptr(&self.stream);
-        let (op, _go) = out.buf.device_ptr_mut(&self.stream);
         let mut col = 0usize;
         for w in ws {
-            let (wp, _gw) = w.data.device_ptr(&self.stream);
+            let wp = addr(&w.data, &self.stream);
             // SAFETY: W is [rows, k] bf16, x is [t, k] bf16, out has t rows of ldc ≥ col + rows
             // f32 (checked by the callers); alpha/beta are host scalars (default pointer mode).
             unsafe {
@@ -112,97 +162,156 @@ impl CudaBackend {
         Ok(())
     }
 
-    /// Launches the partial and combine kernels of one attention call (shapes checked, step
-    /// metadata uploaded and partial buffers sized by the caller).
-    fn launch_attention(
+    /// Attention through the tensor-core tile kernel: every span cut into tiles of 64/g
+    /// consecutive rows (shapes, tables and metadata checked and uploaded by the caller).
+    fn attention_mma(
         &self,
-        sc: &mut super::step::Scratch,
         qkv: &CudaTensor,
         g: &AttnGeometry,
+        spans: &[SeqSpan<'_>],
         pool: &CudaKvPool,
         out: &mut CudaTensor,
-        (chunk, splits): (usize, usize),
     ) -> Result<(), Error> {
-        let rows = qkv.rows;
-        let (m, ml, acc) = sc.attention_parts()?;
-        let [width, nh, nkv, d, bs, chunk_i, splits_i] = ints(
+        let (grp, hd, rows) = (g.group(), g.head_dim, qkv.rows);
+        let qt = 64 / grp;
+        let mut tiles = Vec::new();
+        for s in spans {
+            for i in (0..s.n_tokens).step_by(qt) {
+                tiles.push((s.first_row + i) as u32);
+                tiles.push(qt.min(s.n_tokens - i) as u32);
+            }
+        }
+        let n_tiles = tiles.len() / 2;
+        let mut st = self.lock_state("attention")?;
+        let sc = st.sc();
+        let may_alloc = !sc.defer;
+        let ob = addr(
+            grow(&self.stream, &mut sc.bf16, rows * g.n_heads * hd, may_alloc)?,
+            &self.stream,
+        );
+        let tp = addr(sc.upload_tiles(&self.stream, &tiles)?, &self.stream);
+        let m = sc.meta()?;
+        let meta = [
+            addr(&m.pos, &self.stream),
+            addr(&m.seq, &self.stream),
+            addr(&m.seq_tbl, &self.stream),
+            addr(&m.tables, &self.stream),
+        ];
+        let [width, nh, nkv, bs] = ints(
             "attention",
-            [
-                g.qkv_width(),
-                g.n_heads,
-                g.n_kv_heads,
-                g.head_dim,
-                pool.block_size,
-                chunk,
-                splits,
-            ],
+            [g.qkv_width(), g.n_heads, g.n_kv_heads, pool.block_size],
         )?;
-        let is_bf16 = i32::from(pool.is_bf16);
-        let (grp, hd) = (g.group(), g.head_dim);
-        let smem =
-            (grp * hd + ATTN_TILE * (hd + 4) + ATTN_TILE * hd + grp * ATTN_TILE + 3 * grp) * 4;
-        if smem > self.smem_limit {
-            return Err(shape(
-                "attention",
-                format!(
-                    "needs {smem} bytes of shared memory, the GPU allows {}",
-                    self.smem_limit
-                ),
-            ));
+        let smem = 2 * 2 * MMA_TK * (hd + 8) * 2;
+        let (qp, kp, vp, op) = (
+            addr(&qkv.buf, &self.stream),
+            addr(&pool.k, &self.stream),
+            addr(&pool.v, &self.stream),
+            addr(&out.buf, &self.stream),
+        );
+        let s = sig(&[
+            opc::ATTN_MMA,
+            qp,
+            rows as u64,
+            width as u64,
+            nh as u64,
+            nkv as u64,
+            hd as u64,
+            g.scale.to_bits() as u64,
+            meta[0],
+            meta[1],
+            meta[2],
+            meta[3],
+            kp,
+            vp,
+            bs as u64,
+            tp,
+            n_tiles as u64,
+            op,
+            ob,
+        ]);
+        let launch = st.admit(s)?;
+        st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
+        if !launch {
+            return Ok(());
         }
-        {
-            let f = &self.k.attn_partial[match hd {
-                64 => 0,
-                128 => 1,
-                256 => 2,
-                _ => 3,
-            }];
-            let mut b = self.stream.launch_builder(f);
-            b.arg(&qkv.buf)
-                .arg(&width)
-                .arg(&nh)
-                .arg(&nkv)
-                .arg(&d)
-                .arg(&g.scale);
-            b.arg(&m.pos).arg(&m.seq).arg(&m.seq_tbl).arg(&m.tables);
-            b.arg(&pool.k).arg(&pool.v).arg(&bs).arg(&is_bf16);
-            b.arg(&chunk_i).arg(&splits_i).arg(&mut *ml).arg(&mut *acc);
-            let cfg = LaunchConfig {
-                grid_dim: (rows as u32, g.n_kv_heads as u32, splits as u32),
-                block_dim: (ATTN_THREADS as u32, 1, 1),
-                shared_mem_bytes: smem as u32,
-            };
-            // SAFETY: spans tile the rows and their blocks are inside the pool (checked above);
-            // partial buffers hold rows·n_heads·splits entries; smem was checked against the
-            // opt-in limit set at load; head_dim % 4 == 0 keeps the 8-byte K/V loads aligned.
-            unsafe { b.launch(cfg) }.map_err(cuda_err("attn_partial"))?;
-        }
-        let mut b = self.stream.launch_builder(&self.k.attn_combine);
-        b.arg(&*ml)
-            .arg(&*acc)
-            .arg(&mut out.buf)
-            .arg(&nh)
-            .arg(&d)
-            .arg(&splits_i);
+        let f = &self.k.attn_mma[usize::from(hd == 128)];
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&qp).arg(&width).arg(&nh).arg(&nkv).arg(&g.scale);
+        b.arg(&meta[0]).arg(&meta[1]).arg(&meta[2]).arg(&meta[3]);
+        b.arg(&kp).arg(&vp).arg(&bs).arg(&tp).arg(&op).arg(&ob);
         let cfg = LaunchConfig {
-            grid_dim: (rows as u32, g.n_heads as u32, 1),
-            block_dim: (hd.div_ceil(32).clamp(1, 8) as u32 * 32, 1, 1),
-            shared_mem_bytes: 0,
+            grid_dim: (n_tiles as u32, g.n_kv_heads as u32, 1),
+            block_dim: (ATTN_THREADS as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
         };
-        // SAFETY: reads the partials written above; out holds rows·n_heads·head_dim floats.
-        unsafe { b.launch(cfg) }.map_err(cuda_err("attn_combine"))?;
+        // SAFETY: every tile lies inside one span (rows first..first+n of one sequence, whose
+        // blocks were checked against the pool); the pool is bf16 with head_dim 64 or 128;
+        // out and the bf16 scratch hold rows·n_heads·head_dim values; smem (≤ 35 KiB) is below
+        // the opt-in limit set at load.
+        unsafe { b.launch(cfg) }.map_err(cuda_err("attn_mma"))?;
         Ok(())
     }
 
-    /// Picks the key-split length for a launch of `rows` query rows over at most `max_ctx`
-    /// keys: enough (row, kv head, split) blocks for `blocks_per_sm` per SM.
-    fn split_keys(&self, rows: usize, n_kv: usize, max_ctx: usize) -> (usize, usize) {
+    /// Picks the number of key splits for a launch of `rows` query rows over at most
+    /// `max_ctx` keys: enough (row, kv head, split) blocks for `blocks_per_sm` per SM, each
+    /// split at least `MIN_SPLIT_KEYS` keys. The kernel divides each row's own key range.
+    fn split_count(&self, rows: usize, n_kv: usize, max_ctx: usize) -> usize {
         let target = self.blocks_per_sm * self.sms;
-        let splits = target
+        target
             .div_ceil(rows * n_kv)
-            .clamp(1, max_ctx.div_ceil(MIN_SPLIT_KEYS).max(1));
-        let chunk = max_ctx.div_ceil(splits).div_ceil(ATTN_TILE) * ATTN_TILE;
-        (chunk, max_ctx.div_ceil(chunk).max(1))
+            .clamp(1, max_ctx.div_ceil(MIN_SPLIT_KEYS).max(1))
+    }
+
+    /// Measured rate of the backend's GEMM configuration (bf16 inputs, f32 accumulate and
+    /// output, cuBLAS) on an `m × n × k` product of random matrices, in FLOP/s: the mean of
+    /// `reps` back-to-back products after a warm-up.
+    pub fn gemm_rate(&self, m: usize, n: usize, k: usize, reps: usize) -> Result<f64, Error> {
+        let a = self.random_matrix(m, k, 11, 1.0)?;
+        let w = self.random_matrix(n, k, 12, 1.0)?;
+        let mut out = self.zeros(m, n)?;
+        let op = addr(&out.buf, &self.stream);
+        let (ap, wp) = (addr(&a.data, &self.stream), addr(&w.data, &self.stream));
+        let run = || -> Result<(), Error> {
+            let (alpha, beta) = (1f32, 0f32);
+            // SAFETY: a is [m, k] bf16, w is [n, k] bf16, out is [m, n] f32.
+            unsafe {
+                cudarc::cublas::result::gemm_ex(
+                    *self.blas.handle(),
+                    cublasOperation_t::CUBLAS_OP_T,
+                    cublasOperation_t::CUBLAS_OP_N,
+                    int("gemm_rate", n)?,
+                    int("gemm_rate", m)?,
+                    int("gemm_rate", k)?,
+                    (&alpha as *const f32).cast(),
+                    wp as *const _,
+                    cudaDataType::CUDA_R_16BF,
+                    int("gemm_rate", k)?,
+                    ap as *const _,
+                    cudaDataType::CUDA_R_16BF,
+                    int("gemm_rate", k)?,
+                    (&beta as *const f32).cast(),
+                    op as *mut _,
+                    cudaDataType::CUDA_R_32F,
+                    int("gemm_rate", n)?,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(cuda_err("cublas gemm"))
+        };
+        for _ in 0..3 {
+            run()?;
+        }
+        self.synchronize()?;
+        let t = std::time::Instant::now();
+        for _ in 0..reps.max(1) {
+            run()?;
+        }
+        self.synchronize()?;
+        let secs = t.elapsed().as_secs_f64() / reps.max(1) as f64;
+        out.rows = 0;
+        drop(out);
+        Ok(2.0 * m as f64 * n as f64 * k as f64 / secs)
     }
 }
 
@@ -236,6 +345,9 @@ impl Backend for CudaBackend {
             .checked_mul(t.cols)
             .ok_or(Error::SizeOverflow { rows, cols: t.cols })?;
         if t.buf.len() < need {
+            if self.lock_state("set_rows")?.mode() != Mode::Eager {
+                return Err(graph_changed("a tensor must grow"));
+            }
             let mut bigger = self
                 .stream
                 .alloc_zeros::<f32>(need)
@@ -251,6 +363,10 @@ impl Backend for CudaBackend {
     }
 
     fn to_host(&self, t: &CudaTensor, out: &mut Vec<f32>) -> Result<(), Error> {
+        {
+            let mut st = self.lock_state("to_host")?;
+            self.finish_graph_step(&mut st)?;
+        }
         out.clear();
         out.resize(t.len(), 0.0);
         if t.len() > 0 {
@@ -312,19 +428,21 @@ impl Backend for CudaBackend {
         if ids.is_empty() {
             return Ok(());
         }
-        let mut sc = self.scratch.lock().map_err(|_| Error::Cuda {
-            op: "embed",
-            detail: "scratch poisoned".into(),
-        })?;
-        sc.upload_idx(&self.stream, ids)?;
-        let idx = sc
-            .idx
-            .as_ref()
-            .ok_or_else(|| shape("embed", "no ids".into()))?;
+        let mut st = self.lock_state("embed")?;
+        let idx = addr(st.sc().upload_idx(&self.stream, ids, false)?, &self.stream);
+        let (tp, op) = (
+            addr(&table.data, &self.stream),
+            addr(&out.buf, &self.stream),
+        );
         let cols = int("embed", table.cols)?;
+        let s = sig(&[opc::EMBED, tp, idx, op, cols as u64, ids.len() as u64]);
+        if !st.admit(s)? {
+            return Ok(());
+        }
         let mut b = self.stream.launch_builder(&self.k.embed_bf16);
-        b.arg(&table.data).arg(idx).arg(&mut out.buf).arg(&cols);
-        // SAFETY: ids were checked against the table's rows; out holds ids.len() rows.
+        b.arg(&tp).arg(&idx).arg(&op).arg(&cols);
+        // SAFETY: ids were checked against the table's rows; out holds ids.len() rows; the
+        // index buffer holds ids.len() ids (uploaded before the kernel runs).
         unsafe { b.launch(rows_cfg(ids.len(), 256, 0)) }.map_err(cuda_err("embed"))?;
         Ok(())
     }
@@ -343,14 +461,44 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let cols = int("rms_norm", x.cols)?;
+        let mut st = self.lock_state("rms_norm")?;
+        let sc = st.sc();
+        let may_alloc = !sc.defer;
+        let ob = addr(
+            grow(&self.stream, &mut sc.bf16, x.rows * x.cols, may_alloc)?,
+            &self.stream,
+        );
+        let (xp, wp, op) = (
+            addr(&x.buf, &self.stream),
+            addr(&w.data, &self.stream),
+            addr(&out.buf, &self.stream),
+        );
+        let s = sig(&[
+            opc::NORM,
+            xp,
+            wp,
+            op,
+            ob,
+            cols as u64,
+            x.rows as u64,
+            eps.to_bits() as u64,
+        ]);
+        let launch = st.admit(s)?;
+        st.bf16_of = Some([op, ob, x.rows as u64, x.cols as u64]);
+        if !launch {
+            return Ok(());
+        }
+        let threads = if x.cols.is_multiple_of(4) {
+            (x.cols / 4).div_ceil(32).clamp(1, 32) as u32 * 32
+        } else {
+            256
+        };
         let mut b = self.stream.launch_builder(&self.k.rms_norm);
-        b.arg(&x.buf)
-            .arg(&w.data)
-            .arg(&mut out.buf)
-            .arg(&cols)
-            .arg(&eps);
-        // SAFETY: x and out hold rows·cols floats, w holds cols; 256 threads (multiple of 32).
-        unsafe { b.launch(rows_cfg(x.rows, 256, 0)) }.map_err(cuda_err("rms_norm"))?;
+        b.arg(&xp).arg(&wp).arg(&op).arg(&cols).arg(&eps).arg(&ob);
+        // SAFETY: x and out hold rows·cols floats, w holds cols, the bf16 scratch rows·cols
+        // halves; the block size is a multiple of 32 up to 1024; allocations are 256-byte
+        // aligned, so the float4 loads (cols % 4 == 0) are aligned.
+        unsafe { b.launch(rows_cfg(x.rows, threads, 0)) }.map_err(cuda_err("rms_norm"))?;
         Ok(())
     }
 
@@ -384,8 +532,15 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let (n64, cols) = (n as u64, int("add_bias", x.cols)?);
+        let (xp, bp) = (addr(&x.buf, &self.stream), addr(&bias.data, &self.stream));
+        if !self
+            .lock_state("add_bias")?
+            .admit(sig(&[opc::BIAS, xp, bp, n64, cols as u64]))?
+        {
+            return Ok(());
+        }
         let mut b = self.stream.launch_builder(&self.k.add_bias);
-        b.arg(&mut x.buf).arg(&bias.data).arg(&n64).arg(&cols);
+        b.arg(&xp).arg(&bp).arg(&n64).arg(&cols);
         // SAFETY: x holds n floats, bias holds cols.
         unsafe { b.launch(self.grid_1d(n)) }.map_err(cuda_err("add_bias"))?;
         Ok(())
@@ -403,8 +558,15 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let n64 = n as u64;
+        let (xp, yp) = (addr(&x.buf, &self.stream), addr(&y.buf, &self.stream));
+        if !self
+            .lock_state("add_assign")?
+            .admit(sig(&[opc::ADD, xp, yp, n64]))?
+        {
+            return Ok(());
+        }
         let mut b = self.stream.launch_builder(&self.k.add_assign);
-        b.arg(&mut x.buf).arg(&y.buf).arg(&n64);
+        b.arg(&xp).arg(&yp).arg(&n64);
         // SAFETY: x and y hold n floats each.
         unsafe { b.launch(self.grid_1d(n)) }.map_err(cuda_err("add_assign"))?;
         Ok(())
@@ -418,9 +580,25 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let (n64, f) = (n as u64, int("silu_mul", out.cols)?);
+        let (gp, op) = (
+            addr(&gate_up.buf, &self.stream),
+            addr(&out.buf, &self.stream),
+        );
+        let mut st = self.lock_state("silu_mul")?;
+        let sc = st.sc();
+        let may_alloc = !sc.defer;
+        let ob = addr(
+            grow(&self.stream, &mut sc.bf16, n, may_alloc)?,
+            &self.stream,
+        );
+        let launch = st.admit(sig(&[opc::SILU, gp, op, ob, n64, f as u64]))?;
+        st.bf16_of = Some([op, ob, out.rows as u64, out.cols as u64]);
+        if !launch {
+            return Ok(());
+        }
         let mut b = self.stream.launch_builder(&self.k.silu_mul);
-        b.arg(&gate_up.buf).arg(&mut out.buf).arg(&n64).arg(&f);
-        // SAFETY: gate_up holds rows·2f floats, out rows·f.
+        b.arg(&gp).arg(&op).arg(&n64).arg(&f).arg(&ob);
+        // SAFETY: gate_up holds rows·2f floats, out rows·f, the bf16 scratch rows·f halves.
         unsafe { b.launch(self.grid_1d(n)) }.map_err(cuda_err("silu_mul"))?;
         Ok(())
     }
@@ -440,18 +618,16 @@ impl Backend for CudaBackend {
             return Ok(());
         }
         let ids: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
-        let mut sc = self.scratch.lock().map_err(|_| Error::Cuda {
-            op: "gather_rows",
-            detail: "scratch poisoned".into(),
-        })?;
-        sc.upload_idx(&self.stream, &ids)?;
-        let idx = sc
-            .idx
-            .as_ref()
-            .ok_or_else(|| shape("gather_rows", "no rows".into()))?;
+        let mut st = self.lock_state("gather_rows")?;
+        let idx = addr(st.sc().upload_idx(&self.stream, &ids, true)?, &self.stream);
+        let (xp, op) = (addr(&x.buf, &self.stream), addr(&out.buf, &self.stream));
         let cols = int("gather_rows", x.cols)?;
+        let s = sig(&[opc::GATHER, xp, idx, op, cols as u64, ids.len() as u64]);
+        if !st.admit(s)? {
+            return Ok(());
+        }
         let mut b = self.stream.launch_builder(&self.k.gather_rows);
-        b.arg(&x.buf).arg(idx).arg(&mut out.buf).arg(&cols);
+        b.arg(&xp).arg(&idx).arg(&op).arg(&cols);
         // SAFETY: every index is below x.rows; out holds rows.len() rows.
         unsafe { b.launch(rows_cfg(rows.len(), 256, 0)) }.map_err(cuda_err("gather_rows"))?;
         Ok(())
@@ -487,20 +663,28 @@ impl Backend for CudaBackend {
         }
         check_tables(spans, pool)?;
         let rows = qkv.rows;
-        let mut sc = self.scratch.lock().map_err(|_| Error::Cuda {
-            op: "write_kv",
-            detail: "scratch poisoned".into(),
-        })?;
+        let mut st = self.lock_state("write_kv")?;
+        let sc = st.sc();
         sc.upload_meta(&self.stream, spans, rows)?;
         if rows == 0 {
             return Ok(());
         }
         sc.rope(&self.stream, &rope.inv_freq)?;
-        let sc = &*sc;
-        let inv_freq = sc.rope_buf()?;
+        let inv_freq = addr(sc.rope_buf()?, &self.stream);
         let m = sc.meta()?;
+        let meta = [
+            addr(&m.pos, &self.stream),
+            addr(&m.seq, &self.stream),
+            addr(&m.seq_tbl, &self.stream),
+            addr(&m.tables, &self.stream),
+        ];
         let (qn, kn, eps, has_norm) = match &qk_norm {
-            Some(n) => (&n.q.data, &n.k.data, n.eps, 1i32),
+            Some(n) => (
+                addr(&n.q.data, &self.stream),
+                addr(&n.k.data, &self.stream),
+                n.eps,
+                1i32,
+            ),
             None => (inv_freq, inv_freq, 0f32, 0i32),
         };
         let [width, nh, nkv, d, pairs, bs] = ints(
@@ -516,12 +700,44 @@ impl Backend for CudaBackend {
         )?;
         let half_split = i32::from(rope.style == RopeStyle::HalfSplit);
         let is_bf16 = i32::from(pool.is_bf16);
+        let (qp, kp, vp) = (
+            addr(&qkv.buf, &self.stream),
+            addr(&pool.k, &self.stream),
+            addr(&pool.v, &self.stream),
+        );
+        let s = sig(&[
+            opc::WRITE_KV,
+            qp,
+            rows as u64,
+            width as u64,
+            nh as u64,
+            nkv as u64,
+            d as u64,
+            meta[0],
+            meta[1],
+            meta[2],
+            meta[3],
+            inv_freq,
+            pairs as u64,
+            half_split as u64,
+            qn,
+            kn,
+            eps.to_bits() as u64,
+            has_norm as u64,
+            kp,
+            vp,
+            bs as u64,
+            is_bf16 as u64,
+        ]);
+        if !st.admit(s)? {
+            return Ok(());
+        }
         let mut b = self.stream.launch_builder(&self.k.write_kv);
-        b.arg(&mut qkv.buf).arg(&width).arg(&nh).arg(&nkv).arg(&d);
-        b.arg(&m.pos).arg(&m.seq).arg(&m.seq_tbl).arg(&m.tables);
-        b.arg(inv_freq).arg(&pairs).arg(&half_split);
-        b.arg(qn).arg(kn).arg(&eps).arg(&has_norm);
-        b.arg(&mut pool.k).arg(&mut pool.v).arg(&bs).arg(&is_bf16);
+        b.arg(&qp).arg(&width).arg(&nh).arg(&nkv).arg(&d);
+        b.arg(&meta[0]).arg(&meta[1]).arg(&meta[2]).arg(&meta[3]);
+        b.arg(&inv_freq).arg(&pairs).arg(&half_split);
+        b.arg(&qn).arg(&kn).arg(&eps).arg(&has_norm);
+        b.arg(&kp).arg(&vp).arg(&bs).arg(&is_bf16);
         let threads = g.head_dim.div_ceil(32).clamp(1, 8) as u32 * 32;
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, (g.n_heads + 2 * g.n_kv_heads) as u32, 1),
@@ -529,7 +745,8 @@ impl Backend for CudaBackend {
             shared_mem_bytes: ((g.head_dim + 32) * 4) as u32,
         };
         // SAFETY: spans tile the rows and every block they touch is inside the pool (checked
-        // above); qkv rows are qkv_width wide; the norm/rope vectors have the lengths passed.
+        // above); qkv rows are qkv_width wide; the norm/rope vectors have the lengths passed;
+        // the metadata buffer holds the encoded spans (uploaded before the kernel runs).
         unsafe { b.launch(cfg) }.map_err(cuda_err("write_kv"))?;
         Ok(())
     }
@@ -564,24 +781,188 @@ impl Backend for CudaBackend {
         check_tables(spans, pool)?;
         let rows = qkv.rows;
         self.set_rows(out, rows)?;
-        let mut sc = self.scratch.lock().map_err(|_| Error::Cuda {
-            op: "attention",
-            detail: "scratch poisoned".into(),
-        })?;
+        let mut st = self.lock_state("attention")?;
+        let sc = st.sc();
         sc.upload_meta(&self.stream, spans, rows)?;
         if rows == 0 {
             return Ok(());
+        }
+        let grp = g.group();
+        if pool.is_bf16
+            && matches!(g.head_dim, 64 | 128)
+            && 64 % grp == 0
+            && spans.iter().any(|s| s.n_tokens >= MMA_MIN_ROWS)
+        {
+            drop(st);
+            return self.attention_mma(qkv, g, spans, pool, out);
         }
         let max_ctx = spans
             .iter()
             .map(|s| s.first_pos + s.n_tokens)
             .max()
             .unwrap_or(1);
-        let (chunk, splits) = self.split_keys(rows, g.n_kv_heads, max_ctx);
+        let splits = self.split_count(rows, g.n_kv_heads, max_ctx);
         let parts = rows * g.n_heads * splits;
-        grow(&self.stream, &mut sc.part_ml, 2 * parts)?;
-        grow(&self.stream, &mut sc.part_acc, parts * g.head_dim)?;
-        self.launch_attention(&mut sc, qkv, g, pool, out, (chunk, splits))
+        let may_alloc = !sc.defer;
+        let ob = addr(
+            grow(
+                &self.stream,
+                &mut sc.bf16,
+                rows * g.n_heads * g.head_dim,
+                may_alloc,
+            )?,
+            &self.stream,
+        );
+        let ml = addr(
+            grow(&self.stream, &mut sc.part_ml, 2 * parts, may_alloc)?,
+            &self.stream,
+        );
+        let acc = addr(
+            grow(
+                &self.stream,
+                &mut sc.part_acc,
+                parts * g.head_dim,
+                may_alloc,
+            )?,
+            &self.stream,
+        );
+        let m = sc.meta()?;
+        let meta = [
+            addr(&m.pos, &self.stream),
+            addr(&m.seq, &self.stream),
+            addr(&m.seq_tbl, &self.stream),
+            addr(&m.tables, &self.stream),
+        ];
+        let [width, nh, nkv, d, bs, splits_i] = ints(
+            "attention",
+            [
+                g.qkv_width(),
+                g.n_heads,
+                g.n_kv_heads,
+                g.head_dim,
+                pool.block_size,
+                splits,
+            ],
+        )?;
+        let is_bf16 = i32::from(pool.is_bf16);
+        let hd = g.head_dim;
+        // The row-parallel kernel where it is instantiated, else the tiled one.
+        let rows_kernel = match (hd, grp) {
+            (64, 1..=4) => Some(0),
+            (64, 5..=8) => Some(1),
+            (128, 1..=4) => Some(2),
+            (128, 5..=8) => Some(3),
+            (256, 1..=4) => Some(4),
+            (256, 5..=8) => Some(5),
+            _ => None,
+        };
+        let smem = match rows_kernel {
+            // 4 warps × (32 / (hd / dims per lane)) keys per warp partial states of
+            // grp × (hd + 2) floats; 16 dims per lane for up to 4 heads per kv head, else 8.
+            Some(i) => {
+                let partials = 4 * (32 * (16 >> (i % 2)) / hd) * grp * (hd + 2) * 4;
+                // 3 stages of a 32-key K tile and V tile of 16-bit values.
+                partials.max(3 * 2 * ATTN_TILE * hd * 2)
+            }
+            None => {
+                (grp * hd + ATTN_TILE * (hd + 4) + ATTN_TILE * hd + grp * ATTN_TILE + 3 * grp) * 4
+            }
+        };
+        if smem > self.smem_limit {
+            return Err(shape(
+                "attention",
+                format!(
+                    "needs {smem} bytes of shared memory, the GPU allows {}",
+                    self.smem_limit
+                ),
+            ));
+        }
+        let (qp, kp, vp, op) = (
+            addr(&qkv.buf, &self.stream),
+            addr(&pool.k, &self.stream),
+            addr(&pool.v, &self.stream),
+            addr(&out.buf, &self.stream),
+        );
+        let s = sig(&[
+            opc::ATTN,
+            qp,
+            rows as u64,
+            width as u64,
+            nh as u64,
+            nkv as u64,
+            d as u64,
+            g.scale.to_bits() as u64,
+            meta[0],
+            meta[1],
+            meta[2],
+            meta[3],
+            kp,
+            vp,
+            bs as u64,
+            is_bf16 as u64,
+            splits as u64,
+            ml,
+            acc,
+            op,
+            ob,
+            rows_kernel.unwrap_or(9) as u64,
+        ]);
+        let launch = st.admit(s)?;
+        st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
+        if !launch {
+            return Ok(());
+        }
+        {
+            let f = match rows_kernel {
+                Some(i) => &self.k.attn_rows[i],
+                None => {
+                    &self.k.attn_partial[match hd {
+                        64 => 0,
+                        128 => 1,
+                        256 => 2,
+                        _ => 3,
+                    }]
+                }
+            };
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&qp)
+                .arg(&width)
+                .arg(&nh)
+                .arg(&nkv)
+                .arg(&d)
+                .arg(&g.scale);
+            b.arg(&meta[0]).arg(&meta[1]).arg(&meta[2]).arg(&meta[3]);
+            b.arg(&kp).arg(&vp).arg(&bs).arg(&is_bf16);
+            b.arg(&splits_i).arg(&ml).arg(&acc);
+            let cfg = LaunchConfig {
+                grid_dim: (rows as u32, g.n_kv_heads as u32, splits as u32),
+                block_dim: (ATTN_THREADS as u32, 1, 1),
+                shared_mem_bytes: smem as u32,
+            };
+            // SAFETY: spans tile the rows and their blocks are inside the pool (checked above);
+            // partial buffers hold rows·n_heads·splits entries; smem was checked against the
+            // opt-in limit set at load; head_dim % 4 == 0 keeps the 8-byte K/V loads of the
+            // tiled kernel aligned, head_dim ∈ {64, 128, 256} the 16-byte ones of the row kernel.
+            unsafe { b.launch(cfg) }.map_err(cuda_err("attn_partial"))?;
+        }
+        let mut b = self.stream.launch_builder(&self.k.attn_combine);
+        b.arg(&ml)
+            .arg(&acc)
+            .arg(&op)
+            .arg(&nh)
+            .arg(&d)
+            .arg(&splits_i)
+            .arg(&ob);
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, g.n_heads as u32, 1),
+            block_dim: (hd.div_ceil(32).clamp(1, 8) as u32 * 32, 1, 1),
+            shared_mem_bytes: (splits * 4) as u32,
+        };
+        // SAFETY: reads the partials written above; out holds rows·n_heads·head_dim floats and
+        // the bf16 scratch as many halves; smem holds one weight per split (≤ 48 KiB: splits
+        // ≤ blocks_per_sm · SMs).
+        unsafe { b.launch(cfg) }.map_err(cuda_err("attn_combine"))?;
+        Ok(())
     }
 }
 

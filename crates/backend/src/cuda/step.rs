@@ -25,8 +25,18 @@ use crate::cpu::shape;
 pub(crate) struct Scratch {
     /// bf16 copy of a matmul input.
     pub bf16: Option<CudaSlice<bf16>>,
-    /// Token ids or row indices.
+    /// Token ids (embed).
     pub idx: Option<CudaSlice<u32>>,
+    /// Row indices (gather_rows); separate from `idx` so that a CUDA graph, whose inputs are
+    /// all uploaded before it runs, reads each from its own buffer.
+    pub rows_idx: Option<CudaSlice<u32>>,
+    /// Query tiles `(first row, rows)` of the tensor-core prefill attention.
+    pub tiles: Option<CudaSlice<u32>>,
+    /// Graph mode: no allocation, and uploads are queued in `pending` until
+    /// [`Scratch::flush`] (run just before the graph is launched).
+    pub defer: bool,
+    pending: Vec<(Target, Vec<u32>)>,
+    meta_valid: bool,
     meta_host: Vec<u32>,
     meta: Option<CudaSlice<u32>>,
     meta_rows: usize,
@@ -39,6 +49,23 @@ pub(crate) struct Scratch {
     pub part_acc: Option<CudaSlice<f32>>,
 }
 
+/// Where a queued upload goes.
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    Idx,
+    RowsIdx,
+    Tiles,
+    Meta,
+}
+
+/// The error of a step that cannot run inside (or be replayed by) a captured CUDA graph.
+pub(crate) fn graph_changed(why: &str) -> Error {
+    Error::Cuda {
+        op: "graph",
+        detail: format!("the step differs from the captured CUDA graph ({why})"),
+    }
+}
+
 /// Views of the uploaded step metadata.
 pub(crate) struct Meta<'a> {
     pub pos: CudaView<'a, u32>,
@@ -47,14 +74,19 @@ pub(crate) struct Meta<'a> {
     pub tables: CudaView<'a, u32>,
 }
 
-/// `slot` with room for at least `n` elements (contents unspecified after growth).
+/// `slot` with room for at least `n` elements (contents unspecified after growth). With
+/// `may_alloc` false (graph capture or replay) a slot too small is an error.
 pub(crate) fn grow<'a, T: DeviceRepr + ValidAsZeroBits>(
     stream: &Arc<CudaStream>,
     slot: &'a mut Option<CudaSlice<T>>,
     n: usize,
+    may_alloc: bool,
 ) -> Result<&'a mut CudaSlice<T>, Error> {
     let need = n.max(1);
     if slot.as_ref().is_none_or(|s| s.len() < need) {
+        if !may_alloc {
+            return Err(graph_changed("a scratch buffer must grow"));
+        }
         *slot = None;
         *slot = Some(
             stream
@@ -153,17 +185,23 @@ impl Scratch {
         let mut host = Vec::new();
         encode(spans, rows, &mut host)?;
         if self.meta.is_some()
+            && self.meta_valid
             && host == self.meta_host
             && self.meta_rows == rows
             && self.meta_seqs == spans.len()
         {
             return Ok(());
         }
-        self.meta_host.clear();
-        let dev = grow(stream, &mut self.meta, host.len())?;
-        stream
-            .memcpy_htod(&host, &mut dev.slice_mut(..host.len()))
-            .map_err(cuda_err("upload spans"))?;
+        self.meta_valid = false;
+        let dev = grow(stream, &mut self.meta, host.len(), !self.defer)?;
+        if self.defer {
+            self.pending.push((Target::Meta, host.clone()));
+        } else {
+            stream
+                .memcpy_htod(&host, &mut dev.slice_mut(..host.len()))
+                .map_err(cuda_err("upload spans"))?;
+        }
+        self.meta_valid = true;
         self.meta_host = host;
         self.meta_rows = rows;
         self.meta_seqs = spans.len();
@@ -175,20 +213,6 @@ impl Scratch {
         views(self.meta.as_ref(), self.meta_rows, self.meta_seqs)
     }
 
-    /// The metadata views plus the attention partial buffers (max/sum, accumulators).
-    pub(crate) fn attention_parts(
-        &mut self,
-    ) -> Result<(Meta<'_>, &mut CudaSlice<f32>, &mut CudaSlice<f32>), Error> {
-        let meta = views(self.meta.as_ref(), self.meta_rows, self.meta_seqs)?;
-        match (self.part_ml.as_mut(), self.part_acc.as_mut()) {
-            (Some(ml), Some(acc)) => Ok((meta, ml, acc)),
-            _ => Err(Error::Cuda {
-                op: "attention",
-                detail: "partial buffers missing".into(),
-            }),
-        }
-    }
-
     /// Uploads RoPE inverse frequencies unless unchanged; returns the device copy.
     pub(crate) fn rope(
         &mut self,
@@ -196,8 +220,11 @@ impl Scratch {
         inv_freq: &[f32],
     ) -> Result<&CudaSlice<f32>, Error> {
         if self.rope.is_none() || self.rope_host != inv_freq {
+            if self.defer {
+                return Err(graph_changed("new RoPE frequencies"));
+            }
             self.rope_host.clear();
-            let dev = grow(stream, &mut self.rope, inv_freq.len())?;
+            let dev = grow(stream, &mut self.rope, inv_freq.len(), true)?;
             if !inv_freq.is_empty() {
                 stream
                     .memcpy_htod(inv_freq, &mut dev.slice_mut(..inv_freq.len()))
@@ -219,16 +246,77 @@ impl Scratch {
         })
     }
 
-    /// Uploads `ids` into the index buffer.
+    /// Uploads `ids` into the index buffer (`rows`: the gather buffer, else the embed one).
     pub(crate) fn upload_idx(
         &mut self,
         stream: &Arc<CudaStream>,
         ids: &[u32],
-    ) -> Result<(), Error> {
-        let dev = grow(stream, &mut self.idx, ids.len())?;
-        stream
-            .memcpy_htod(ids, &mut dev.slice_mut(..ids.len()))
-            .map_err(cuda_err("upload indices"))
+        rows: bool,
+    ) -> Result<&CudaSlice<u32>, Error> {
+        let (slot, target) = if rows {
+            (&mut self.rows_idx, Target::RowsIdx)
+        } else {
+            (&mut self.idx, Target::Idx)
+        };
+        Self::upload_to(stream, slot, target, ids, self.defer, &mut self.pending)
+    }
+
+    /// Uploads the attention query tiles.
+    pub(crate) fn upload_tiles(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        tiles: &[u32],
+    ) -> Result<&CudaSlice<u32>, Error> {
+        Self::upload_to(
+            stream,
+            &mut self.tiles,
+            Target::Tiles,
+            tiles,
+            self.defer,
+            &mut self.pending,
+        )
+    }
+
+    fn upload_to<'a>(
+        stream: &Arc<CudaStream>,
+        slot: &'a mut Option<CudaSlice<u32>>,
+        target: Target,
+        ids: &[u32],
+        defer: bool,
+        pending: &mut Vec<(Target, Vec<u32>)>,
+    ) -> Result<&'a CudaSlice<u32>, Error> {
+        let dev = grow(stream, slot, ids.len(), !defer)?;
+        if defer {
+            pending.push((target, ids.to_vec()));
+        } else {
+            stream
+                .memcpy_htod(ids, &mut dev.slice_mut(..ids.len()))
+                .map_err(cuda_err("upload indices"))?;
+        }
+        Ok(dev)
+    }
+
+    /// Performs the queued uploads (graph mode), in order.
+    pub(crate) fn flush(&mut self, stream: &Arc<CudaStream>) -> Result<(), Error> {
+        for (target, data) in self.pending.drain(..) {
+            let slot = match target {
+                Target::Idx => &mut self.idx,
+                Target::RowsIdx => &mut self.rows_idx,
+                Target::Tiles => &mut self.tiles,
+                Target::Meta => &mut self.meta,
+            };
+            let dev = grow(stream, slot, data.len(), false)?;
+            stream
+                .memcpy_htod(&data, &mut dev.slice_mut(..data.len()))
+                .map_err(cuda_err("upload graph inputs"))?;
+        }
+        Ok(())
+    }
+
+    /// Drops queued uploads (a step that did not run) and forgets what the device holds.
+    pub(crate) fn discard_pending(&mut self) {
+        self.pending.clear();
+        self.meta_valid = false;
     }
 }
 

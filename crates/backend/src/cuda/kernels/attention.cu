@@ -26,9 +26,9 @@
     const u32* __restrict__ tok_pos, const u32* __restrict__ tok_seq, const u32* __restrict__ seq_tbl, \
     const u32* __restrict__ tables, \
     const u16* __restrict__ k_cache, const u16* __restrict__ v_cache, int block_size, int is_bf16, \
-    int chunk, int n_splits, float* __restrict__ part_ml, float* __restrict__ part_acc
+    int n_splits, float* __restrict__ part_ml, float* __restrict__ part_acc
 #define ATTN_ARGS qkv, width, n_heads, n_kv, d_rt, scale, tok_pos, tok_seq, seq_tbl, tables, \
-    k_cache, v_cache, block_size, is_bf16, chunk, n_splits, part_ml, part_acc
+    k_cache, v_cache, block_size, is_bf16, n_splits, part_ml, part_acc
 
 // D > 0: head_dim fixed at compile time (fewer registers for the prefetch); D == 0: any d.
 template <int D>
@@ -50,6 +50,9 @@ __device__ __forceinline__ void attn_partial_impl(float* sh, ATTN_PARAMS)
 
     const u32 pos = tok_pos[r];
     const int kend = (int)pos + 1;
+    // Each row splits its own key range into n_splits chunks of whole tiles (so the launch
+    // does not depend on the step's lengths: CUDA graphs replay it as positions advance).
+    const int chunk = ((kend + n_splits - 1) / n_splits + TILE - 1) / TILE * TILE;
     const int k0 = sp * chunk;
     const int k1 = min(k0 + chunk, kend);
     const u32* tbl = tables + seq_tbl[tok_seq[r]];
@@ -195,27 +198,452 @@ extern "C" __global__ void __launch_bounds__(NT) attn_partial_any(ATTN_PARAMS) {
     attn_partial_impl<0>(sh, ATTN_ARGS);
 }
 
-// out[r, h*d + c] = sum_s w_s acc_s[c] / sum_s w_s l_s, w_s = exp(m_s - max m).
-// grid = (rows, n_heads), blockDim >= 32.
+// out[r, h*d + c] = sum_s w_s acc_s[c] / sum_s w_s l_s, w_s = exp(m_s - max m); also
+// bf16(out) into `out_bf16` when non-null. grid = (rows, n_heads), blockDim a multiple of 32;
+// dynamic smem: n_splits floats. The split weights are computed once into shared memory, so
+// the per-element loop issues independent loads.
 extern "C" __global__ void attn_combine(const float* part_ml, const float* part_acc, float* out,
-                                        int n_heads, int d, int n_splits)
+                                        int n_heads, int d, int n_splits, u16* out_bf16)
 {
+    extern __shared__ float wsh[];
+    __shared__ float red[32];
     const u64 b = (u64)blockIdx.x * n_heads + blockIdx.y;
-    float big_m = -INFINITY;
-    for (int s = 0; s < n_splits; s++) big_m = fmaxf(big_m, part_ml[2 * (b * n_splits + s)]);
-    float total = 0.0f;
-    for (int s = 0; s < n_splits; s++) {
-        float m = part_ml[2 * (b * n_splits + s)];
-        if (m != -INFINITY) total += part_ml[2 * (b * n_splits + s) + 1] * expf(m - big_m);
+    const float* ml = part_ml + 2 * b * n_splits;
+    float mx = -INFINITY;
+    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) mx = fmaxf(mx, ml[2 * s]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    mx = -INFINITY;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, red[w]);
+    __syncthreads();
+    float tot = 0.0f;
+    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
+        float m = ml[2 * s];
+        float w = m == -INFINITY ? 0.0f : expf(m - mx);
+        wsh[s] = w;
+        tot += w * ml[2 * s + 1];
     }
-    float inv = total > 0.0f ? 1.0f / total : 0.0f;
+    tot = block_sum(tot, red);
+    const float inv = tot > 0.0f ? 1.0f / tot : 0.0f;
+    const float* acc = part_acc + b * n_splits * d;
     float* o = out + (u64)blockIdx.x * n_heads * d + (u64)blockIdx.y * d;
+    u16* ob = out_bf16 ? out_bf16 + (u64)blockIdx.x * n_heads * d + (u64)blockIdx.y * d : 0;
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
-        float a = 0.0f;
-        for (int s = 0; s < n_splits; s++) {
-            float m = part_ml[2 * (b * n_splits + s)];
-            if (m != -INFINITY) a += expf(m - big_m) * part_acc[(b * n_splits + s) * d + c];
+        float a0 = 0.0f, a1 = 0.0f;
+        int s = 0;
+        for (; s + 1 < n_splits; s += 2) {
+            a0 = fmaf(wsh[s], acc[(u64)s * d + c], a0);
+            a1 = fmaf(wsh[s + 1], acc[(u64)(s + 1) * d + c], a1);
         }
-        o[c] = a * inv;
+        if (s < n_splits) a0 = fmaf(wsh[s], acc[(u64)s * d + c], a0);
+        float v = (a0 + a1) * inv;
+        o[c] = v;
+        if (ob) ob[c] = f32_to_bf16(v);
     }
 }
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u64 a;
+    asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
+    return (u32)a;
+}
+// 16-byte global->shared copy, bypassing L1; `bytes` 0 zero-fills the destination.
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" :: "r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
+}
+
+#define STAGES 3
+// Paged attention, one query row per block: grid = (rows, n_kv, n_splits), NT threads
+// (4 warps). Tiles of TILE keys of K and V are streamed into shared memory with cp.async,
+// STAGES tiles in flight, so loads never wait for the math. In a tile, warp w takes keys
+// 8w .. 8w+7; a group of LPK = D/DPL lanes owns one key at a time and DPL of its dims
+// (chunks of 8 dims interleaved across the group, so shared reads are conflict-free); a
+// warp covers KPW = 32/LPK keys per pass, U = 8/KPW passes per tile. Every lane keeps the
+// online-softmax state (log2 units) of the g <= MAXG query heads of its kv head for its
+// dims, rescaled once per tile; the NW*KPW partial states are merged through shared
+// memory at the end.
+// dynamic smem: max(STAGES*2*TILE*D halves, NW*KPW*g*(D+2) floats).
+// Requires 16-bit KV, d == D, g <= MAXG.
+template <int D, int MAXG, int DPL, bool BF16>
+__device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
+{
+    constexpr int LPK = D / DPL, KPW = 32 / LPK, NW = NT / 32, NP = NW * KPW;
+    constexpr int LD = DPL / 8, U = 8 / KPW, CH = D / 8;   // CH: 16-byte chunks per key row
+    static_assert(NW * KPW * U == TILE, "a tile is one pass of every warp");
+    const int g = n_heads / n_kv;
+    const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5, sub = lane % LPK, kslot = lane / LPK;
+    const u32 pos = tok_pos[r];
+    const int kend = (int)pos + 1;
+    const int chunk = ((kend + n_splits - 1) / n_splits + TILE - 1) / TILE * TILE;
+    const int k0 = sp * chunk;
+    const int k1 = min(k0 + chunk, kend);
+    const int ntiles = k1 > k0 ? (k1 - k0 + TILE - 1) / TILE : 0;
+    const u32* tbl = tables + seq_tbl[tok_seq[r]];
+    // Power-of-two block sizes (the usual 16) map positions with shifts, not divisions.
+    int bs_log = 0;
+    while ((1 << bs_log) < block_size) bs_log++;
+    const bool bs_pow2 = (1 << bs_log) == block_size;
+    u16* stage = (u16*)sh;   // [STAGES][2][TILE][D]
+    const float qs = scale * 1.4426950408889634f;
+    float q[MAXG][DPL], acc[MAXG][DPL], m[MAXG], l[MAXG];
+    const float* qrow = qkv + (u64)r * width + (u64)kh * g * D;
+#pragma unroll
+    for (int h = 0; h < MAXG; h++) {
+#pragma unroll
+        for (int j = 0; j < LD; j++) {
+#pragma unroll
+            for (int k = 0; k < 2; k++) {
+                float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (h < g) a = *(const float4*)(qrow + h * D + (j * LPK + sub) * 8 + 4 * k);
+                q[h][8 * j + 4 * k] = a.x * qs; q[h][8 * j + 4 * k + 1] = a.y * qs;
+                q[h][8 * j + 4 * k + 2] = a.z * qs; q[h][8 * j + 4 * k + 3] = a.w * qs;
+            }
+        }
+        m[h] = -1e30f; l[h] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[h][i] = 0.0f;
+    }
+    auto issue = [&](int t) {
+        if (t < ntiles) {
+            const int t0 = k0 + t * TILE;
+            u16* ks = stage + (u64)(t % STAGES) * 2 * TILE * D;
+            u16* vs = ks + TILE * D;
+            for (int i = tid; i < TILE * CH; i += NT) {
+                const int j = i / CH, c = i - j * CH, p = t0 + j;
+                const u16* kg = k_cache;
+                const u16* vg = v_cache;
+                int bytes = 0;
+                if (p < k1) {
+                    const int lb = bs_pow2 ? p >> bs_log : p / block_size;
+                    const int slot = p - lb * block_size;
+                    const u32 blk = tbl[lb];
+                    const u64 off = (((u64)blk * n_kv + kh) * block_size + slot) * D + c * 8;
+                    kg += off; vg += off; bytes = 16;
+                }
+                cp_async16(smem_addr(ks + j * D + c * 8), kg, bytes);
+                cp_async16(smem_addr(vs + j * D + c * 8), vg, bytes);
+            }
+        }
+        cp_async_commit();
+    };
+    auto el = [&](const uint4* w, int i) -> float {
+        const uint4 x = w[i >> 3];
+        const int k = (i & 7) >> 1;
+        const u32 word = k == 0 ? x.x : k == 1 ? x.y : k == 2 ? x.z : x.w;
+        if constexpr (BF16) return __uint_as_float((i & 1) ? (word & 0xffff0000u) : (word << 16));
+        else return f16_to_f32((u16)((i & 1) ? (word >> 16) : (word & 0xffffu)));
+    };
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; t++) issue(t);
+    for (int t = 0; t < ntiles; t++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();          // tile t landed for all; tile t-1's stage is free
+        issue(t + STAGES - 1);
+        const int t0 = k0 + t * TILE;
+        const u16* ks = stage + (u64)(t % STAGES) * 2 * TILE * D;
+        const u16* vs = ks + TILE * D;
+        float s[U][MAXG];
+        bool ok[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int j = warp * 8 + u * KPW + kslot;
+            ok[u] = t0 + j < k1;
+            uint4 kr[LD];
+#pragma unroll
+            for (int jj = 0; jj < LD; jj++) kr[jj] = *(const uint4*)(ks + j * D + (jj * LPK + sub) * 8);
+#pragma unroll
+            for (int h = 0; h < MAXG; h++) s[u][h] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                const float kf = el(kr, i);
+#pragma unroll
+                for (int h = 0; h < MAXG; h++) s[u][h] = fmaf(q[h][i], kf, s[u][h]);
+            }
+#pragma unroll
+            for (int h = 0; h < MAXG; h++) {
+#pragma unroll
+                for (int o = LPK / 2; o > 0; o >>= 1) s[u][h] += __shfl_xor_sync(0xffffffffu, s[u][h], o);
+                if (!ok[u]) s[u][h] = -INFINITY;
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < MAXG; h++) {
+            if (h < g) {
+                float mn = m[h];
+#pragma unroll
+                for (int u = 0; u < U; u++) mn = fmaxf(mn, s[u][h]);
+                const float c = exp2f(m[h] - mn);
+                l[h] *= c;
+#pragma unroll
+                for (int i = 0; i < DPL; i++) acc[h][i] *= c;
+                m[h] = mn;
+#pragma unroll
+                for (int u = 0; u < U; u++) s[u][h] = exp2f(s[u][h] - mn);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int j = warp * 8 + u * KPW + kslot;
+            uint4 vr[LD];
+#pragma unroll
+            for (int jj = 0; jj < LD; jj++) vr[jj] = *(const uint4*)(vs + j * D + (jj * LPK + sub) * 8);
+#pragma unroll
+            for (int i = 0; i < DPL; i++) {
+                const float vf = el(vr, i);
+#pragma unroll
+                for (int h = 0; h < MAXG; h++) {
+                    if (h < g) acc[h][i] = fmaf(s[u][h], vf, acc[h][i]);
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < MAXG; h++) {
+                if (h < g) l[h] += s[u][h];
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();              // stages are reused for the partial states
+    // Merge the NP partial states: layout per partial: m[g], l[g], acc[g][D].
+    const int pidx = warp * KPW + kslot;
+    float* part = sh + (u64)pidx * g * (D + 2);
+#pragma unroll
+    for (int h = 0; h < MAXG; h++) {
+        if (h < g) {
+            if (sub == 0) { part[h] = m[h]; part[g + h] = l[h]; }
+#pragma unroll
+            for (int j = 0; j < LD; j++) {
+                float* a = part + 2 * g + h * D + (j * LPK + sub) * 8;
+#pragma unroll
+                for (int i = 0; i < 8; i++) a[i] = acc[h][8 * j + i];
+            }
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < g * D; e += NT) {
+        const int h = e / D, c = e - h * D;
+        float mx = -1e30f;
+        for (int pi = 0; pi < NP; pi++) mx = fmaxf(mx, sh[(u64)pi * g * (D + 2) + h]);
+        float lt = 0.0f, at = 0.0f;
+        for (int pi = 0; pi < NP; pi++) {
+            const float* pp = sh + (u64)pi * g * (D + 2);
+            const float w = exp2f(pp[h] - mx);
+            lt = fmaf(pp[g + h], w, lt);
+            at = fmaf(pp[2 * g + h * D + c], w, at);
+        }
+        const u64 b = ((u64)r * n_heads + kh * g + h) * n_splits + sp;
+        part_acc[b * D + c] = at;
+        if (c == 0) {
+            part_ml[2 * b] = lt > 0.0f ? mx * 0.6931471805599453f : -INFINITY;
+            part_ml[2 * b + 1] = lt;
+        }
+    }
+}
+
+#define ATTN_ROWS(D, G, DPL) \
+    extern "C" __global__ void __launch_bounds__(NT) attn_rows_##D##_##G(ATTN_PARAMS) { \
+        extern __shared__ float sh[]; \
+        if (is_bf16) attn_rows_impl<D, G, DPL, true>(sh, ATTN_ARGS); \
+        else attn_rows_impl<D, G, DPL, false>(sh, ATTN_ARGS); \
+    }
+ATTN_ROWS(64, 4, 16)
+ATTN_ROWS(64, 8, 8)
+ATTN_ROWS(128, 4, 16)
+ATTN_ROWS(128, 8, 8)
+ATTN_ROWS(256, 4, 16)
+ATTN_ROWS(256, 8, 8)
+
+// ---- Tensor-core attention for prefill tiles (bf16 KV) ----------------------------------
+// D = m16n8k16 with bf16 inputs and f32 accumulate: c += a·b.
+__device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two floats as bf16x2, `lo` in the low half.
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+    u32 d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(u32& r0, u32& r1, u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+                 : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+
+#define MMA_TK 32
+// One block per (tile of consecutive query rows of one sequence, kv head): the tile's
+// 64 query vectors (64/g rows × the g query heads of the kv head; vector v = row·g + head)
+// are split over 4 warps, 16 each, held as bf16 MMA fragments (pre-scaled by
+// scale·log2 e). K/V tiles of MMA_TK keys stream through shared memory (2 stages, cp.async,
+// rows padded to D + 8 halves so fragment reads are conflict-free); per tile each warp
+// computes S = Q·Kᵀ (m16n8k16 MMAs), masks causally, updates its online softmax (rows live
+// in lane quads), and accumulates O += P·V with P re-packed as bf16 A fragments and V read
+// by ldmatrix.trans. Writes the normalised rows straight to `out` (and their bf16 copy).
+// tiles[2i] = first row, tiles[2i+1] = rows (≤ 64/g). grid = (tiles, n_kv), NT threads.
+// dynamic smem: 2 * 2 * MMA_TK * (D + 8) halves. Requires bf16 KV, 64 % g == 0.
+template <int D>
+__device__ __forceinline__ void attn_mma_impl(u16* sh,
+    const float* __restrict__ qkv, int width, int n_heads, int n_kv, float scale,
+    const u32* __restrict__ tok_pos, const u32* __restrict__ tok_seq, const u32* __restrict__ seq_tbl,
+    const u32* __restrict__ tables, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,
+    int block_size, const u32* __restrict__ tiles, float* __restrict__ out, u16* __restrict__ out_bf16)
+{
+    constexpr int KS = D / 16, NTD = D / 8, RS = D + 8, CH = D / 8;
+    const int g = n_heads / n_kv;
+    const int kh = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 first_row = tiles[2 * blockIdx.x], n_rows = tiles[2 * blockIdx.x + 1];
+    const int pos0 = (int)tok_pos[first_row];
+    const u32* tbl = tables + seq_tbl[tok_seq[first_row]];
+    const int kmax = pos0 + (int)n_rows;
+    const int ntiles = (kmax + MMA_TK - 1) / MMA_TK;
+    int bs_log = 0;
+    while ((1 << bs_log) < block_size) bs_log++;
+    const bool bs_pow2 = (1 << bs_log) == block_size;
+    const int v0 = 16 * warp + (lane >> 2), v1 = v0 + 8;
+    const int r0 = v0 / g, h0 = v0 - r0 * g, r1 = v1 / g, h1 = v1 - r1 * g;
+    const bool ok0 = r0 < (int)n_rows, ok1 = r1 < (int)n_rows;
+    const int p0 = pos0 + r0, p1 = pos0 + r1;
+    const float qs = scale * 1.4426950408889634f;
+    const float* q0 = qkv + (u64)(first_row + r0) * width + (u64)(kh * g + h0) * D;
+    const float* q1 = qkv + (u64)(first_row + r1) * width + (u64)(kh * g + h1) * D;
+    u32 qa[KS][4];
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+        const int c = kk * 16 + (lane & 3) * 2;
+        float2 x00 = make_float2(0.f, 0.f), x01 = x00, x10 = x00, x11 = x00;
+        if (ok0) { x00 = *(const float2*)(q0 + c); x01 = *(const float2*)(q0 + c + 8); }
+        if (ok1) { x10 = *(const float2*)(q1 + c); x11 = *(const float2*)(q1 + c + 8); }
+        qa[kk][0] = pack_bf16(x00.x * qs, x00.y * qs);
+        qa[kk][1] = pack_bf16(x10.x * qs, x10.y * qs);
+        qa[kk][2] = pack_bf16(x01.x * qs, x01.y * qs);
+        qa[kk][3] = pack_bf16(x11.x * qs, x11.y * qs);
+    }
+    float o[NTD][4];
+#pragma unroll
+    for (int nd = 0; nd < NTD; nd++) { o[nd][0] = 0.f; o[nd][1] = 0.f; o[nd][2] = 0.f; o[nd][3] = 0.f; }
+    float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;
+    auto issue = [&](int t) {
+        if (t < ntiles) {
+            u16* kst = sh + (t & 1) * 2 * MMA_TK * RS;
+            u16* vst = kst + MMA_TK * RS;
+            for (int i = tid; i < MMA_TK * CH; i += NT) {
+                const int j = i / CH, c = i - j * CH, p = t * MMA_TK + j;
+                const u16* kg = k_cache;
+                const u16* vg = v_cache;
+                int bytes = 0;
+                if (p < kmax) {
+                    const int lb = bs_pow2 ? p >> bs_log : p / block_size;
+                    const int slot = p - lb * block_size;
+                    const u64 off = (((u64)tbl[lb] * n_kv + kh) * block_size + slot) * D + c * 8;
+                    kg += off; vg += off; bytes = 16;
+                }
+                cp_async16(smem_addr(kst + j * RS + c * 8), kg, bytes);
+                cp_async16(smem_addr(vst + j * RS + c * 8), vg, bytes);
+            }
+        }
+        cp_async_commit();
+    };
+    issue(0);
+    for (int t = 0; t < ntiles; t++) {
+        issue(t + 1);
+        cp_async_wait<1>();
+        __syncthreads();
+        const u16* kst = sh + (t & 1) * 2 * MMA_TK * RS;
+        const u16* vst = kst + MMA_TK * RS;
+        float s[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            s[nt][0] = 0.f; s[nt][1] = 0.f; s[nt][2] = 0.f; s[nt][3] = 0.f;
+            const u16* kp = kst + (nt * 8 + (lane >> 2)) * RS + (lane & 3) * 2;
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                const u32 b0 = *(const u32*)(kp + kk * 16), b1 = *(const u32*)(kp + kk * 16 + 8);
+                mma_bf16(s[nt], qa[kk], b0, b1);
+            }
+        }
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int key = t * MMA_TK + nt * 8 + (lane & 3) * 2 + e;
+                if (!ok0 || key > p0) s[nt][e] = -INFINITY;
+                if (!ok1 || key > p1) s[nt][2 + e] = -INFINITY;
+                mx0 = fmaxf(mx0, s[nt][e]);
+                mx1 = fmaxf(mx1, s[nt][2 + e]);
+            }
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);
+        m0 = mx0; m1 = mx1;
+        l0 *= c0; l1 *= c1;
+#pragma unroll
+        for (int nd = 0; nd < NTD; nd++) { o[nd][0] *= c0; o[nd][1] *= c0; o[nd][2] *= c1; o[nd][3] *= c1; }
+        u32 pa[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const float e0 = exp2f(s[nt][0] - m0), e1 = exp2f(s[nt][1] - m0);
+            const float e2 = exp2f(s[nt][2] - m1), e3 = exp2f(s[nt][3] - m1);
+            l0 += e0 + e1;
+            l1 += e2 + e3;
+            pa[nt >> 1][(nt & 1) * 2] = pack_bf16(e0, e1);
+            pa[nt >> 1][(nt & 1) * 2 + 1] = pack_bf16(e2, e3);
+        }
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) {
+            const u16* vp = vst + (ks * 16 + (lane & 15)) * RS;
+#pragma unroll
+            for (int nd = 0; nd < NTD; nd++) {
+                u32 b0, b1;
+                ldmatrix_x2_trans(b0, b1, smem_addr(vp + nd * 8));
+                mma_bf16(o[nd], pa[ks], b0, b1);
+            }
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float i0 = l0 > 0.f ? 1.0f / l0 : 0.f, i1 = l1 > 0.f ? 1.0f / l1 : 0.f;
+    const u64 ow = (u64)n_heads * D;
+#pragma unroll
+    for (int nd = 0; nd < NTD; nd++) {
+        const int dim = nd * 8 + (lane & 3) * 2;
+        if (ok0) {
+            const u64 at = (u64)(first_row + r0) * ow + (u64)(kh * g + h0) * D + dim;
+            const float a = o[nd][0] * i0, b = o[nd][1] * i0;
+            *(float2*)(out + at) = make_float2(a, b);
+            *(u32*)(out_bf16 + at) = pack_bf16(a, b);
+        }
+        if (ok1) {
+            const u64 at = (u64)(first_row + r1) * ow + (u64)(kh * g + h1) * D + dim;
+            const float a = o[nd][2] * i1, b = o[nd][3] * i1;
+            *(float2*)(out + at) = make_float2(a, b);
+            *(u32*)(out_bf16 + at) = pack_bf16(a, b);
+        }
+    }
+}
+
+#define ATTN_MMA(D) \
+    extern "C" __global__ void __launch_bounds__(NT) attn_mma_##D( \
+        const float* qkv, int width, int n_heads, int n_kv, float scale, const u32* tok_pos, \
+        const u32* tok_seq, const u32* seq_tbl, const u32* tables, const u16* k_cache, \
+        const u16* v_cache, int block_size, const u32* tiles, float* out, u16* out_bf16) { \
+        extern __shared__ float shf[]; \
+        attn_mma_impl<D>((u16*)shf, qkv, width, n_heads, n_kv, scale, tok_pos, tok_seq, seq_tbl, \
+                         tables, k_cache, v_cache, block_size, tiles, out, out_bf16); \
+    }
+ATTN_MMA(64)
+ATTN_MMA(128)

@@ -8,16 +8,46 @@ extern "C" __global__ void embed_bf16(const u16* table, const u32* ids, float* o
     for (int c = threadIdx.x; c < cols; c += blockDim.x) dst[c] = bf16_to_f32(src[c]);
 }
 
-// out = x / sqrt(mean(x^2) + eps) * w. grid.x = rows, blockDim a multiple of 32.
-extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int cols, float eps) {
+// out = x / sqrt(mean(x^2) + eps) * w; also bf16(out) into `out_bf16` when it is non-null
+// (the input of the matmul that follows, saving a conversion launch). grid.x = rows,
+// blockDim a multiple of 32; float4 loads when cols % 4 == 0.
+extern "C" __global__ void rms_norm(const float* x, const float* w, float* out, int cols, float eps,
+                                    u16* out_bf16) {
     __shared__ float sh[32];
-    const float* xr = x + (u64)blockIdx.x * cols;
-    float* o = out + (u64)blockIdx.x * cols;
+    const u64 row = blockIdx.x;
+    const float* xr = x + row * cols;
+    float* o = out + row * cols;
+    u16* ob = out_bf16 ? out_bf16 + row * cols : 0;
     float s = 0.0f;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) s += xr[c] * xr[c];
-    s = block_sum(s, sh);
-    float inv = 1.0f / sqrtf(s / (float)cols + eps);
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = xr[c] * inv * w[c];
+    if ((cols & 3) == 0) {
+        const int c4 = cols >> 2;
+        for (int c = threadIdx.x; c < c4; c += blockDim.x) {
+            float4 v = ((const float4*)xr)[c];
+            s += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+        s = block_sum(s, sh);
+        const float inv = 1.0f / sqrtf(s / (float)cols + eps);
+        for (int c = threadIdx.x; c < c4; c += blockDim.x) {
+            float4 v = ((const float4*)xr)[c], g = ((const float4*)w)[c];
+            v.x *= inv * g.x; v.y *= inv * g.y; v.z *= inv * g.z; v.w *= inv * g.w;
+            ((float4*)o)[c] = v;
+            if (ob) {
+                uint2 p;
+                p.x = (u32)f32_to_bf16(v.x) | ((u32)f32_to_bf16(v.y) << 16);
+                p.y = (u32)f32_to_bf16(v.z) | ((u32)f32_to_bf16(v.w) << 16);
+                ((uint2*)ob)[c] = p;
+            }
+        }
+    } else {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) s += xr[c] * xr[c];
+        s = block_sum(s, sh);
+        const float inv = 1.0f / sqrtf(s / (float)cols + eps);
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+            float v = xr[c] * inv * w[c];
+            o[c] = v;
+            if (ob) ob[c] = f32_to_bf16(v);
+        }
+    }
 }
 
 // x[i] += y[i].
@@ -31,12 +61,15 @@ extern "C" __global__ void add_bias(float* x, const float* bias, u64 n, int cols
         x[i] += bias[i % (u64)cols];
 }
 
-// out[r, c] = silu(gu[r, c]) * gu[r, f + c], out is [rows, f].
-extern "C" __global__ void silu_mul(const float* gu, float* out, u64 n, int f) {
+// out[r, c] = silu(gu[r, c]) * gu[r, f + c], out is [rows, f]; also bf16(out) into
+// `out_bf16` when non-null.
+extern "C" __global__ void silu_mul(const float* gu, float* out, u64 n, int f, u16* out_bf16) {
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         u64 r = i / (u64)f, c = i % (u64)f;
         float g = gu[r * 2 * f + c], u = gu[r * 2 * f + f + c];
-        out[i] = g / (1.0f + expf(-g)) * u;
+        float v = g / (1.0f + expf(-g)) * u;
+        out[i] = v;
+        if (out_bf16) out_bf16[i] = f32_to_bf16(v);
     }
 }
 

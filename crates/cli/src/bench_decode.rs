@@ -1,0 +1,551 @@
+//! `turbokv bench decode`: prefill and decode speed of a model of a real shape (random bf16
+//! weights generated on the device, or a model file), against rooflines measured in the same
+//! run: decode step time vs (weight bytes + KV bytes) / device copy bandwidth, prefill FLOP/s
+//! vs the bf16 GEMM rate.
+//!
+//! The step is the engine's own: `Transformer::forward` over a batch of sequences in a paged
+//! cache. On CUDA the decode steps are timed twice: eager (one launch per op) and through a
+//! CUDA graph ([`CudaBackend::run_graphed`]).
+
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use turbokv_backend::cpu::CpuBackend;
+use turbokv_backend::cuda::CudaBackend;
+use turbokv_backend::{Backend, GgmlType, RopeStyle, WeightBytes, WeightMatrix};
+use turbokv_codec::KvDtype;
+use turbokv_model::config::RopeScaling;
+use turbokv_model::loader::{LayerWeights, Weights};
+use turbokv_model::{
+    Family, KvCache, LoadOptions, LogitsFor, Model, ModelConfig, Scratch, SeqInput, Transformer,
+};
+
+use crate::args::BenchDecodeArgs;
+
+/// Tokens per KV block.
+const BLOCK: usize = 16;
+/// Decode steps run before timing.
+const WARMUP: usize = 3;
+
+/// The machine-readable result (also written with `--json`).
+#[derive(Serialize, Debug)]
+pub struct DecodeReport {
+    /// The backend that ran (after any fallback).
+    pub device: String,
+    /// The shape name or model path.
+    pub model: String,
+    /// Whether the weights were random.
+    pub random_weights: bool,
+    /// Sequences decoded together.
+    pub batch: usize,
+    /// Prompt tokens per sequence (the context each decode step sees, ± steps).
+    pub ctx: usize,
+    /// KV cache number format.
+    pub kv: String,
+    /// Layers.
+    pub layers: usize,
+    /// Device copy bandwidth (bytes read + written per second), measured in this run.
+    pub copy_bw_gb_s: f64,
+    /// bf16 GEMM rate measured in this run (TFLOP/s) and its shape.
+    pub gemm_tflops: f64,
+    /// `m×n×k` of the GEMM-rate measurement.
+    pub gemm_shape: String,
+    /// Weight bytes read per decode step.
+    pub weight_gb: f64,
+    /// KV bytes read per decode step (all sequences, all layers).
+    pub kv_gb: f64,
+    /// Prefill: tokens per second of one sequence of `ctx` tokens (median over sequences).
+    pub prefill_tok_s: f64,
+    /// Prefill FLOP/s (matmuls + attention) in TFLOP/s.
+    pub prefill_tflops: f64,
+    /// Prefill FLOP/s as a fraction of the measured GEMM rate.
+    pub prefill_fraction_of_gemm: f64,
+    /// Decode steps timed.
+    pub steps: usize,
+    /// Eager decode: median ms per step.
+    pub decode_ms_step: f64,
+    /// Eager decode: tokens per second (batch / step time).
+    pub decode_tok_s: f64,
+    /// (weight bytes + KV bytes) / copy bandwidth, in ms.
+    pub roofline_ms: f64,
+    /// Eager step time / roofline (1 = at the roofline).
+    pub ratio_to_roofline: f64,
+    /// Graph decode (CUDA; equal to the eager figures elsewhere): median ms per step.
+    pub graph_ms_step: f64,
+    /// Graph decode tokens per second.
+    pub graph_tok_s: f64,
+    /// Graph step time / roofline.
+    pub graph_ratio_to_roofline: f64,
+    /// Steps that ran as a replayed graph (0 without CUDA graphs).
+    pub graph_replays: u64,
+}
+
+/// What the benchmark needs from a backend beyond [`Backend`].
+pub trait BenchBackend: Backend + Sized {
+    /// A bf16 `[rows, cols]` matrix of uniform random values in `[-scale, scale]`.
+    fn random_matrix(
+        &self,
+        rows: usize,
+        cols: usize,
+        seed: u64,
+        scale: f32,
+    ) -> Result<Self::Matrix>;
+    /// Copy bandwidth in bytes/s (read + write).
+    fn copy_bandwidth(&self) -> Result<f64>;
+    /// bf16 GEMM rate in FLOP/s and the shape measured.
+    fn gemm_rate(&self) -> Result<(f64, String)>;
+    /// Whether `graphed` uses CUDA graphs.
+    fn has_graphs(&self) -> bool {
+        false
+    }
+    /// Runs one step (through a CUDA graph where supported).
+    fn graphed(&self, step: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        step()
+    }
+    /// Steps replayed from a graph so far.
+    fn graph_replays(&self) -> u64 {
+        0
+    }
+}
+
+/// splitmix64.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl BenchBackend for CpuBackend {
+    fn random_matrix(
+        &self,
+        rows: usize,
+        cols: usize,
+        seed: u64,
+        scale: f32,
+    ) -> Result<Self::Matrix> {
+        let n = rows * cols;
+        let mut bytes = Vec::with_capacity(2 * n);
+        for i in 0..n as u64 {
+            let u = (mix(seed.wrapping_mul(0x1000_0000_01B3) ^ i) >> 40) as f32 / 16_777_216.0;
+            let v = (2.0 * u - 1.0) * scale;
+            bytes.extend_from_slice(&((v.to_bits() >> 16) as u16).to_le_bytes());
+        }
+        let w = WeightMatrix::new(
+            GgmlType::Bf16,
+            rows,
+            cols,
+            WeightBytes::Owned(std::sync::Arc::new(bytes)),
+        )?;
+        Ok(self.matrix(&w)?)
+    }
+
+    fn copy_bandwidth(&self) -> Result<f64> {
+        let n = 64 << 20;
+        let src = vec![1u8; n];
+        let mut dst = vec![0u8; n];
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t = Instant::now();
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Ok(2.0 * n as f64 / best)
+    }
+
+    fn gemm_rate(&self) -> Result<(f64, String)> {
+        let (m, n, k) = (256, 1024, 1024);
+        let w = BenchBackend::random_matrix(self, n, k, 5, 1.0)?;
+        let x = self.tensor(m, k)?;
+        let mut out = self.tensor(m, n)?;
+        self.matmul(&x, &w, &mut out)?;
+        let mut best = f64::MAX;
+        for _ in 0..3 {
+            let t = Instant::now();
+            self.matmul(&x, &w, &mut out)?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        Ok((2.0 * (m * n * k) as f64 / best, format!("{m}x{n}x{k}")))
+    }
+}
+
+impl BenchBackend for CudaBackend {
+    fn random_matrix(
+        &self,
+        rows: usize,
+        cols: usize,
+        seed: u64,
+        scale: f32,
+    ) -> Result<Self::Matrix> {
+        Ok(CudaBackend::random_matrix(self, rows, cols, seed, scale)?)
+    }
+
+    fn copy_bandwidth(&self) -> Result<f64> {
+        Ok(CudaBackend::copy_bandwidth(self, 1 << 32, 10)?)
+    }
+
+    fn gemm_rate(&self) -> Result<(f64, String)> {
+        let s = 8192;
+        Ok((
+            CudaBackend::gemm_rate(self, s, s, s, 10)?,
+            format!("{s}x{s}x{s}"),
+        ))
+    }
+
+    fn has_graphs(&self) -> bool {
+        true
+    }
+
+    fn graphed(&self, step: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.run_graphed(step)
+    }
+
+    fn graph_replays(&self) -> u64 {
+        self.graph_stats().map_or(0, |s| s.replayed)
+    }
+}
+
+/// A named real model shape.
+pub fn shape_config(name: &str) -> Result<(ModelConfig, bool)> {
+    // (family, vocab, hidden, layers, heads, kv heads, head dim, ffn, theta, max ctx, tied)
+    let (family, vocab, hidden, layers, heads, kv, hd, ffn, theta, max_ctx, tied) = match name {
+        "llama3-8b" => (
+            Family::Llama,
+            128_256,
+            4096,
+            32,
+            32,
+            8,
+            128,
+            14336,
+            500_000.0,
+            131_072,
+            false,
+        ),
+        "qwen3-8b" => (
+            Family::Qwen3,
+            151_936,
+            4096,
+            36,
+            32,
+            8,
+            128,
+            12288,
+            1_000_000.0,
+            40_960,
+            false,
+        ),
+        "smollm2-135m" => (
+            Family::Llama,
+            49_152,
+            576,
+            30,
+            9,
+            3,
+            64,
+            1536,
+            100_000.0,
+            8192,
+            true,
+        ),
+        other => bail!("unknown --shape {other:?}; use llama3-8b, qwen3-8b or smollm2-135m"),
+    };
+    let cfg = ModelConfig {
+        family,
+        vocab_size: vocab,
+        hidden,
+        n_layers: layers,
+        n_heads: heads,
+        n_kv_heads: kv,
+        head_dim: hd,
+        ffn,
+        rms_eps: 1e-5,
+        rope_theta: theta,
+        rope_dim: hd,
+        rope_style: RopeStyle::HalfSplit,
+        rope_scaling: RopeScaling::None,
+        max_context: max_ctx,
+    };
+    Ok((cfg, tied))
+}
+
+/// Random weights of `cfg`'s shape; returns them and the weight bytes read per decode step
+/// of `batch` sequences.
+fn random_weights<B: BenchBackend>(
+    b: &B,
+    cfg: &ModelConfig,
+    tied: bool,
+    batch: usize,
+) -> Result<(Weights<B>, usize)> {
+    let mut seed = 100;
+    let mut rnd = |rows: usize, cols: usize, scale: f32| {
+        seed += 1;
+        b.random_matrix(rows, cols, seed, scale)
+    };
+    let (h, hd) = (cfg.hidden, cfg.head_dim);
+    let qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * hd;
+    let ws = 1.0 / (h as f32).sqrt();
+    let ones = vec![1.0f32; h];
+    let embed = rnd(cfg.vocab_size, h, 1.0)?;
+    let lm_head = rnd(cfg.vocab_size, h, ws)?;
+    let mut layers = Vec::with_capacity(cfg.n_layers);
+    for _ in 0..cfg.n_layers {
+        let qk_norm = if cfg.family == Family::Qwen3 {
+            Some((b.vector(&vec![1.0; hd])?, b.vector(&vec![1.0; hd])?))
+        } else {
+            None
+        };
+        let bqkv = if cfg.family == Family::Qwen2 {
+            Some(b.vector(&vec![0.0; qkv])?)
+        } else {
+            None
+        };
+        layers.push(LayerWeights {
+            attn_norm: b.vector(&ones)?,
+            wqkv: vec![rnd(qkv, h, ws)?],
+            bqkv,
+            qk_norm,
+            wo: rnd(h, cfg.n_heads * hd, ws)?,
+            ffn_norm: b.vector(&ones)?,
+            w_gate_up: vec![rnd(2 * cfg.ffn, h, ws)?],
+            w_down: rnd(h, cfg.ffn, 1.0 / (cfg.ffn as f32).sqrt())?,
+        });
+    }
+    let per_layer = qkv * h + h * cfg.n_heads * hd + 3 * cfg.ffn * h;
+    // bf16 weights; the embedding contributes one row per sequence (all of it when tied, as
+    // the LM head reads it).
+    let bytes =
+        2 * (cfg.n_layers * per_layer + cfg.vocab_size * h + if tied { 0 } else { batch * h });
+    Ok((
+        Weights {
+            embed,
+            layers,
+            final_norm: b.vector(&ones)?,
+            lm_head,
+        },
+        bytes,
+    ))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Runs the benchmark on the device `args.device` names and prints a table (and JSON).
+pub fn run(args: &BenchDecodeArgs) -> Result<()> {
+    let report = crate::with_device!(&args.device, b => measure(b, args))?;
+    print_report(&report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn print_report(r: &DecodeReport) {
+    println!(
+        "{} | {} | batch {} | ctx {} | kv {} | {} layers",
+        r.device, r.model, r.batch, r.ctx, r.kv, r.layers
+    );
+    println!(
+        "copy bandwidth {:.0} GB/s | bf16 GEMM {:.1} TFLOP/s ({}) | weights {:.2} GB | KV {:.3} GB",
+        r.copy_bw_gb_s, r.gemm_tflops, r.gemm_shape, r.weight_gb, r.kv_gb
+    );
+    println!(
+        "prefill {:.0} tok/s = {:.1} TFLOP/s = {:.0}% of GEMM",
+        r.prefill_tok_s,
+        r.prefill_tflops,
+        100.0 * r.prefill_fraction_of_gemm
+    );
+    println!(
+        "decode eager {:.3} ms/step ({:.1} tok/s) | graph {:.3} ms/step ({:.1} tok/s) | roofline {:.3} ms | ratio eager {:.2}x graph {:.2}x",
+        r.decode_ms_step,
+        r.decode_tok_s,
+        r.graph_ms_step,
+        r.graph_tok_s,
+        r.roofline_ms,
+        r.ratio_to_roofline,
+        r.graph_ratio_to_roofline
+    );
+}
+
+/// Builds (or loads) the model, measures and returns the report.
+pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeReport> {
+    anyhow::ensure!(
+        args.batch > 0 && args.ctx > 0,
+        "--batch and --ctx must be positive"
+    );
+    let device = b.describe();
+    eprintln!("bench decode on {device}");
+    let copy_bw = b.copy_bandwidth()?;
+    let (gemm, gemm_shape) = b.gemm_rate()?;
+    let kv_dtype: KvDtype = args
+        .kv
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--kv {}: {e}", args.kv))?;
+    let (tm, weight_bytes, name, random) = match &args.model {
+        Some(path) => {
+            let m = Model::load(path, b, &LoadOptions { progress: false })
+                .with_context(|| format!("loading {}", path.display()))?;
+            (
+                m.transformer,
+                m.weight_bytes,
+                path.display().to_string(),
+                false,
+            )
+        }
+        None => {
+            let (mut cfg, tied) = shape_config(&args.shape)?;
+            if let Some(l) = args.layers {
+                cfg.n_layers = l.max(1);
+            }
+            let (w, bytes) = random_weights(&b, &cfg, tied, args.batch)?;
+            (Transformer::new(b, cfg, w), bytes, args.shape.clone(), true)
+        }
+    };
+    let cfg = tm.config().clone();
+    let steps = args.steps.max(1);
+    // Eager + graph decode passes, each with warm-up, plus one comparison step.
+    let per_seq = args.ctx + 2 * (steps + WARMUP) + 4;
+    let blocks = args.batch * per_seq.div_ceil(BLOCK) + per_seq.div_ceil(BLOCK);
+    let mut cache = tm
+        .new_cache(kv_dtype, BLOCK, blocks * BLOCK, per_seq)
+        .context("allocating the KV cache")?;
+    let mut scratch = tm.new_scratch()?;
+    let vocab = cfg.vocab_size as u32;
+    let prompt: Vec<u32> = (0..args.ctx as u32)
+        .map(|i| (1 + i.wrapping_mul(7919)) % vocab)
+        .collect();
+    let mut logits = Vec::new();
+
+    // Warm-up prefill on a throwaway sequence (first cuBLAS plans, scratch growth).
+    let warm = args.batch as u64;
+    cache.add_sequence(warm)?;
+    fwd(
+        &tm,
+        &mut cache,
+        &mut scratch,
+        &[(warm, &prompt)],
+        &mut logits,
+    )?;
+    cache.remove_sequence(warm)?;
+    let mut prefill = Vec::with_capacity(args.batch);
+    for s in 0..args.batch as u64 {
+        cache.add_sequence(s)?;
+        let t = Instant::now();
+        fwd(&tm, &mut cache, &mut scratch, &[(s, &prompt)], &mut logits)?;
+        prefill.push(t.elapsed().as_secs_f64());
+    }
+    let prefill_s = median(&mut prefill);
+    let (h, hd, l) = (cfg.hidden, cfg.head_dim, cfg.n_layers);
+    let qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * hd;
+    let per_layer = qkv * h + h * cfg.n_heads * hd + 3 * cfg.ffn * h;
+    let n = args.ctx as f64;
+    let prefill_flops = 2.0 * (l * per_layer) as f64 * n
+        + 2.0 * (cfg.vocab_size * h) as f64
+        + 4.0 * (l * cfg.n_heads * hd) as f64 * n * (n + 1.0) / 2.0;
+
+    // Decode: one token per sequence per step.
+    let mut next: Vec<u32> = (0..args.batch as u32)
+        .map(|i| (7 + 13 * i) % vocab)
+        .collect();
+    let mut eager = Vec::new();
+    for i in 0..WARMUP + steps {
+        let t = Instant::now();
+        decode(&tm, &mut cache, &mut scratch, &next, &mut logits)?;
+        if i >= WARMUP {
+            eager.push(t.elapsed().as_secs_f64());
+        }
+        advance(&mut next, vocab);
+    }
+    let eager_s = median(&mut eager);
+
+    // Graph path: warm-up (eager on the graph's buffers, capture), then replays.
+    let mut graph_s = eager_s;
+    if b_has_graphs(&tm) {
+        let mut times = Vec::new();
+        for i in 0..WARMUP + steps {
+            let t = Instant::now();
+            tm.backend()
+                .graphed(&mut || decode(&tm, &mut cache, &mut scratch, &next, &mut logits))?;
+            if i >= WARMUP {
+                times.push(t.elapsed().as_secs_f64());
+            }
+            advance(&mut next, vocab);
+        }
+        graph_s = median(&mut times);
+    }
+    let kv_bytes = args.batch as f64 * (args.ctx + steps) as f64 * cache.bytes_per_token();
+    let roofline = (weight_bytes as f64 + kv_bytes) / copy_bw;
+    let batch = args.batch as f64;
+    let prefill_rate = prefill_flops / prefill_s;
+    Ok(DecodeReport {
+        device,
+        model: name,
+        random_weights: random,
+        batch: args.batch,
+        ctx: args.ctx,
+        kv: kv_dtype.to_string(),
+        layers: l,
+        copy_bw_gb_s: copy_bw / 1e9,
+        gemm_tflops: gemm / 1e12,
+        gemm_shape,
+        weight_gb: weight_bytes as f64 / 1e9,
+        kv_gb: kv_bytes / 1e9,
+        prefill_tok_s: n / prefill_s,
+        prefill_tflops: prefill_rate / 1e12,
+        prefill_fraction_of_gemm: prefill_rate / gemm,
+        steps,
+        decode_ms_step: eager_s * 1e3,
+        decode_tok_s: batch / eager_s,
+        roofline_ms: roofline * 1e3,
+        ratio_to_roofline: eager_s / roofline,
+        graph_ms_step: graph_s * 1e3,
+        graph_tok_s: batch / graph_s,
+        graph_ratio_to_roofline: graph_s / roofline,
+        graph_replays: tm.backend().graph_replays(),
+    })
+}
+
+fn b_has_graphs<B: BenchBackend>(tm: &Transformer<B>) -> bool {
+    tm.backend().has_graphs()
+}
+
+fn advance(next: &mut [u32], vocab: u32) {
+    for t in next {
+        *t = (*t * 31 + 17) % vocab;
+    }
+}
+
+fn fwd<B: Backend>(
+    tm: &Transformer<B>,
+    cache: &mut KvCache<B>,
+    scratch: &mut Scratch<B>,
+    seqs: &[(u64, &[u32])],
+    logits: &mut Vec<f32>,
+) -> Result<()> {
+    let inputs: Vec<SeqInput<'_>> = seqs
+        .iter()
+        .map(|&(seq, tokens)| SeqInput { seq, tokens })
+        .collect();
+    tm.forward(&inputs, cache, scratch, LogitsFor::LastToken, logits)?;
+    Ok(())
+}
+
+fn decode<B: Backend>(
+    tm: &Transformer<B>,
+    cache: &mut KvCache<B>,
+    scratch: &mut Scratch<B>,
+    next: &[u32],
+    logits: &mut Vec<f32>,
+) -> Result<()> {
+    let seqs: Vec<(u64, &[u32])> = next
+        .iter()
+        .enumerate()
+        .map(|(s, t)| (s as u64, std::slice::from_ref(t)))
+        .collect();
+    fwd(tm, cache, scratch, &seqs, logits)
+}
