@@ -1,9 +1,11 @@
-//! What a KV cache keeps beyond its default dtype: per-layer dtype overrides and the tokens
-//! kept at full precision beside the codes.
+//! What a KV cache keeps beyond its default dtype: per-layer dtype overrides, the tokens
+//! kept at full precision beside the codes, the key mode and the per-head centers.
 
-use turbokv_codec::KvDtype;
+use std::sync::Arc;
 
-use crate::{CacheError, KvLayout, KvWindow};
+use turbokv_codec::{KeyMode, KvDtype};
+
+use crate::{CacheError, KvCenters, KvLayout, KvWindow};
 
 /// A cache policy applied on top of a uniform [`KvLayout`]; part of the cache identity.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -12,6 +14,11 @@ pub struct KvPolicy {
     pub window: KvWindow,
     /// `(layer, dtype)`: a layer index, negative from the end (`-1` = last layer).
     pub layers: Vec<(i64, KvDtype)>,
+    /// How TurboQuant keys are coded (`mse` or `prod`); goes to `layout.codec.key_mode`.
+    pub key_mode: KeyMode,
+    /// Per-head mean key and value subtracted before encoding (from a calibration pass);
+    /// `None` = no centering. Must match the layout's layers, kv heads and head dim.
+    pub centers: Option<Arc<KvCenters>>,
 }
 
 impl KvPolicy {
@@ -53,7 +60,28 @@ impl KvPolicy {
             }
             layout.layers[idx as usize].dtype = dtype;
         }
+        if let Some(c) = &self.centers {
+            let (layers, heads, dim) = (layout.layers.len(), layout.kv_heads, layout.head_dim);
+            let want = layers * heads * dim;
+            if c.kv_heads != heads
+                || c.head_dim != dim
+                || c.key.len() != want
+                || c.value.len() != want
+            {
+                return Err(CacheError::InvalidLayout(format!(
+                    "KV centers cover {} layers × {} kv heads × head dim {} ({} key, {} value values) \
+                     but the cache has {layers} × {heads} × {dim}",
+                    c.layers(),
+                    c.kv_heads,
+                    c.head_dim,
+                    c.key.len(),
+                    c.value.len()
+                )));
+            }
+        }
         layout.window = self.window;
+        layout.codec.key_mode = self.key_mode;
+        layout.centers = self.centers.clone();
         Ok(())
     }
 }
@@ -88,6 +116,46 @@ mod tests {
             let err = p.apply(&mut layout()).unwrap_err().to_string();
             assert!(err.contains("0..=3") && err.contains("-4..=-1"), "{err}");
         }
+    }
+
+    #[test]
+    fn key_mode_and_centers_reach_the_layout() {
+        let mut l = layout();
+        let n = 4 * 2 * 64;
+        let centers = Arc::new(KvCenters {
+            kv_heads: 2,
+            head_dim: 64,
+            key: vec![0.5; n],
+            value: vec![-0.5; n],
+        });
+        let p = KvPolicy {
+            key_mode: KeyMode::Prod,
+            centers: Some(centers.clone()),
+            ..Default::default()
+        };
+        p.apply(&mut l).unwrap();
+        assert_eq!(l.codec.key_mode, KeyMode::Prod);
+        assert_eq!(l.centers.as_deref(), Some(&*centers));
+        assert_eq!(l.centers.as_ref().unwrap().key(3, 1).unwrap().len(), 64);
+    }
+
+    #[test]
+    fn centers_of_another_shape_are_refused() {
+        let bad = Arc::new(KvCenters {
+            kv_heads: 2,
+            head_dim: 64,
+            key: vec![0.0; 3 * 2 * 64],
+            value: vec![0.0; 3 * 2 * 64],
+        });
+        let p = KvPolicy {
+            centers: Some(bad),
+            ..Default::default()
+        };
+        let err = p.apply(&mut layout()).unwrap_err().to_string();
+        assert!(
+            err.contains("3 layers") && err.contains("4 × 2 × 64"),
+            "{err}"
+        );
     }
 
     #[test]

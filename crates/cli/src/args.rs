@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use turbokv_codec::KeyMode;
 
 /// turbokv: LLM inference with a compressed, paged KV cache.
 #[derive(Parser, Debug)]
@@ -52,9 +53,12 @@ pub struct EvalPplArgs {
     pub windows: usize,
     /// KV caches to compare with bf16, comma-separated: dtypes (f16,int8,tq4,tq3,k4v3), presets
     /// (balanced, compact), or a dtype with its own full-precision window, `k4v3@w16s1`
-    /// (16 most recent tokens and 1 sink token exact).
+    /// (16 most recent tokens and 1 sink token exact); `/prod` or `/mse` after the dtype sets
+    /// the key mode of that entry (`tq4/prod`), a trailing `+c` centers it (`tq3+c`).
     #[arg(long, value_delimiter = ',', default_value = "f16")]
     pub kv: Vec<String>,
+    #[command(flatten)]
+    pub kv_opts: KvOptArgs,
     /// Most recent tokens kept at f16 for compressed entries without their own `@w…`.
     #[arg(long, default_value_t = 0)]
     pub kv_window: usize,
@@ -62,7 +66,7 @@ pub struct EvalPplArgs {
     #[arg(long, default_value_t = 0)]
     pub kv_sinks: usize,
     /// Per-layer dtype overrides for every compared cache, e.g. `0:bf16,-1:bf16`.
-    #[arg(long, default_value = "")]
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
     pub kv_layers: String,
     /// Also write the rows as JSON.
     #[arg(long)]
@@ -81,6 +85,8 @@ pub enum BenchCommand {
     },
     /// Prefill and decode speed of a model on the CPU.
     Model(BenchModelArgs),
+    /// Decode (and prefill) speed of a real-shaped model against the memory roofline.
+    Decode(BenchDecodeArgs),
 }
 
 /// Where the model is and how to run it.
@@ -105,12 +111,63 @@ pub struct ModelArgs {
 pub struct CacheArgs {
     /// KV cache: f16, bf16, int8, tq4/tq3/tq2, tq3.5/tq2.5, k{b}v{b}, a preset (balanced,
     /// compact), or a compressed format with a full-precision window (`k4v3@w32s1`: the 32
-    /// most recent and the first token kept at f16).
+    /// most recent and the first token kept at f16); `tq4/prod` sets the key mode, a trailing
+    /// `+c` centers the cache (`tq3+c`).
     #[arg(long, default_value = "f16")]
     pub kv: String,
     /// Maximum context (prompt + generated tokens); default: the model's, capped at 8192.
     #[arg(long)]
     pub ctx: Option<usize>,
+    /// Per-layer dtype overrides, e.g. `0:bf16,-1:bf16` (negative = from the last layer).
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub kv_layers: String,
+    #[command(flatten)]
+    pub kv_opts: KvOptArgs,
+}
+
+impl CacheArgs {
+    /// `--kv KV` with every other cache option at its default.
+    pub fn plain(kv: &str, ctx: Option<usize>) -> Self {
+        Self {
+            kv: kv.into(),
+            ctx,
+            kv_layers: String::new(),
+            kv_opts: KvOptArgs::default(),
+        }
+    }
+}
+
+/// Key mode and centering of compressed KV caches (every command that takes `--kv`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct KvOptArgs {
+    /// How TurboQuant keys are coded: `mse` (Lloyd–Max codes) or `prod` (one bit fewer plus a
+    /// 1-bit QJL sketch of the residual: unbiased scores, more variance). A `/mse` or `/prod`
+    /// in a `--kv` spec overrides it.
+    #[arg(long, value_enum, default_value_t = KeyModeArg::Mse)]
+    pub key_mode: KeyModeArg,
+    /// Center keys and values per (layer, kv head) by means from a short calibration pass at
+    /// load (exact; frees the codes from the keys' common direction). Same as a `+c` suffix.
+    #[arg(long)]
+    pub kv_center: bool,
+}
+
+/// `--key-mode`.
+#[derive(ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KeyModeArg {
+    /// TurboQuant-MSE keys.
+    #[default]
+    Mse,
+    /// TurboQuant-prod keys (MSE codes one bit narrower plus a QJL residual sketch).
+    Prod,
+}
+
+impl From<KeyModeArg> for KeyMode {
+    fn from(m: KeyModeArg) -> Self {
+        match m {
+            KeyModeArg::Mse => KeyMode::Mse,
+            KeyModeArg::Prod => KeyMode::Prod,
+        }
+    }
 }
 
 /// `turbokv chat`.
@@ -188,6 +245,41 @@ pub struct BenchModelArgs {
     /// Text to take prompts from (default: the cleaned Wikipedia text, if fetched).
     #[arg(long)]
     pub text: Option<PathBuf>,
+    /// Also write the results as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// `turbokv bench decode`.
+#[derive(Args, Debug, Clone)]
+pub struct BenchDecodeArgs {
+    /// Device: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    pub device: String,
+    /// Model shape with random bf16 weights: llama3-8b, qwen3-8b, smollm2-135m.
+    #[arg(long, default_value = "llama3-8b")]
+    pub shape: String,
+    /// Load this model (GGUF or Hugging Face directory) instead of random weights.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Override the shape's layer count (quick runs).
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Sequences decoded together.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Prompt tokens per sequence (prefilled before decoding).
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: usize,
+    /// KV cache format.
+    #[arg(long, default_value = "bf16")]
+    pub kv: String,
+    /// Decode steps timed (median reported).
+    #[arg(long, default_value_t = 32)]
+    pub steps: usize,
+    /// Worker threads on the CPU (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// Also write the results as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,

@@ -87,12 +87,12 @@ fn run_on<B: turbokv_backend::Backend>(backend: B, args: &BenchModelArgs) -> Res
         });
     }
     println!(
-        "{:>7} {:>6} {:>8} {:>6} {:>12} {:>11} {:>10}",
+        "{:>7} {:>12} {:>8} {:>6} {:>12} {:>11} {:>10}",
         "threads", "kv", "prompt", "gen", "prefill t/s", "decode t/s", "ms/token"
     );
     for r in &rows {
         println!(
-            "{:>7} {:>6} {:>8} {:>6} {:>12.1} {:>11.1} {:>10.2}",
+            "{:>7} {:>12} {:>8} {:>6} {:>12.1} {:>11.1} {:>10.2}",
             r.threads,
             r.kv,
             r.prompt_tokens,

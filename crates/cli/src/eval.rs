@@ -6,12 +6,12 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, ensure};
 use serde::Serialize;
 use turbokv_backend::Backend;
-use turbokv_codec::{KeyMode, KvDtype};
+use turbokv_codec::KvDtype;
 use turbokv_model::Session;
 
 use crate::args::{EvalPplArgs, cache_dir};
 use crate::generate::load;
-use crate::kvspec::KvSpec;
+use crate::kvspec::{KvDefaults, KvSpec, build_policy};
 use turbokv_cache::{KvPolicy, KvWindow};
 
 #[derive(Serialize, Clone, Debug)]
@@ -41,49 +41,40 @@ pub fn run(args: &EvalPplArgs) -> Result<()> {
 }
 
 fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
-    let cache = crate::args::CacheArgs {
-        kv: "bf16".into(),
-        ctx: Some(args.ctx),
-    };
-    let loaded = load(backend, &args.model, &cache)?;
+    let cache = crate::args::CacheArgs::plain("bf16", Some(args.ctx));
     let default_window = KvWindow {
         recent: args.kv_window,
         sinks: args.kv_sinks,
     };
-    let dtypes: Vec<(String, KvSpec)> = args
+    let defaults = KvDefaults::from_args(&args.kv_opts, default_window);
+    let specs: Vec<(String, KvSpec)> = args
         .kv
         .iter()
-        .map(|s| KvSpec::parse(s, default_window).map(|k| (k.label(s), k)))
+        .map(|s| KvSpec::parse(s, defaults).map(|k| (k.label(s), k)))
         .collect::<Result<Vec<_>>>()?
         .into_iter()
         // The bf16 baseline row is always there.
-        .filter(|(_, k)| k.dtype != KvDtype::Bf16 || k.window.is_active())
+        .filter(|(label, _)| label != "bf16")
         .collect();
-    let layers = KvPolicy::parse_layers(&args.kv_layers)?;
-    let cfg = loaded.model.transformer.config();
-    let head_dim = cfg.head_dim;
-    // Refuse a bad layer index now, not after the first reference window.
-    let mut probe = turbokv_cache::KvLayout::uniform(
-        cfg.n_layers,
-        cfg.n_kv_heads,
-        head_dim,
-        KvDtype::F16,
-        16,
-        16,
-    )?;
-    KvPolicy {
-        layers: layers.clone(),
-        ..Default::default()
-    }
-    .apply(&mut probe)
-    .context("--kv-layers")?;
-    for (_, k) in &dtypes {
-        loaded
-            .model
-            .transformer
-            .backend()
-            .check_kv_dtype(k.dtype, head_dim)?;
-    }
+    let layers = KvPolicy::parse_layers(&args.kv_layers).context("--kv-layers")?;
+    let loaded = load(backend, &args.model, &cache)?;
+    // Refuse a bad layer index or dtype now, not after the first reference window; calibrate
+    // the centers once for every centered entry.
+    let mut centers = None;
+    let dtypes: Vec<(String, KvSpec, KvPolicy)> = specs
+        .into_iter()
+        .map(|(label, k)| {
+            let policy = build_policy(
+                &loaded.model.transformer,
+                &loaded.tokenizer,
+                &k,
+                &label,
+                &layers,
+                &mut centers,
+            )?;
+            Ok((label, k, policy))
+        })
+        .collect::<Result<_>>()?;
     let text_path: PathBuf = args
         .text
         .clone()
@@ -119,33 +110,26 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
     let mut accs = vec![Acc::default(); dtypes.len()];
     for w in 0..args.windows {
         let window = &ids[w * args.ctx..(w + 1) * args.ctx];
-        let bf16 = KvSpec {
-            dtype: KvDtype::Bf16,
-            window: KvWindow::default(),
-        };
-        let reference = window_logits(&loaded, bf16, &[], window)?;
+        let reference = window_logits(&loaded, KvDtype::Bf16, &KvPolicy::default(), window)?;
         let ref_lp = log_softmax_rows(&reference, vocab);
         drop(reference);
         score(&ref_lp, &ref_lp, window, vocab, &mut base);
         bar.inc(1);
-        for ((_, d), acc) in dtypes.iter().zip(&mut accs) {
-            let lp = log_softmax_rows(&window_logits(&loaded, *d, &layers, window)?, vocab);
+        for ((_, d, policy), acc) in dtypes.iter().zip(&mut accs) {
+            let lp = log_softmax_rows(&window_logits(&loaded, d.dtype, policy, window)?, vocab);
             score(&lp, &ref_lp, window, vocab, acc);
             bar.inc(1);
         }
     }
     bar.finish_and_clear();
     let base_ppl = (base.nll / base.n as f64).exp();
-    let bf16 = KvSpec {
-        dtype: KvDtype::Bf16,
-        window: KvWindow::default(),
-    };
+    let bf16 = KvSpec::parse("bf16", KvDefaults::default())?;
     let mut rows = vec![row("bf16", bf16, &[], &base, base_ppl, args.ctx, &loaded)];
     rows.extend(
         dtypes
             .iter()
             .zip(&accs)
-            .map(|((name, d), a)| row(name, *d, &layers, a, base_ppl, args.ctx, &loaded)),
+            .map(|((name, d, _), a)| row(name, *d, &layers, a, base_ppl, args.ctx, &loaded)),
     );
     print_table(&rows, args);
     if let Some(path) = &args.json {
@@ -169,16 +153,11 @@ fn floor_char(s: &str, mut i: usize) -> usize {
 
 fn window_logits<B: Backend>(
     loaded: &crate::generate::Loaded<B>,
-    kv: KvSpec,
-    layers: &[(i64, KvDtype)],
+    dtype: KvDtype,
+    policy: &KvPolicy,
     window: &[u32],
 ) -> Result<Vec<f32>> {
-    let policy = KvPolicy {
-        window: kv.window,
-        layers: layers.to_vec(),
-    };
-    let mut session =
-        Session::with_policy(&loaded.model.transformer, kv.dtype, &policy, window.len())?;
+    let mut session = Session::with_policy(&loaded.model.transformer, dtype, policy, window.len())?;
     Ok(session.prefill_all_logits(window)?)
 }
 
@@ -216,7 +195,8 @@ fn argmax(v: &[f32]) -> usize {
 
 /// One table row; bits per element count side information and, for a windowed cache, the f16
 /// copies of its sink and recent tokens amortised over the evaluated context `ctx`, averaged
-/// over layers when `layers` overrides some of them.
+/// over layers when `layers` overrides some of them. Centers are per model, not per token, and
+/// are not counted.
 fn row<B: Backend>(
     name: &str,
     kv: KvSpec,
@@ -242,7 +222,7 @@ fn row<B: Backend>(
             } else {
                 kv.window.bits_overhead(ctx)
             };
-            d.bits_per_element(head_dim, KeyMode::Mse) + window
+            d.bits_per_element(head_dim, kv.key_mode) + window
         })
         .sum::<f64>()
         / n as f64;

@@ -18,7 +18,7 @@ pub struct Loaded<B: Backend> {
     pub model: Model<B>,
     pub tokenizer: Tokenizer,
     pub kv: KvDtype,
-    /// Window, sinks and per-layer overrides of the cache.
+    /// Window, sinks, per-layer overrides, key mode and centers of the cache.
     pub policy: turbokv_cache::KvPolicy,
     /// How `--kv` is shown in stats lines.
     pub kv_label: String,
@@ -65,18 +65,27 @@ macro_rules! with_device {
     };
 }
 
-/// Loads the model and tokenizer onto `backend`, validates the KV dtype.
+/// Loads the model and tokenizer onto `backend`, validates the KV spec (`--kv`,
+/// `--kv-layers`, `--key-mode`) against the model and calibrates the KV centers when
+/// `--kv-center` (or a `+c` spec) asks for them.
 pub fn load<B: Backend>(backend: B, args: &ModelArgs, cache: &CacheArgs) -> Result<Loaded<B>> {
-    let spec = crate::kvspec::KvSpec::parse(&cache.kv, turbokv_cache::KvWindow::default())?;
-    let (kv, kv_label) = (spec.dtype, spec.label(&cache.kv));
-    let policy = turbokv_cache::KvPolicy {
-        window: spec.window,
-        layers: Vec::new(),
-    };
+    use crate::kvspec::{KvDefaults, KvSpec, build_policy};
+    let defaults = KvDefaults::from_args(&cache.kv_opts, turbokv_cache::KvWindow::default());
+    let spec = KvSpec::parse(&cache.kv, defaults)?;
+    let kv_label = spec.label(&cache.kv);
+    let layers = turbokv_cache::KvPolicy::parse_layers(&cache.kv_layers).context("--kv-layers")?;
     let path = args.model_path()?;
     let model = Model::load(&path, backend, &LoadOptions { progress: true })
         .with_context(|| format!("loading {}", path.display()))?;
     let tokenizer = load_tokenizer(&path, &model)?;
+    let policy = build_policy(
+        &model.transformer,
+        &tokenizer,
+        &spec,
+        &kv_label,
+        &layers,
+        &mut None,
+    )?;
     let ctx = cache
         .ctx
         .unwrap_or(8192)
@@ -84,7 +93,7 @@ pub fn load<B: Backend>(backend: B, args: &ModelArgs, cache: &CacheArgs) -> Resu
     Ok(Loaded {
         model,
         tokenizer,
-        kv,
+        kv: spec.dtype,
         policy,
         kv_label,
         ctx,

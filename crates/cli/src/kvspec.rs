@@ -1,60 +1,225 @@
 //! KV cache specs of the CLI: a dtype, a named preset, or a dtype with a full-precision
-//! window (`k4v3@w16s1`).
+//! window (`k4v3@w16s1`), each optionally with a key mode (`tq4/prod`) and centering (`+c`);
+//! and the checks and calibration that turn a spec into a cache policy for a model.
+//!
+//! Grammar: `BASE[/MODE][@WINDOW][+c]` where BASE is a dtype or a preset, MODE is `mse` or
+//! `prod`, WINDOW is `w<recent>s<sinks>`.
 
-use anyhow::{Result, bail};
-use turbokv_cache::KvWindow;
-use turbokv_codec::KvDtype;
+use std::sync::Arc;
 
-/// A KV dtype plus the tokens kept exact beside its codes.
+use anyhow::{Context, Result, bail};
+use turbokv_backend::Backend;
+use turbokv_cache::{KvCenters, KvLayout, KvPolicy, KvWindow};
+use turbokv_codec::{CodecOptions, KeyMode, KvDtype, LayerCodec};
+use turbokv_model::Transformer;
+use turbokv_model::tokenizer::Tokenizer;
+
+/// A KV dtype plus the tokens kept exact beside its codes, the key mode and centering.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct KvSpec {
     /// Number format of the codes.
     pub dtype: KvDtype,
     /// Sink and recent tokens attended at f16 (ignored by 16-bit dtypes).
     pub window: KvWindow,
+    /// How TurboQuant keys are coded.
+    pub key_mode: KeyMode,
+    /// Subtract calibrated per-head means before encoding.
+    pub center: bool,
+}
+
+/// What a spec without its own window, mode or `+c` gets (from `--kv-window`/`--kv-sinks`,
+/// `--key-mode` and `--kv-center`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct KvDefaults {
+    /// Window of a plain compressed dtype.
+    pub window: KvWindow,
+    /// Key mode of a spec without `/mse` or `/prod`.
+    pub key_mode: KeyMode,
+    /// Center every spec.
+    pub center: bool,
+}
+
+impl KvDefaults {
+    /// From the command line's `--key-mode` / `--kv-center`, with `window`.
+    pub fn from_args(opts: &crate::args::KvOptArgs, window: KvWindow) -> Self {
+        Self {
+            window,
+            key_mode: opts.key_mode.into(),
+            center: opts.kv_center,
+        }
+    }
 }
 
 /// Presets, chosen by `eval ppl` measurements (BENCHMARKS.md): name → spec.
-const PRESETS: &[(&str, &str)] = &[("balanced", "k4v3@w32s1"), ("compact", "tq3@w15s1")];
+pub const PRESETS: &[(&str, &str)] = &[("balanced", "k4v3@w32s1"), ("compact", "tq3@w15s1")];
+
+const GRAMMAR: &str = "a spec is DTYPE or PRESET, then optionally /mse or /prod, \
+                       @w<recent>s<sinks> and +c, e.g. tq3, tq4/prod, k4v3@w32s1+c, balanced+c";
 
 impl KvSpec {
-    /// Parses `spec`; `default` is the window of a plain compressed dtype (from
-    /// `--kv-window`/`--kv-sinks`).
-    pub fn parse(spec: &str, default: KvWindow) -> Result<Self> {
+    /// Parses `spec`; `defaults` fill in what it does not say.
+    pub fn parse(spec: &str, defaults: KvDefaults) -> Result<Self> {
         let spec = spec.trim();
-        let resolved = PRESETS
-            .iter()
-            .find(|(n, _)| *n == spec)
-            .map_or(spec, |(_, s)| *s);
-        let (dtype, window) = match resolved.split_once('@') {
-            None => (resolved, default),
-            Some((d, w)) => (
-                d,
-                parse_window(w).map_err(|e| anyhow::anyhow!("--kv {spec}: {e}"))?,
+        let (body, center) = match spec.strip_suffix("+c") {
+            Some(b) => (b, true),
+            None => (spec, defaults.center),
+        };
+        // A preset's own window, unless the spec gives one.
+        let (head, window) = match body.split_once('@') {
+            Some((h, w)) => (
+                h,
+                Some(parse_window(w).map_err(|e| anyhow::anyhow!("--kv {spec}: {e}"))?),
             ),
+            None => (body, None),
         };
-        let dtype: KvDtype = dtype
-            .parse()
-            .map_err(|e| anyhow::anyhow!("--kv {spec}: {e} (presets: balanced, compact)"))?;
-        let window = if matches!(dtype, KvDtype::F16 | KvDtype::Bf16) {
-            KvWindow::default()
-        } else {
+        let (base, key_mode) = match head.split_once('/') {
+            Some((b, m)) => (
+                b,
+                m.parse::<KeyMode>().map_err(|_| {
+                    anyhow::anyhow!("--kv {spec}: unknown key mode `{m}` (accepted: mse, prod)")
+                })?,
+            ),
+            None => (head, defaults.key_mode),
+        };
+        let (dtype_text, preset_window) = match PRESETS.iter().find(|(n, _)| *n == base.trim()) {
+            Some((_, p)) => {
+                let (d, w) = p.split_once('@').unwrap_or((p, ""));
+                (d, Some(parse_window(w)?))
+            }
+            None => (base, None),
+        };
+        let dtype: KvDtype = dtype_text.parse().map_err(|e| {
+            anyhow::anyhow!("--kv {spec}: {e}; presets: balanced, compact; {GRAMMAR}")
+        })?;
+        let window = window.or(preset_window).unwrap_or(defaults.window);
+        let window = if dtype.is_compressed() {
             window
+        } else {
+            KvWindow::default()
         };
-        Ok(Self { dtype, window })
+        Ok(Self {
+            dtype,
+            window,
+            key_mode,
+            center,
+        })
     }
 
-    /// The name printed in tables: the preset or dtype, with its window when it has one.
+    /// The name printed in tables: the preset or dtype, `/prod` for prod keys, the window
+    /// when it has one, `+c` when centered (`tq4/prod`, `tq3+c`, `balanced(k4v3@w32s1)+c`).
     pub fn label(&self, spec: &str) -> String {
         let w = self.window;
-        if PRESETS.iter().any(|(n, _)| *n == spec.trim()) {
-            format!("{}({}@w{}s{})", spec.trim(), self.dtype, w.recent, w.sinks)
-        } else if w.is_active() {
-            format!("{}@w{}s{}", self.dtype, w.recent, w.sinks)
+        let mut inner = self.dtype.to_string();
+        if self.key_mode == KeyMode::Prod {
+            inner.push_str("/prod");
+        }
+        if w.is_active() {
+            inner.push_str(&format!("@w{}s{}", w.recent, w.sinks));
+        }
+        let base = spec.trim().trim_end_matches("+c");
+        let base = base.split(['/', '@']).next().unwrap_or(base).trim();
+        let mut out = if PRESETS.iter().any(|(n, _)| *n == base) {
+            format!("{base}({inner})")
         } else {
-            self.dtype.to_string()
+            inner
+        };
+        if self.center {
+            out.push_str("+c");
+        }
+        out
+    }
+
+    /// The cache policy of this spec with per-layer overrides and (if centered) `centers`.
+    pub fn policy(&self, layers: &[(i64, KvDtype)], centers: Option<Arc<KvCenters>>) -> KvPolicy {
+        KvPolicy {
+            window: self.window,
+            layers: layers.to_vec(),
+            key_mode: self.key_mode,
+            centers: if self.center { centers } else { None },
         }
     }
+}
+
+/// Refuses a spec the model or backend cannot hold, before any work: a `--kv-layers` index
+/// outside the model, or a dtype (of any layer, after overrides) the backend cannot attend
+/// over at this head dim or in this key mode. Returns the per-layer dtypes.
+pub fn check_spec<B: Backend>(
+    backend: &B,
+    n_layers: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    spec: &KvSpec,
+    label: &str,
+    layers: &[(i64, KvDtype)],
+) -> Result<Vec<KvDtype>> {
+    let mut probe = KvLayout::uniform(n_layers, kv_heads, head_dim, spec.dtype, 16, 16)?;
+    KvPolicy {
+        layers: layers.to_vec(),
+        ..Default::default()
+    }
+    .apply(&mut probe)
+    .context("--kv-layers")?;
+    let dtypes: Vec<KvDtype> = probe.layers.iter().map(|l| l.dtype).collect();
+    let mut seen: Vec<KvDtype> = Vec::new();
+    for &d in &dtypes {
+        if seen.contains(&d) {
+            continue;
+        }
+        seen.push(d);
+        backend
+            .check_kv_dtype(d, head_dim)
+            .with_context(|| format!("--kv {label}: the model's head dim is {head_dim}"))?;
+        let opts = CodecOptions {
+            key_mode: spec.key_mode,
+            ..Default::default()
+        };
+        LayerCodec::new(d, head_dim, 0, &opts).with_context(|| {
+            format!(
+                "--kv {label}: {d} with {} keys at head dim {head_dim}",
+                spec.key_mode
+            )
+        })?;
+    }
+    Ok(dtypes)
+}
+
+/// Checks `spec` against `model` ([`check_spec`]) and builds its policy, running the centering
+/// calibration when the spec asks for it and some layer is compressed. `centers` caches the
+/// calibration across specs of one command.
+pub fn build_policy<B: Backend>(
+    model: &Transformer<B>,
+    tokenizer: &Tokenizer,
+    spec: &KvSpec,
+    label: &str,
+    layers: &[(i64, KvDtype)],
+    centers: &mut Option<Arc<KvCenters>>,
+) -> Result<KvPolicy> {
+    let c = model.config();
+    let dtypes = check_spec(
+        model.backend(),
+        c.n_layers,
+        c.n_kv_heads,
+        c.head_dim,
+        spec,
+        label,
+        layers,
+    )?;
+    if !spec.center {
+        return Ok(spec.policy(layers, None));
+    }
+    if !dtypes.iter().any(KvDtype::is_compressed) {
+        tracing::warn!(
+            "--kv {label}: centering has no effect on a cache without compressed layers"
+        );
+        return Ok(spec.policy(layers, None));
+    }
+    if centers.is_none() {
+        eprintln!("turbokv: calibrating KV centers (--kv-center)…");
+        let cal = turbokv_model::calibrate_kv_centers(model, tokenizer)
+            .context("calibrating the KV centers")?;
+        *centers = Some(Arc::new(cal.centers));
+    }
+    Ok(spec.policy(layers, centers.clone()))
 }
 
 /// `w16s1`, `w16`, `s1`.
@@ -85,7 +250,7 @@ mod tests {
 
     #[test]
     fn presets_plain_and_windowed() {
-        let none = KvWindow::default();
+        let none = KvDefaults::default();
         let b = KvSpec::parse("balanced", none).unwrap();
         assert_eq!(b.dtype, "k4v3".parse().unwrap());
         assert!(b.window.is_active());
@@ -105,9 +270,110 @@ mod tests {
 
     #[test]
     fn bad_specs_are_errors() {
-        let none = KvWindow::default();
+        let none = KvDefaults::default();
         assert!(KvSpec::parse("tq4@x3", none).is_err());
         assert!(KvSpec::parse("tq4@w", none).is_err());
         assert!(KvSpec::parse("huge", none).is_err());
+        let mode = KvSpec::parse("tq4/fast", none).unwrap_err().to_string();
+        assert!(mode.contains("mse, prod"), "{mode}");
+    }
+
+    #[test]
+    fn an_unknown_dtype_lists_dtypes_and_presets() {
+        let err = KvSpec::parse("tq9", KvDefaults::default())
+            .unwrap_err()
+            .to_string();
+        for accepted in [
+            "bf16", "f16", "int8", "tq{b}", "k{b}v{b}", "balanced", "compact",
+        ] {
+            assert!(err.contains(accepted), "{accepted} missing from: {err}");
+        }
+    }
+
+    #[test]
+    fn key_mode_and_centering_from_suffixes_and_defaults() {
+        let none = KvDefaults::default();
+        let p = KvSpec::parse("tq4/prod", none).unwrap();
+        assert_eq!(
+            (p.dtype, p.key_mode, p.center),
+            ("tq4".parse().unwrap(), KeyMode::Prod, false)
+        );
+        assert_eq!(p.label("tq4/prod"), "tq4/prod");
+        let c = KvSpec::parse("tq3+c", none).unwrap();
+        assert!(c.center && c.key_mode == KeyMode::Mse);
+        assert_eq!(c.label("tq3+c"), "tq3+c");
+        let all = KvSpec::parse("k4v3/prod@w16s1+c", none).unwrap();
+        assert_eq!(
+            all.window,
+            KvWindow {
+                recent: 16,
+                sinks: 1
+            }
+        );
+        assert_eq!(all.label("k4v3/prod@w16s1+c"), "k4v3/prod@w16s1+c");
+        let preset = KvSpec::parse("balanced/prod+c", none).unwrap();
+        assert_eq!(
+            preset.window,
+            KvWindow {
+                recent: 32,
+                sinks: 1
+            }
+        );
+        assert_eq!(
+            preset.label("balanced/prod+c"),
+            "balanced(k4v3/prod@w32s1)+c"
+        );
+        // Command-line defaults, and a spec that overrides them.
+        let d = KvDefaults {
+            key_mode: KeyMode::Prod,
+            center: true,
+            ..Default::default()
+        };
+        let q = KvSpec::parse("tq4", d).unwrap();
+        assert_eq!((q.key_mode, q.center), (KeyMode::Prod, true));
+        assert_eq!(q.label("tq4"), "tq4/prod+c");
+        assert_eq!(KvSpec::parse("tq4/mse", d).unwrap().key_mode, KeyMode::Mse);
+        // The policy carries the mode, and centers only when asked.
+        let centers = Arc::new(KvCenters {
+            kv_heads: 1,
+            head_dim: 2,
+            key: vec![0.0; 2],
+            value: vec![0.0; 2],
+        });
+        assert_eq!(p.policy(&[], Some(centers.clone())).key_mode, KeyMode::Prod);
+        assert!(p.policy(&[], Some(centers.clone())).centers.is_none());
+        assert!(c.policy(&[], Some(centers)).centers.is_some());
+    }
+
+    #[test]
+    fn a_dtype_the_head_dim_cannot_hold_is_refused_with_what_is_accepted() {
+        let cpu = turbokv_backend::cpu::CpuBackend::new();
+        let spec = KvSpec::parse("tq2.5", KvDefaults::default()).unwrap();
+        let err = check_spec(&cpu, 4, 1, 2, &spec, "tq2.5", &[]).unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(msg.contains("head dim is 2"), "{msg}");
+        assert!(msg.contains("accepted: f16, bf16, int8"), "{msg}");
+        // The same model takes the formats it can hold.
+        let ok = KvSpec::parse("tq2", KvDefaults::default()).unwrap();
+        assert_eq!(check_spec(&cpu, 4, 1, 2, &ok, "tq2", &[]).unwrap().len(), 4);
+        // A layer override is checked too.
+        let over = [(1, "tq3.5".parse().unwrap())];
+        let err = check_spec(&cpu, 4, 1, 2, &ok, "tq2", &over).unwrap_err();
+        assert!(format!("{err:#}").contains("tq3.5"), "{err:#}");
+    }
+
+    #[test]
+    fn a_layer_override_outside_the_model_names_the_valid_range() {
+        let cpu = turbokv_backend::cpu::CpuBackend::new();
+        let spec = KvSpec::parse("tq3", KvDefaults::default()).unwrap();
+        for bad in ["30:bf16", "-31:bf16"] {
+            let layers = KvPolicy::parse_layers(bad).unwrap();
+            let err = check_spec(&cpu, 30, 3, 64, &spec, "tq3", &layers).unwrap_err();
+            let msg = format!("{err:#}");
+            assert!(
+                msg.contains("--kv-layers") && msg.contains("0..=29") && msg.contains("-30..=-1"),
+                "{msg}"
+            );
+        }
     }
 }

@@ -4,7 +4,10 @@ mod args;
 #[macro_use]
 mod generate;
 mod bench_codec;
+mod bench_decode;
 mod bench_model;
+#[cfg(test)]
+mod cli_tests;
 mod eval;
 mod kvspec;
 
@@ -34,6 +37,7 @@ fn threads(cmd: &Command) -> Option<usize> {
         Command::Bench(BenchCommand::Model(a)) => a.model.threads,
         Command::Eval(EvalCommand::Ppl(a)) => a.model.threads,
         Command::Bench(BenchCommand::Codec { .. }) => None,
+        Command::Bench(BenchCommand::Decode(a)) => a.threads,
     }
 }
 
@@ -43,6 +47,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Chat(a) => generate::chat(&a),
         Command::Bench(BenchCommand::Codec { json }) => bench_codec::run(json.as_deref()),
         Command::Bench(BenchCommand::Model(a)) => bench_model::run(&a),
+        Command::Bench(BenchCommand::Decode(a)) => bench_decode::run(&a),
         Command::Eval(EvalCommand::Ppl(a)) => eval::run(&a),
     }
 }

@@ -4,9 +4,11 @@
 //!   as one [`source::TensorSource`];
 //! - [`config`] validates hyper-parameters; [`loader`] makes weights resident on a backend;
 //! - [`transformer`] is the forward pass over a paged KV cache;
-//! - [`model`] ties them together: open a path, get a model, its tokenizer and a cache.
+//! - [`model`] ties them together: open a path, get a model, its tokenizer and a cache;
+//! - [`calibrate`] measures the per-head mean key and value that centered caches subtract.
 #![deny(missing_docs)]
 
+pub mod calibrate;
 pub mod config;
 pub mod gguf;
 pub mod loader;
@@ -19,10 +21,11 @@ pub mod chat;
 pub mod sampling;
 pub mod tokenizer;
 
+pub use calibrate::{KvCalibration, calibrate_kv_centers};
 pub use config::{Family, ModelConfig};
 pub use model::{LoadOptions, Model};
 pub use session::Session;
-pub use transformer::{KvCache, LogitsFor, Scratch, SeqInput, Transformer};
+pub use transformer::{KvCache, KvObserver, LogitsFor, Scratch, SeqInput, Transformer};
 
 /// Errors of loading and running models.
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +99,9 @@ pub enum ModelError {
     /// A step input with no tokens.
     #[error("sequence {0}: a step needs at least one token")]
     EmptyInput(turbokv_cache::SeqId),
+    /// The tokenizer refused a text.
+    #[error(transparent)]
+    Tokenizer(#[from] tokenizer::TokenizerError),
     /// The path is neither a GGUF file nor a model directory.
     #[error("{0} is neither a .gguf file nor a directory with config.json")]
     UnknownFormat(String),

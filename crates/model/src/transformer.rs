@@ -52,6 +52,10 @@ impl<B: Backend> KvCache<B> {
     }
 }
 
+/// A callback given `(layer, rows)` after each layer's KV write; see
+/// [`Transformer::forward_observed`].
+pub type KvObserver<'a> = &'a mut dyn FnMut(usize, &[f32]);
+
 /// Which positions of a step produce logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogitsFor {
@@ -199,8 +203,40 @@ impl<B: Backend> Transformer<B> {
         want: LogitsFor,
         logits_out: &mut Vec<f32>,
     ) -> Result<(), ModelError> {
+        self.forward_inner(inputs, cache, scratch, want, logits_out, None)
+    }
+
+    /// [`Self::forward`], calling `observe(layer, rows)` after each layer's KV write with the
+    /// step's fused rows on the host (`[tokens, (n_heads + 2·n_kv_heads)·head_dim]`, each row
+    /// `[q | k | v]`, sequences in input order): q and k after the optional q/k norm and
+    /// RoPE, v as projected — the keys and values the cache was given, before its rounding.
+    ///
+    /// For calibration and debugging: every layer copies its rows to the host.
+    pub fn forward_observed(
+        &self,
+        inputs: &[SeqInput<'_>],
+        cache: &mut KvCache<B>,
+        scratch: &mut Scratch<B>,
+        want: LogitsFor,
+        logits_out: &mut Vec<f32>,
+        observe: KvObserver<'_>,
+    ) -> Result<(), ModelError> {
+        self.forward_inner(inputs, cache, scratch, want, logits_out, Some(observe))
+    }
+
+    fn forward_inner(
+        &self,
+        inputs: &[SeqInput<'_>],
+        cache: &mut KvCache<B>,
+        scratch: &mut Scratch<B>,
+        want: LogitsFor,
+        logits_out: &mut Vec<f32>,
+        observe: Option<KvObserver<'_>>,
+    ) -> Result<(), ModelError> {
         let (tables, starts) = reserve(inputs, cache)?;
-        let result = self.run(inputs, &tables, &starts, cache, scratch, want, logits_out);
+        let result = self.run(
+            inputs, &tables, &starts, cache, scratch, want, logits_out, observe,
+        );
         if result.is_err() {
             for (inp, &start) in inputs.iter().zip(&starts) {
                 cache.alloc.truncate(inp.seq, start)?;
@@ -219,8 +255,10 @@ impl<B: Backend> Transformer<B> {
         s: &mut Scratch<B>,
         want: LogitsFor,
         logits_out: &mut Vec<f32>,
+        mut observe: Option<KvObserver<'_>>,
     ) -> Result<(), ModelError> {
         let b = &self.backend;
+        let mut host = Vec::new();
         let w = &self.weights;
         let eps = self.config.rms_eps;
         let mut spans = Vec::with_capacity(inputs.len());
@@ -235,7 +273,7 @@ impl<B: Backend> Transformer<B> {
             ids.extend_from_slice(inp.tokens);
         }
         b.embed(&w.embed, &ids, &mut s.x)?;
-        for (layer, pool) in w.layers.iter().zip(cache.pools.iter_mut()) {
+        for (l, (layer, pool)) in w.layers.iter().zip(cache.pools.iter_mut()).enumerate() {
             b.rms_norm(&s.x, &layer.attn_norm, eps, &mut s.xn)?;
             b.matmul_cat(&s.xn, &layer.wqkv, &mut s.qkv)?;
             if let Some(bias) = &layer.bqkv {
@@ -250,6 +288,10 @@ impl<B: Backend> Transformer<B> {
                 &spans,
                 pool,
             )?;
+            if let Some(f) = observe.as_mut() {
+                b.to_host(&s.qkv, &mut host)?;
+                f(l, &host);
+            }
             b.attention(&s.qkv, &self.geometry, &spans, pool, &mut s.attn)?;
             b.matmul(&s.attn, &layer.wo, &mut s.proj)?;
             b.add_assign(&mut s.x, &s.proj)?;

@@ -1,0 +1,221 @@
+//! The `turbokv` binary's KV cache options end to end: bad input gives errors that list what
+//! is accepted, `--key-mode prod` builds a prod cache, `--kv-center` calibrates and labels.
+//! Tests that need the demo model (or the wiki text) skip with a message when it is absent.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn turbokv(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_turbokv"))
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("RUST_LIB_BACKTRACE")
+        .env_remove("TURBOKV_LOG")
+        .output()
+        .expect("runs turbokv")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn asset(env: &str, rel: &str) -> Option<PathBuf> {
+    let path = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| {
+        std::env::var_os("TURBOKV_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/turbokv")
+            })
+            .join(rel)
+    });
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "CI must have {}: run scripts/fetch-assets.sh",
+        path.display()
+    );
+    eprintln!(
+        "SKIPPED: {} not found (run scripts/fetch-assets.sh)",
+        path.display()
+    );
+    None
+}
+
+fn demo_model() -> Option<String> {
+    asset("TURBOKV_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        .map(|p| p.display().to_string())
+}
+
+/// The `B/token` figure of `run`'s stats line.
+fn bytes_per_token(stderr: &str, label: &str) -> f64 {
+    let at = stderr
+        .find(&format!("KV {label} "))
+        .unwrap_or_else(|| panic!("no `KV {label}` in the stats line: {stderr}"));
+    stderr[at..]
+        .split_whitespace()
+        .nth(2)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no B/token after `KV {label}`: {stderr}"))
+}
+
+#[test]
+fn an_unknown_dtype_is_refused_with_the_accepted_ones() {
+    // Refused before the model is even looked for.
+    for args in [
+        &["run", "--prompt", "hi", "--kv", "tq9"][..],
+        &["eval", "ppl", "--kv", "f16,q4_0"][..],
+        &["bench", "model", "--kv", "tq4/fast"][..],
+    ] {
+        let o = turbokv(args);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{args:?} must fail");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        let listed = if args.contains(&"tq4/fast") {
+            vec!["mse", "prod"]
+        } else {
+            vec!["bf16, f16, int8", "tq{b}", "k{b}v{b}", "balanced, compact"]
+        };
+        for want in listed {
+            assert!(err.contains(want), "{args:?}: `{want}` missing from {err}");
+        }
+    }
+}
+
+#[test]
+fn a_layer_override_outside_the_model_is_refused_with_the_valid_range() {
+    let Some(model) = demo_model() else { return };
+    for args in [
+        &[
+            "run",
+            "--model",
+            &model,
+            "--prompt",
+            "hi",
+            "--kv",
+            "tq4",
+            "--kv-layers",
+            "30:bf16",
+        ][..],
+        &[
+            "run",
+            "--model",
+            &model,
+            "--prompt",
+            "hi",
+            "--kv-layers",
+            "-31:bf16",
+        ][..],
+        &[
+            "eval",
+            "ppl",
+            "--model",
+            &model,
+            "--kv",
+            "tq3",
+            "--kv-layers",
+            "0:bf16,30:int8",
+        ][..],
+    ] {
+        let o = turbokv(args);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{args:?} must fail");
+        for want in ["--kv-layers", "30 layers", "0..=29", "-30..=-1"] {
+            assert!(err.contains(want), "{args:?}: `{want}` missing from {err}");
+        }
+    }
+}
+
+#[test]
+fn key_mode_prod_builds_a_prod_cache() {
+    let Some(model) = demo_model() else { return };
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            &model,
+            "--raw",
+            "--prompt",
+            "The capital of France is",
+            "--max-tokens",
+            "2",
+        ];
+        args.extend(extra);
+        let o = turbokv(&args);
+        let err = stderr(&o);
+        assert!(o.status.success(), "{args:?}: {err}");
+        err
+    };
+    let mse = bytes_per_token(&run(&["--kv", "tq4"]), "tq4");
+    let prod = bytes_per_token(&run(&["--kv", "tq4", "--key-mode", "prod"]), "tq4/prod");
+    let suffix = bytes_per_token(&run(&["--kv", "tq4/prod"]), "tq4/prod");
+    // Demo model: 30 layers × 3 kv heads × d 64 = 5760 elements each of K and V per token.
+    // Keys 4.25 bits (mse) or 4.5 (prod: a second f16 scalar, the residual norm); values 4.25
+    // either way. mse: 5760·(4.25 + 4.25)/8 = 6120 B; prod: 5760·(4.5 + 4.25)/8 = 6300 B.
+    assert_eq!(mse, 6120.0);
+    assert_eq!(prod, 6300.0);
+    assert_eq!(suffix, prod);
+}
+
+#[test]
+fn kv_center_calibrates_and_labels_the_cache() {
+    let Some(model) = demo_model() else { return };
+    let o = turbokv(&[
+        "run",
+        "--model",
+        &model,
+        "--raw",
+        "--prompt",
+        "Once upon a time",
+        "--max-tokens",
+        "4",
+        "--kv",
+        "tq3",
+        "--kv-center",
+    ]);
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("calibrating KV centers"), "{err}");
+    assert!(err.contains("KV tq3+c "), "{err}");
+
+    let Some(text) = asset("TURBOKV_WIKI", "data/wiki.txt") else {
+        return;
+    };
+    let text = text.display().to_string();
+    let o = turbokv(&[
+        "eval",
+        "ppl",
+        "--model",
+        &model,
+        "--text",
+        &text,
+        "--ctx",
+        "64",
+        "--windows",
+        "1",
+        "--kv",
+        "tq4/prod,tq3+c,tq3",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let row = |label: &str| {
+        rows.iter()
+            .find(|r| r.first() == Some(&label))
+            .unwrap_or_else(|| panic!("no row {label} in {out}"))
+    };
+    assert_eq!(row("tq4/prod")[1], "4.375", "{out}");
+    assert_eq!(row("tq3+c")[1], "3.250", "{out}");
+    assert_eq!(row("tq3")[1], "3.250", "{out}");
+    // Every quality figure is a number.
+    for label in ["bf16", "tq4/prod", "tq3+c", "tq3"] {
+        for cell in &row(label)[1..6] {
+            let x: f64 = cell.trim_end_matches('%').parse().expect("number");
+            assert!(x.is_finite(), "{label}: {cell}");
+        }
+    }
+}
