@@ -128,7 +128,7 @@ impl VectorCodec {
         BlockLayout::new(self.sizes, block_size)
     }
 
-    fn check(&self, what: &'static str, expected: usize, got: usize) -> Result<()> {
+    pub(crate) fn check(&self, what: &'static str, expected: usize, got: usize) -> Result<()> {
         if expected == got {
             Ok(())
         } else {

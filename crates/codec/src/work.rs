@@ -41,23 +41,11 @@ impl VectorCodec {
         }
     }
 
-    fn check_len(&self, what: &'static str, expected: usize, got: usize) -> Result<()> {
-        if expected == got {
-            Ok(())
-        } else {
-            Err(Error::LengthMismatch {
-                what,
-                expected,
-                got,
-            })
-        }
-    }
-
     /// A query (`head_dim`) in the working basis (`work_dim`): rotated, and sketched in
     /// prod mode. `⟨work(q), tile row⟩` is the score of that token.
     pub fn query_to_work(&self, q: &[f32], out: &mut [f32]) -> Result<()> {
-        self.check_len("query", self.head_dim, q.len())?;
-        self.check_len("working vector", self.work_dim(), out.len())?;
+        self.check("query", self.head_dim, q.len())?;
+        self.check("working vector", self.work_dim(), out.len())?;
         match &self.format {
             Format::Plain(_) => out.copy_from_slice(q),
             Format::Tq(t) => with_scratch(|s| {
@@ -88,8 +76,8 @@ impl VectorCodec {
     /// sum comes back through [`VectorCodec::work_to_output`] unchanged. Formats with a part
     /// that has no MSE coordinates (1-bit prod keys) cannot carry an exact vector: error.
     pub fn exact_to_work(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
-        self.check_len("vector", self.head_dim, x.len())?;
-        self.check_len("working vector", self.work_dim(), out.len())?;
+        self.check("vector", self.head_dim, x.len())?;
+        self.check("working vector", self.work_dim(), out.len())?;
         match &self.format {
             Format::Plain(_) => out.copy_from_slice(x),
             Format::Tq(t) => with_scratch(|s| {
@@ -128,7 +116,7 @@ impl VectorCodec {
     ) -> Result<()> {
         self.check_layout(layout)?;
         let w = self.work_dim();
-        self.check_len("tile", slots.len() * w, out.len())?;
+        self.check("tile", slots.len() * w, out.len())?;
         if slots.is_empty() {
             return Ok(());
         }
@@ -170,8 +158,8 @@ impl VectorCodec {
     /// Brings a weighted sum of working vectors (`work_dim`) back to the original basis
     /// (`head_dim`): Sᵀ on sign coordinates, Rᵀ, and the part's channels.
     pub fn work_to_output(&self, acc: &[f32], out: &mut [f32]) -> Result<()> {
-        self.check_len("working vector", self.work_dim(), acc.len())?;
-        self.check_len("output", self.head_dim, out.len())?;
+        self.check("working vector", self.work_dim(), acc.len())?;
+        self.check("output", self.head_dim, out.len())?;
         match &self.format {
             Format::Plain(_) => out.copy_from_slice(acc),
             Format::Tq(t) => with_scratch(|s| {
