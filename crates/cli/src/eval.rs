@@ -195,8 +195,8 @@ fn argmax(v: &[f32]) -> usize {
 
 /// One table row; bits per element count side information and, for a windowed cache, the f16
 /// copies of its sink and recent tokens amortised over the evaluated context `ctx`, averaged
-/// over layers when `layers` overrides some of them. Centers are per model, not per token, and
-/// are not counted.
+/// over layers when `layers` overrides some of them. A centered cache also pays for its
+/// centers (one f32 per head dimension for K and for V), amortised over `ctx` like the window.
 fn row<B: Backend>(
     name: &str,
     kv: KvSpec,
@@ -220,7 +220,7 @@ fn row<B: Backend>(
             let window = if matches!(d, KvDtype::F16 | KvDtype::Bf16) {
                 0.0
             } else {
-                kv.window.bits_overhead(ctx)
+                kv.window.bits_overhead(ctx) + if kv.center { 32.0 / ctx as f64 } else { 0.0 }
             };
             d.bits_per_element(head_dim, kv.key_mode) + window
         })
