@@ -172,4 +172,18 @@ pub trait Backend: Send + Sync {
         pool: &Self::KvPool,
         out: &mut Self::Tensor,
     ) -> Result<(), Error>;
+
+    /// Runs `step` — the launches of one decode step, ending in a `to_host` — the way this
+    /// backend repeats steps fastest: the CUDA backend captures the step once as a CUDA graph
+    /// and replays it (a launch-bound small model decodes several times faster). `step` must be
+    /// safe to run again after it returned an error (it is rerun eagerly when a graph no longer
+    /// fits). Default: run it.
+    fn run_step<E, F>(&self, mut step: F) -> Result<(), E>
+    where
+        Self: Sized,
+        E: From<Error>,
+        F: FnMut() -> Result<(), E>,
+    {
+        step()
+    }
 }

@@ -95,13 +95,9 @@ pub trait BenchBackend: Backend + Sized {
     fn copy_bandwidth(&self) -> Result<f64>;
     /// bf16 GEMM rate in FLOP/s and the shape measured.
     fn gemm_rate(&self) -> Result<(f64, String)>;
-    /// Whether `graphed` uses CUDA graphs.
+    /// Whether decode steps replay CUDA graphs (`Backend::run_step`).
     fn has_graphs(&self) -> bool {
         false
-    }
-    /// Runs one step (through a CUDA graph where supported).
-    fn graphed(&self, step: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        step()
     }
     /// Steps replayed from a graph so far.
     fn graph_replays(&self) -> u64 {
@@ -196,10 +192,6 @@ impl BenchBackend for CudaBackend {
 
     fn has_graphs(&self) -> bool {
         true
-    }
-
-    fn graphed(&self, step: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        self.run_graphed(step)
     }
 
     fn graph_replays(&self) -> u64 {
@@ -453,6 +445,7 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
         .map(|i| (7 + 13 * i) % vocab)
         .collect();
     let mut eager = Vec::new();
+    tm.set_step_graphs(false);
     for i in 0..WARMUP + steps {
         let t = Instant::now();
         decode(&tm, &mut cache, &mut scratch, &next, &mut logits)?;
@@ -467,10 +460,10 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
     let mut graph_s = eager_s;
     if b_has_graphs(&tm) {
         let mut times = Vec::new();
+        tm.set_step_graphs(true);
         for i in 0..WARMUP + steps {
             let t = Instant::now();
-            tm.backend()
-                .graphed(&mut || decode(&tm, &mut cache, &mut scratch, &next, &mut logits))?;
+            decode(&tm, &mut cache, &mut scratch, &next, &mut logits)?;
             if i >= WARMUP {
                 times.push(t.elapsed().as_secs_f64());
             }

@@ -1,5 +1,7 @@
 //! The decoder-only transformer forward pass over a batch of sequences and a paged KV cache.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use turbokv_backend::{AttnGeometry, Backend, QkNorm, Rope, SeqSpan};
 use turbokv_cache::{BlockAllocator, KvLayout, KvPolicy, SeqId};
 use turbokv_codec::KvDtype;
@@ -15,6 +17,8 @@ pub struct Transformer<B: Backend> {
     geometry: AttnGeometry,
     rope: Rope,
     weights: Weights<B>,
+    /// Whether single-token decode steps go through [`Backend::run_step`] (CUDA graphs).
+    step_graphs: AtomicBool,
 }
 
 /// The paged KV cache of every layer plus its block bookkeeping.
@@ -107,6 +111,7 @@ impl<B: Backend> Transformer<B> {
             geometry,
             rope,
             weights,
+            step_graphs: AtomicBool::new(true),
         }
     }
 
@@ -118,6 +123,12 @@ impl<B: Backend> Transformer<B> {
     /// The backend.
     pub fn backend(&self) -> &B {
         &self.backend
+    }
+
+    /// Turns graph replay of decode steps ([`Backend::run_step`]) on or off (default on; off
+    /// measures the eager path).
+    pub fn set_step_graphs(&self, on: bool) {
+        self.step_graphs.store(on, Ordering::Relaxed);
     }
 
     /// A KV cache in `dtype` for up to `max_tokens` tokens in total (all sequences), with each
@@ -234,9 +245,24 @@ impl<B: Backend> Transformer<B> {
         observe: Option<KvObserver<'_>>,
     ) -> Result<(), ModelError> {
         let (tables, starts) = reserve(inputs, cache)?;
-        let result = self.run(
-            inputs, &tables, &starts, cache, scratch, want, logits_out, observe,
-        );
+        // A decode step (one new token per sequence) is the same launches every time: the
+        // backend may replay it as a graph. The rows are reserved above, outside the step, so
+        // a rerun of the step writes the same slots again.
+        let decode_step = observe.is_none()
+            && want == LogitsFor::LastToken
+            && inputs.iter().all(|i| i.tokens.len() == 1)
+            && self.step_graphs.load(Ordering::Relaxed);
+        let result = if decode_step {
+            self.backend.run_step(|| {
+                self.run(
+                    inputs, &tables, &starts, cache, scratch, want, logits_out, None,
+                )
+            })
+        } else {
+            self.run(
+                inputs, &tables, &starts, cache, scratch, want, logits_out, observe,
+            )
+        };
         if result.is_err() {
             for (inp, &start) in inputs.iter().zip(&starts) {
                 cache.alloc.truncate(inp.seq, start)?;

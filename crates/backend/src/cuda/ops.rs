@@ -321,6 +321,14 @@ impl Backend for CudaBackend {
     type Vector = CudaVector;
     type KvPool = CudaKvPool;
 
+    fn run_step<E, F>(&self, step: F) -> Result<(), E>
+    where
+        E: From<Error>,
+        F: FnMut() -> Result<(), E>,
+    {
+        self.run_graphed(step)
+    }
+
     fn describe(&self) -> String {
         describe(self)
     }
