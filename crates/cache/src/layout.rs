@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use turbokv_codec::{CodecOptions, KvDtype};
+use turbokv_codec::{CodecOptions, KvDtype, OutlierChannels};
 
 use crate::CacheError;
 
@@ -11,6 +11,11 @@ use crate::CacheError;
 pub struct LayerKv {
     /// Number format of keys and values in this layer.
     pub dtype: KvDtype,
+    /// Outlier channels of this layer's keys when their width is fractional (`None` = the
+    /// codec's default, the leading channels).
+    pub key_outliers: Option<OutlierChannels>,
+    /// Outlier channels of this layer's values when their width is fractional.
+    pub value_outliers: Option<OutlierChannels>,
 }
 
 /// Tokens of each sequence kept at 16-bit precision beside the codes of a compressed pool.
@@ -90,6 +95,17 @@ pub struct KvCenters {
     pub value: Vec<f32>,
 }
 
+/// Outlier channels per layer for fractional widths (`tq3.5`, `k3.5v3`, …), chosen from
+/// per-channel energy on a calibration pass: `key[l]` and `value[l]` are the `head_dim / 2`
+/// channels of layer `l` that get the wider code. Part of the cache identity.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvOutliers {
+    /// Key outlier channels, one set per layer.
+    pub key: Vec<OutlierChannels>,
+    /// Value outlier channels, one set per layer.
+    pub value: Vec<OutlierChannels>,
+}
+
 impl KvCenters {
     /// The mean key of (layer, head), or `None` outside the calibrated shape.
     pub fn key(&self, layer: usize, head: usize) -> Option<&[f32]> {
@@ -131,7 +147,14 @@ impl KvLayout {
             )));
         }
         Ok(Self {
-            layers: vec![LayerKv { dtype }; n_layers],
+            layers: vec![
+                LayerKv {
+                    dtype,
+                    key_outliers: None,
+                    value_outliers: None,
+                };
+                n_layers
+            ],
             kv_heads,
             head_dim,
             block_size,
@@ -140,6 +163,16 @@ impl KvLayout {
             window: KvWindow::default(),
             centers: None,
         })
+    }
+
+    /// The codec options of `layer`: the cache's, with the layer's own outlier channels.
+    pub fn codec_options(&self, layer: usize) -> CodecOptions {
+        let mut opts = self.codec.clone();
+        if let Some(l) = self.layers.get(layer) {
+            opts.key_outliers = l.key_outliers.clone().or(opts.key_outliers);
+            opts.value_outliers = l.value_outliers.clone().or(opts.value_outliers);
+        }
+        opts
     }
 
     /// Values (elements) of K, or of V, in one block.

@@ -11,7 +11,7 @@ mod layout;
 mod policy;
 
 pub use allocator::{BlockAllocator, BlockTable, SeqId};
-pub use layout::{KvCenters, KvLayout, KvWindow, LayerKv};
+pub use layout::{KvCenters, KvLayout, KvOutliers, KvWindow, LayerKv};
 pub use policy::KvPolicy;
 
 /// Errors of the cache crate.

@@ -1,11 +1,12 @@
 //! What a KV cache keeps beyond its default dtype: per-layer dtype overrides, the tokens
-//! kept at full precision beside the codes, the key mode and the per-head centers.
+//! kept at full precision beside the codes, the key mode, the per-head centers and the
+//! outlier channels of fractional widths.
 
 use std::sync::Arc;
 
 use turbokv_codec::{KeyMode, KvDtype};
 
-use crate::{CacheError, KvCenters, KvLayout, KvWindow};
+use crate::{CacheError, KvCenters, KvLayout, KvOutliers, KvWindow};
 
 /// A cache policy applied on top of a uniform [`KvLayout`]; part of the cache identity.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -19,6 +20,9 @@ pub struct KvPolicy {
     /// Per-head mean key and value subtracted before encoding (from a calibration pass);
     /// `None` = no centering. Must match the layout's layers, kv heads and head dim.
     pub centers: Option<Arc<KvCenters>>,
+    /// Per-layer outlier channels for fractional widths (from a calibration pass); `None` =
+    /// the codec's default (leading channels). Must cover every layer at the layout's head dim.
+    pub outliers: Option<Arc<KvOutliers>>,
 }
 
 impl KvPolicy {
@@ -77,6 +81,24 @@ impl KvPolicy {
                     c.key.len(),
                     c.value.len()
                 )));
+            }
+        }
+        if let Some(o) = &self.outliers {
+            let (layers, dim) = (layout.layers.len(), layout.head_dim);
+            let fits = |sets: &[turbokv_codec::OutlierChannels]| {
+                sets.len() == layers && sets.iter().all(|c| c.head_dim() == dim)
+            };
+            if !fits(&o.key) || !fits(&o.value) {
+                return Err(CacheError::InvalidLayout(format!(
+                    "outlier channels cover {} key / {} value layers but the cache has {layers} \
+                     layers of head dim {dim}",
+                    o.key.len(),
+                    o.value.len()
+                )));
+            }
+            for ((l, k), v) in layout.layers.iter_mut().zip(&o.key).zip(&o.value) {
+                l.key_outliers = Some(k.clone());
+                l.value_outliers = Some(v.clone());
             }
         }
         layout.window = self.window;
@@ -156,6 +178,37 @@ mod tests {
             err.contains("3 layers") && err.contains("4 × 2 × 64"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn outliers_reach_every_layer_and_a_wrong_count_is_refused() {
+        use turbokv_codec::OutlierChannels;
+        let set = |first: u16| OutlierChannels::new(64, &(first..first + 32).collect::<Vec<_>>());
+        let key: Vec<_> = (0..4).map(|l| set(l).unwrap()).collect();
+        let value: Vec<_> = (0..4).map(|l| set(32 - l).unwrap()).collect();
+        let p = KvPolicy {
+            outliers: Some(Arc::new(crate::KvOutliers {
+                key: key.clone(),
+                value: value.clone(),
+            })),
+            ..Default::default()
+        };
+        let mut l = layout();
+        p.apply(&mut l).unwrap();
+        for i in 0..4 {
+            let o = l.codec_options(i);
+            assert_eq!(o.key_outliers.as_ref(), Some(&key[i]));
+            assert_eq!(o.value_outliers.as_ref(), Some(&value[i]));
+        }
+        let short = KvPolicy {
+            outliers: Some(Arc::new(crate::KvOutliers {
+                key: key[..3].to_vec(),
+                value,
+            })),
+            ..Default::default()
+        };
+        let err = short.apply(&mut layout()).unwrap_err().to_string();
+        assert!(err.contains("3 key") && err.contains("4 layers"), "{err}");
     }
 
     #[test]

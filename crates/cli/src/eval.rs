@@ -59,8 +59,8 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
     let layers = KvPolicy::parse_layers(&args.kv_layers).context("--kv-layers")?;
     let loaded = load(backend, &args.model, &cache)?;
     // Refuse a bad layer index or dtype now, not after the first reference window; calibrate
-    // the centers once for every centered entry.
-    let mut centers = None;
+    // once for every entry that needs it.
+    let mut calibration = None;
     let dtypes: Vec<(String, KvSpec, KvPolicy)> = specs
         .into_iter()
         .map(|(label, k)| {
@@ -70,7 +70,7 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
                 &k,
                 &label,
                 &layers,
-                &mut centers,
+                &mut calibration,
             )?;
             Ok((label, k, policy))
         })

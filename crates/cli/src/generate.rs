@@ -66,8 +66,8 @@ macro_rules! with_device {
 }
 
 /// Loads the model and tokenizer onto `backend`, validates the KV spec (`--kv`,
-/// `--kv-layers`, `--key-mode`) against the model and calibrates the KV centers when
-/// `--kv-center` (or a `+c` spec) asks for them.
+/// `--kv-layers`, `--key-mode`) against the model and calibrates the cache when `--kv-center`
+/// (or a `+c` spec) or a fractional width asks for it.
 pub fn load<B: Backend>(backend: B, args: &ModelArgs, cache: &CacheArgs) -> Result<Loaded<B>> {
     use crate::kvspec::{KvDefaults, KvSpec, build_policy};
     let defaults = KvDefaults::from_args(&cache.kv_opts, turbokv_cache::KvWindow::default());

@@ -11,6 +11,7 @@ use anyhow::{Context, Result, bail};
 use turbokv_backend::Backend;
 use turbokv_cache::{KvCenters, KvLayout, KvPolicy, KvWindow};
 use turbokv_codec::{CodecOptions, KeyMode, KvDtype, LayerCodec};
+use turbokv_model::KvCalibration;
 use turbokv_model::Transformer;
 use turbokv_model::tokenizer::Tokenizer;
 
@@ -135,13 +136,15 @@ impl KvSpec {
         out
     }
 
-    /// The cache policy of this spec with per-layer overrides and (if centered) `centers`.
+    /// The cache policy of this spec with per-layer overrides and (if centered) `centers`;
+    /// default outlier channels.
     pub fn policy(&self, layers: &[(i64, KvDtype)], centers: Option<Arc<KvCenters>>) -> KvPolicy {
         KvPolicy {
             window: self.window,
             layers: layers.to_vec(),
             key_mode: self.key_mode,
             centers: if self.center { centers } else { None },
+            outliers: None,
         }
     }
 }
@@ -189,16 +192,17 @@ pub fn check_spec<B: Backend>(
     Ok(dtypes)
 }
 
-/// Checks `spec` against `model` ([`check_spec`]) and builds its policy, running the centering
-/// calibration when the spec asks for it and some layer is compressed. `centers` caches the
-/// calibration across specs of one command.
+/// Checks `spec` against `model` ([`check_spec`]) and builds its policy. A calibration pass
+/// on a built-in text runs when the spec is centered (the per-head means) or some layer has a
+/// fractional width (its outlier channels, chosen by channel energy); `cal` caches it across
+/// the specs of one command.
 pub fn build_policy<B: Backend>(
     model: &Transformer<B>,
     tokenizer: &Tokenizer,
     spec: &KvSpec,
     label: &str,
     layers: &[(i64, KvDtype)],
-    centers: &mut Option<Arc<KvCenters>>,
+    cal: &mut Option<Arc<KvCalibration>>,
 ) -> Result<KvPolicy> {
     let c = model.config();
     let dtypes = check_spec(
@@ -210,22 +214,41 @@ pub fn build_policy<B: Backend>(
         label,
         layers,
     )?;
-    if !spec.center {
-        return Ok(spec.policy(layers, None));
-    }
-    if !dtypes.iter().any(KvDtype::is_compressed) {
+    let center = spec.center && dtypes.iter().any(KvDtype::is_compressed);
+    if spec.center && !center {
         tracing::warn!(
             "--kv {label}: centering has no effect on a cache without compressed layers"
         );
+    }
+    let fractional = dtypes.iter().any(|&d| has_fractional_width(d));
+    if !center && !fractional {
         return Ok(spec.policy(layers, None));
     }
-    if centers.is_none() {
-        eprintln!("turbokv: calibrating KV centers (--kv-center)…");
-        let cal = turbokv_model::calibrate_kv_centers(model, tokenizer)
-            .context("calibrating the KV centers")?;
-        *centers = Some(Arc::new(cal.centers));
+    let cal = match cal {
+        Some(c) => c.clone(),
+        None => {
+            eprintln!(
+                "turbokv: calibrating the KV cache on a built-in text (centers, outlier channels)…"
+            );
+            let fresh = Arc::new(
+                turbokv_model::calibrate_kv_centers(model, tokenizer)
+                    .context("calibrating the KV cache")?,
+            );
+            *cal = Some(fresh.clone());
+            fresh
+        }
+    };
+    let mut policy = spec.policy(layers, center.then(|| Arc::new(cal.centers.clone())));
+    if fractional {
+        policy.outliers = Some(Arc::new(cal.outliers(center)?));
     }
-    Ok(spec.policy(layers, centers.clone()))
+    Ok(policy)
+}
+
+/// Whether `dtype` splits keys or values into outlier and ordinary channels (`tq3.5`, …).
+fn has_fractional_width(dtype: KvDtype) -> bool {
+    matches!(dtype, KvDtype::Tq { key_bits, value_bits }
+        if key_bits.is_fractional() || value_bits.is_fractional())
 }
 
 /// `w16s1`, `w16`, `s1`.

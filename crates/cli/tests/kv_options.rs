@@ -176,7 +176,7 @@ fn kv_center_calibrates_and_labels_the_cache() {
     ]);
     let err = stderr(&o);
     assert!(o.status.success(), "{err}");
-    assert!(err.contains("calibrating KV centers"), "{err}");
+    assert!(err.contains("calibrating the KV cache"), "{err}");
     assert!(err.contains("KV tq3@w0s1+c "), "{err}");
 
     let Some(text) = asset("TURBOKV_WIKI", "data/wiki.txt") else {

@@ -1,10 +1,15 @@
-//! KV centering calibration: the mean post-RoPE key and the mean value of every (layer, kv
-//! head), measured once on a fixed text with a bf16 cache.
+//! KV calibration: the mean post-RoPE key and the mean value of every (layer, kv head), and
+//! the energy of every channel, measured once on a fixed text with a bf16 cache.
 //!
 //! Centering is exact: softmax ignores a shift shared by every key of a head, and attention
 //! weights sum to one, so a shared value shift is added back once. What changes is what the
 //! codec has to represent: on the demo model a large share of each key's energy is the common
 //! direction (TURBOQUANT.md §6), which a centered cache does not spend bits on.
+//!
+//! The channel energies pick the outlier channels of fractional widths ([`KvCalibration::outliers`]):
+//! splitting a vector into two independently rotated halves concentrates each half's coding
+//! error in its own channels, so the half holding the high-energy channels — where queries put
+//! their weight too — must be the one with the wider code.
 //!
 //! The pass is deterministic: a committed text ([`CALIBRATION_TEXT`]), the model's own
 //! tokenizer, a bf16 cache, sums in f64 in token order. Position 0 is left out of the means:
@@ -13,8 +18,8 @@
 use std::time::Instant;
 
 use turbokv_backend::Backend;
-use turbokv_cache::KvCenters;
-use turbokv_codec::KvDtype;
+use turbokv_cache::{KvCenters, KvOutliers};
+use turbokv_codec::{KvDtype, OutlierChannels};
 
 use crate::ModelError;
 use crate::session::{BLOCK_SIZE, PREFILL_CHUNK};
@@ -65,6 +70,10 @@ pub struct KvCalibration {
     pub mean_key_norm: Vec<f32>,
     /// Mean ‖v‖ per (layer, kv head), `[layers, kv_heads]`.
     pub mean_value_norm: Vec<f32>,
+    /// Mean x² per (layer, kv head, channel) of keys, `[layers, kv_heads, head_dim]`.
+    pub key_energy: Vec<f32>,
+    /// Mean x² per (layer, kv head, channel) of values.
+    pub value_energy: Vec<f32>,
     /// Tokens the means are taken over (the calibration tokens less position 0).
     pub tokens: usize,
 }
@@ -75,6 +84,31 @@ impl KvCalibration {
     pub fn key_mean_fraction(&self, layer: usize, head: usize) -> f32 {
         let mu = self.centers.key(layer, head).map_or(0.0, norm);
         mu / self.mean_key_norm[layer * self.centers.kv_heads + head].max(f32::MIN_POSITIVE)
+    }
+
+    /// The outlier channels of every layer for fractional widths: the `head_dim / 2` channels
+    /// with the largest energy summed over the layer's kv heads — of `x`, or of `x − μ` when
+    /// the cache is `centered` (what the codec is given). Ties go to the lower channel.
+    pub fn outliers(&self, centered: bool) -> Result<KvOutliers, ModelError> {
+        let (heads, d) = (self.centers.kv_heads, self.centers.head_dim);
+        let pick = |energy: &[f32], mean: &[f32]| -> Result<Vec<OutlierChannels>, ModelError> {
+            energy
+                .chunks_exact(heads * d)
+                .zip(mean.chunks_exact(heads * d))
+                .map(|(e, mu)| {
+                    let mut per_channel = vec![0f32; d];
+                    for (i, (&x2, &m)) in e.iter().zip(mu).enumerate() {
+                        per_channel[i % d] += if centered { x2 - m * m } else { x2 };
+                    }
+                    OutlierChannels::from_channel_energy(&per_channel, d / 2)
+                        .map_err(|e| ModelError::InvalidConfig(format!("outlier channels: {e}")))
+                })
+                .collect()
+        };
+        Ok(KvOutliers {
+            key: pick(&self.key_energy, &self.centers.key)?,
+            value: pick(&self.value_energy, &self.centers.value)?,
+        })
     }
 
     /// ‖mean value‖ / mean ‖v‖ of (layer, head).
@@ -137,6 +171,8 @@ pub fn calibrate_kv_centers_on<B: Backend>(
     let mut v_sum = vec![0f64; cells * d];
     let mut k_norm = vec![0f64; cells];
     let mut v_norm = vec![0f64; cells];
+    let mut k_sq = vec![0f64; cells * d];
+    let mut v_sq = vec![0f64; cells * d];
     let mut pos = 0;
     for chunk in tokens.chunks(PREFILL_CHUNK) {
         let first = pos;
@@ -147,16 +183,19 @@ pub fn calibrate_kv_centers_on<B: Backend>(
                 }
                 for h in 0..heads {
                     let cell = layer * heads + h;
-                    for (off, sum, nsum) in [
-                        (k_off, &mut k_sum, &mut k_norm),
-                        (v_off, &mut v_sum, &mut v_norm),
+                    for (off, sum, sqsum, nsum) in [
+                        (k_off, &mut k_sum, &mut k_sq, &mut k_norm),
+                        (v_off, &mut v_sum, &mut v_sq, &mut v_norm),
                     ] {
                         let x = &row[off + h * d..off + (h + 1) * d];
                         let acc = &mut sum[cell * d..(cell + 1) * d];
+                        let acc_sq = &mut sqsum[cell * d..(cell + 1) * d];
                         let mut sq = 0f64;
-                        for (a, &xi) in acc.iter_mut().zip(x) {
-                            *a += xi as f64;
-                            sq += xi as f64 * xi as f64;
+                        for ((a, a2), &xi) in acc.iter_mut().zip(acc_sq.iter_mut()).zip(x) {
+                            let xi = xi as f64;
+                            *a += xi;
+                            *a2 += xi * xi;
+                            sq += xi * xi;
                         }
                         nsum[cell] += sq.sqrt();
                     }
@@ -192,6 +231,8 @@ pub fn calibrate_kv_centers_on<B: Backend>(
         },
         mean_key_norm: mean(k_norm),
         mean_value_norm: mean(v_norm),
+        key_energy: mean(k_sq),
+        value_energy: mean(v_sq),
         tokens: n - 1,
     };
     let fractions: Vec<f32> = (0..layers)

@@ -93,6 +93,58 @@ fn centers_have_the_cache_shape_are_finite_deterministic_and_keys_have_a_common_
     };
     let s = Session::with_policy(t, KvDtype::Bf16, &policy, 64).unwrap();
     assert_eq!(s.cache().layout().centers.as_deref(), Some(&a.centers));
+
+    // Outlier channels: per layer the half of the channels with the most energy (summed over
+    // the layer's kv heads), of x or of x − μ.
+    let d = c.head_dim;
+    for centered in [false, true] {
+        let o = a.outliers(centered).unwrap();
+        assert_eq!((o.key.len(), o.value.len()), (c.n_layers, c.n_layers));
+        for l in 0..c.n_layers {
+            let energy: Vec<f32> = (0..d)
+                .map(|ch| {
+                    (0..c.n_kv_heads)
+                        .map(|h| {
+                            let i = (l * c.n_kv_heads + h) * d + ch;
+                            let mu = a.centers.key[i];
+                            a.key_energy[i] - if centered { mu * mu } else { 0.0 }
+                        })
+                        .sum()
+                })
+                .collect();
+            let chosen = o.key[l].channels();
+            assert_eq!(chosen.len(), d / 2);
+            let weakest_in = chosen
+                .iter()
+                .map(|&ch| energy[ch as usize])
+                .fold(f32::INFINITY, f32::min);
+            let strongest_out = o.key[l]
+                .complement()
+                .iter()
+                .map(|&ch| energy[ch as usize])
+                .fold(f32::NEG_INFINITY, f32::max);
+            assert!(
+                weakest_in >= strongest_out,
+                "layer {l} centered {centered}: {weakest_in} < {strongest_out}"
+            );
+        }
+    }
+    // …and reach a fractional cache's layers through the policy.
+    let outliers = a.outliers(false).unwrap();
+    let policy = KvPolicy {
+        outliers: Some(Arc::new(outliers.clone())),
+        ..Default::default()
+    };
+    let s = Session::with_policy(t, "tq3.5".parse().unwrap(), &policy, 64).unwrap();
+    let layout = s.cache().layout();
+    assert_eq!(
+        layout.codec_options(3).key_outliers.as_ref(),
+        Some(&outliers.key[3])
+    );
+    assert_eq!(
+        layout.codec_options(3).value_outliers.as_ref(),
+        Some(&outliers.value[3])
+    );
 }
 
 #[test]

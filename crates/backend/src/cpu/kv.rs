@@ -142,8 +142,12 @@ impl CpuKvPool {
                 }
             }
             KvStorage::Codec => {
-                let codec =
-                    LayerCodec::new(lk.dtype, layout.head_dim, layer as u32, &layout.codec)?;
+                let codec = LayerCodec::new(
+                    lk.dtype,
+                    layout.head_dim,
+                    layer as u32,
+                    &layout.codec_options(layer),
+                )?;
                 let k_layout = codec.key.block_layout(layout.block_size)?;
                 let v_layout = codec.value.block_layout(layout.block_size)?;
                 let k_len = blocks
