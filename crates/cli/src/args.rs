@@ -146,7 +146,8 @@ pub struct KvOptArgs {
     #[arg(long, value_enum, default_value_t = KeyModeArg::Mse)]
     pub key_mode: KeyModeArg,
     /// Center keys and values per (layer, kv head) by means from a short calibration pass at
-    /// load (exact; frees the codes from the keys' common direction). Same as a `+c` suffix.
+    /// load (exact; frees the codes from the keys' common direction); keeps the first token
+    /// exact, since its key lies far from the mean. Same as a `+c` suffix.
     #[arg(long)]
     pub kv_center: bool,
 }
