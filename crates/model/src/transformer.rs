@@ -293,13 +293,10 @@ impl<B: Backend> Transformer<B> {
                 f(l, &host);
             }
             b.attention(&s.qkv, &self.geometry, &spans, pool, &mut s.attn)?;
-            b.matmul(&s.attn, &layer.wo, &mut s.proj)?;
-            b.add_assign(&mut s.x, &s.proj)?;
+            b.matmul_add(&s.attn, &layer.wo, &mut s.x, &mut s.proj)?;
             b.rms_norm(&s.x, &layer.ffn_norm, eps, &mut s.xn)?;
-            b.matmul_cat(&s.xn, &layer.w_gate_up, &mut s.gate_up)?;
-            b.silu_mul(&s.gate_up, &mut s.act)?;
-            b.matmul(&s.act, &layer.w_down, &mut s.proj)?;
-            b.add_assign(&mut s.x, &s.proj)?;
+            b.matmul_silu(&s.xn, &layer.w_gate_up, &mut s.gate_up, &mut s.act)?;
+            b.matmul_add(&s.act, &layer.w_down, &mut s.x, &mut s.proj)?;
         }
         let rows: Vec<usize> = match want {
             LogitsFor::AllTokens => (0..ids.len()).collect(),
