@@ -153,6 +153,37 @@ pub trait Backend: Send + Sync {
         self.matmul_cat(x, ws, gate_up)?;
         self.silu_mul(gate_up, out)
     }
+    /// `out = rms_norm(x, norm, eps) · [W₀; W₁; …]ᵀ`. `xn` (x's width) is scratch: this
+    /// default writes the normalised x there; a backend may fuse the norm into the matmul and
+    /// leave it untouched.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_matmul_cat(
+        &self,
+        x: &Self::Tensor,
+        norm: &Self::Vector,
+        eps: f32,
+        ws: &[Self::Matrix],
+        xn: &mut Self::Tensor,
+        out: &mut Self::Tensor,
+    ) -> Result<(), Error> {
+        self.rms_norm(x, norm, eps, xn)?;
+        self.matmul_cat(xn, ws, out)
+    }
+    /// [`Backend::matmul_silu`] of `rms_norm(x, norm, eps)`; `xn` and `gate_up` are scratch.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_matmul_silu(
+        &self,
+        x: &Self::Tensor,
+        norm: &Self::Vector,
+        eps: f32,
+        ws: &[Self::Matrix],
+        xn: &mut Self::Tensor,
+        gate_up: &mut Self::Tensor,
+        out: &mut Self::Tensor,
+    ) -> Result<(), Error> {
+        self.rms_norm(x, norm, eps, xn)?;
+        self.matmul_silu(xn, ws, gate_up, out)
+    }
     /// `out = x · [W₀; W₁; …]ᵀ`: the outputs of several matrices with the same input width,
     /// side by side in each row (a fused projection whose parts have different formats).
     fn matmul_cat(

@@ -367,6 +367,85 @@ fn skinny_matmuls_match_reference() {
             0.0,
         );
     }
+    // RMSNorm fused in front (the normed GEMV kernel for 1 row; the norm, then the GEMV or
+    // cuBLAS, beyond), into `matmul_cat` and into the gated form: against float64 of the
+    // unrounded normalised x and bf16 weights (the unfused path rounds x·inv·g to bf16: 2⁻⁹
+    // relative per term).
+    for (t, k, n) in [(1, 4096, 301), (2, 1032, 77), (3, 264, 40), (9, 512, 33)] {
+        let x = r.vec(t * k, 1.0);
+        let gnorm: Vec<f32> = r.vec(k, 1.0).iter().map(|v| 1.0 + 0.5 * v).collect();
+        let eps = 1e-5f32;
+        let mut xn = vec![0f64; t * k];
+        for i in 0..t {
+            let row = &x[i * k..(i + 1) * k];
+            let ms = row
+                .iter()
+                .map(|&v| f64::from(v) * f64::from(v))
+                .sum::<f64>()
+                / k as f64;
+            let inv = 1.0 / (ms + f64::from(eps)).sqrt();
+            for j in 0..k {
+                xn[i * k + j] = f64::from(row[j]) * inv * f64::from(gnorm[j]);
+            }
+        }
+        let wv = r.vec(2 * n * k, 1.0);
+        let wb: Vec<f64> = wv.iter().map(|&f| bf16::from_f32(f).to_f64()).collect();
+        let (mut want, mut mag) = (vec![0f32; t * 2 * n], vec![0f32; t * 2 * n]);
+        for i in 0..t {
+            for j in 0..2 * n {
+                let (xr, wr) = (&xn[i * k..(i + 1) * k], &wb[j * k..(j + 1) * k]);
+                want[i * 2 * n + j] = xr.iter().zip(wr).map(|(a, b)| a * b).sum::<f64>() as f32;
+                mag[i * 2 * n + j] =
+                    xr.iter().zip(wr).map(|(a, b)| (a * b).abs()).sum::<f64>() as f32;
+            }
+        }
+        let rel = if t > 1 { 4e-3 } else { 1e-4 };
+        let ws = vec![
+            g.matrix(&WeightMatrix::from_f32(2 * n, k, &wv).unwrap())
+                .unwrap(),
+        ];
+        let nw = g.vector(&gnorm).unwrap();
+        let gx = gpu_t(g, &x, t, k);
+        let (mut xs, mut out) = (poison(g, t, k), poison(g, t, 2 * n));
+        g.rms_norm_matmul_cat(&gx, &nw, eps, &ws, &mut xs, &mut out)
+            .unwrap();
+        let e = close_mag("rms_norm_matmul_cat", &host(g, &out), &want, &mag, rel);
+        eprintln!("rms_norm_matmul_cat [{t}×{k}] → {}: {e:.1e}", 2 * n);
+        let silu = |v: f32| v / (1.0 + (-v).exp());
+        let (mut want_s, mut tol_s) = (vec![0f32; t * n], vec![0f32; t * n]);
+        for i in 0..t {
+            for j in 0..n {
+                let (a, b) = (i * 2 * n + j, i * 2 * n + n + j);
+                want_s[i * n + j] = silu(want[a]) * want[b];
+                tol_s[i * n + j] = 1.1 * want[b].abs() * mag[a] + silu(want[a]).abs() * mag[b];
+            }
+        }
+        let (mut gate_up, mut act) = (poison(g, t, 2 * n), poison(g, t, n));
+        g.rms_norm_matmul_silu(&gx, &nw, eps, &ws, &mut xs, &mut gate_up, &mut act)
+            .unwrap();
+        let e = close_mag("rms_norm_matmul_silu", &host(g, &act), &want_s, &tol_s, rel);
+        eprintln!("rms_norm_matmul_silu [{t}×{k}] → {n}: {e:.1e}");
+        let cw = vec![
+            c.matrix(&WeightMatrix::from_f32(2 * n, k, &wv).unwrap())
+                .unwrap(),
+        ];
+        let (mut cxs, mut cgu, mut cact) = (
+            c.tensor(t, k).unwrap(),
+            c.tensor(t, 2 * n).unwrap(),
+            c.tensor(t, n).unwrap(),
+        );
+        let cn = c.vector(&gnorm).unwrap();
+        let cx = cpu_t(x.clone(), t, k);
+        c.rms_norm_matmul_silu(&cx, &cn, eps, &cw, &mut cxs, &mut cgu, &mut cact)
+            .unwrap();
+        close(
+            "cpu rms_norm_matmul_silu",
+            cact.as_slice(),
+            &want_s,
+            0.03 * rms(&want_s),
+            0.0,
+        );
+    }
     let (gx, gw) = (
         gpu_t(g, &[0.0; 8], 1, 8),
         g.matrix(&WeightMatrix::from_f32(4, 8, &[0.0; 32]).unwrap())
@@ -703,6 +782,7 @@ fn graphed_steps_match_eager_steps() {
         g.kv_pool(&layout, 0).unwrap(),
     ];
     let tables: Vec<Vec<u32>> = (0..3u32).map(|s| (s * 8..s * 8 + 8).collect()).collect();
+    let mut proj_lm = g.tensor(0, vocab).unwrap();
     let (mut gate_up, mut act) = (g.tensor(0, 2 * ffn).unwrap(), g.tensor(0, ffn).unwrap());
     let (mut x, mut xn, mut qkv, mut att, mut proj, mut pick, mut pick_n, mut logits) = (
         g.tensor(0, hidden).unwrap(),
@@ -734,18 +814,25 @@ fn graphed_steps_match_eager_steps() {
             .map(|i| (tok + 7 * i as u32) % vocab as u32)
             .collect();
         g.embed(&embed, &ids, &mut x)?;
-        g.rms_norm(&x, &norm, 1e-5, &mut xn)?;
-        g.matmul_cat(&xn, &wqkv, &mut qkv)?;
+        g.rms_norm_matmul_cat(&x, &norm, 1e-5, &wqkv, &mut xn, &mut qkv)?;
         g.write_kv(&mut qkv, &geo, &rope, None, &spans, pool)?;
         g.attention(&qkv, &geo, &spans, pool, &mut att)?;
         g.matmul_add(&att, &wo, &mut x, &mut proj)?;
-        g.rms_norm(&x, &norm, 1e-5, &mut xn)?;
-        g.matmul_silu(&xn, &w_gate_up, &mut gate_up, &mut act)?;
+        g.rms_norm_matmul_silu(&x, &norm, 1e-5, &w_gate_up, &mut xn, &mut gate_up, &mut act)?;
         g.matmul_add(&act, &w_down, &mut x, &mut proj)?;
         let last: Vec<usize> = (0..seqs).map(|s| s * n + n - 1).collect();
         g.gather_rows(&x, &last, &mut pick)?;
         g.rms_norm(&pick, &norm, 1e-5, &mut pick_n)?;
         g.matmul(&pick_n, &lm, &mut logits)?;
+        g.rms_norm_matmul_cat(
+            &pick,
+            &norm,
+            1e-5,
+            std::slice::from_ref(&lm),
+            &mut pick_n,
+            &mut proj_lm,
+        )?;
+        g.add_assign(&mut logits, &proj_lm)?;
         g.to_host(&logits, out)
     };
     // Identical prefill of both caches (eager).

@@ -39,6 +39,9 @@ pub(crate) struct Kernels {
     pub gemv: [CudaFunction; GEMV_MAX_ROWS],
     /// The same with the gated epilogue `silu(g) · u` (the FFN input).
     pub gemv_silu: [CudaFunction; GEMV_MAX_ROWS],
+    /// The same two with the RMSNorm of x fused in front.
+    pub gemv_norm: [CudaFunction; GEMV_MAX_ROWS],
+    pub gemv_norm_silu: [CudaFunction; GEMV_MAX_ROWS],
 }
 
 /// Most activation rows the GEMV kernels are instantiated for.
@@ -151,6 +154,8 @@ impl Kernels {
         Ok(Self {
             gemv: per_rows("gemv")?,
             gemv_silu: per_rows("gemv_silu")?,
+            gemv_norm: per_rows("gemv_norm")?,
+            gemv_norm_silu: per_rows("gemv_norm_silu")?,
             embed_bf16: f(&ew, "embed_bf16")?,
             rms_norm: f(&ew, "rms_norm")?,
             add_assign: f(&ew, "add_assign")?,

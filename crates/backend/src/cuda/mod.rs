@@ -18,8 +18,9 @@
 //! [`Backend::to_host`], which synchronises.
 //!
 //! [`CudaBackend::run_graphed`] replays whole steps (decode) as CUDA graphs; see `graph.rs`.
-//! Matmuls of up to 8 activation rows (decode) run on a hand-written GEMV kernel that streams
-//! the weights at close to the copy bandwidth; larger ones on cuBLAS (see `ops.rs`, `gemm`).
+//! Matmuls of few activation rows (decode; ≤ 2 by default, see [`CudaOptions::gemv_max_rows`])
+//! run on a hand-written GEMV kernel with fused epilogues (residual add, `silu(g)·u`, RMSNorm
+//! in front), larger ones on cuBLAS (`CudaBackend::use_gemv` in `ops.rs` decides).
 //! Attention has three kernels: a tensor-core tile kernel for prefill spans over bf16 KV
 //! (head_dim 64/128), a row-parallel split-K kernel for decode rows (head_dim 64/128/256, up
 //! to 8 query heads per kv head), and the original tiled kernel for everything else.
@@ -143,8 +144,8 @@ pub struct CudaOptions {
     pub attention_blocks_per_sm: usize,
     /// Matmuls of at most this many activation rows (decode of a few sequences) run on the
     /// GEMV kernel (`kernels/gemv.cu`), larger ones on cuBLAS; 0 sends everything to cuBLAS.
-    /// Capped at 8. The default is [`DEFAULT_GEMV_MAX_ROWS`], or the environment variable
-    /// `TURBOKV_GEMV_MAX_ROWS` when set (for A/B measurements).
+    /// Capped at 8 (the kernels instantiated). The default is [`DEFAULT_GEMV_MAX_ROWS`], or
+    /// the environment variable `TURBOKV_GEMV_MAX_ROWS` when set (for A/B measurements).
     pub gemv_max_rows: usize,
     /// Launch the GEMV kernel with programmatic dependent launch (Hopper and newer) when the
     /// kernel ahead of it is one of the backend's own (norm, attention combine, GEMV): it
@@ -155,7 +156,8 @@ pub struct CudaOptions {
     pub pdl: bool,
 }
 
-/// See [`CudaOptions::gemv_max_rows`].
+/// See [`CudaOptions::gemv_max_rows`]. On an H200 (llama3-8b shapes) the GEMV kernel beat
+/// cuBLAS for 1 and 2 rows and lost the decode step at 4 and 8 (BENCHMARKS.md).
 pub const DEFAULT_GEMV_MAX_ROWS: usize = 2;
 
 impl Default for CudaOptions {

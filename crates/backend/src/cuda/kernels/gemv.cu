@@ -17,6 +17,10 @@
 // whose first half are the gate rows and second half the up rows; a block owns R/2 output
 // columns j and reads gate row j and up row F + j, and writes y[m, j] = silu(g) · u (f32, row
 // stride ldy = F) and its bf16 copy into yb (the next matmul's input).
+//
+// Normed variant (RMSNorm fused in front): x is instead the f32 residual xf [M, K] with the
+// norm weights gw [K]; the block, whose threads cover all of K, accumulates Σ w·(x·g) and Σ x²
+// and scales the result by 1 / sqrt(Σ x² / K + eps), so the normalised input is never written.
 
 // Threads per block of every instantiation; the host sizes the grid from R alone.
 #define GEMV_THREADS 128
@@ -37,6 +41,18 @@ __device__ __forceinline__ float dot2(u32 a, u32 b, float acc) {
     return fmaf(__uint_as_float(a & 0xffff0000u), __uint_as_float(b & 0xffff0000u), acc);
 }
 
+// acc + Σ w[i]·v[i] for 8 bf16 weights and 8 floats.
+__device__ __forceinline__ float dot8f(uint4 w, const float* v, float acc) {
+    acc = fmaf(__uint_as_float(w.x << 16), v[0], acc);
+    acc = fmaf(__uint_as_float(w.x & 0xffff0000u), v[1], acc);
+    acc = fmaf(__uint_as_float(w.y << 16), v[2], acc);
+    acc = fmaf(__uint_as_float(w.y & 0xffff0000u), v[3], acc);
+    acc = fmaf(__uint_as_float(w.z << 16), v[4], acc);
+    acc = fmaf(__uint_as_float(w.z & 0xffff0000u), v[5], acc);
+    acc = fmaf(__uint_as_float(w.w << 16), v[6], acc);
+    return fmaf(__uint_as_float(w.w & 0xffff0000u), v[7], acc);
+}
+
 __device__ __forceinline__ float dot8(uint4 a, uint4 b, float acc) {
     acc = dot2(a.x, b.x, acc);
     acc = dot2(a.y, b.y, acc);
@@ -44,11 +60,13 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b, float acc) {
     return dot2(a.w, b.w, acc);
 }
 
-template <int M, int R, int U, bool GATED>
+template <int M, int R, int U, bool GATED, bool NORM>
 __device__ __forceinline__ void gemv_impl(const u16* w0, const u16* w1, const u16* w2, const u16* w3,
                                           int e0, int e1, int e2, int n_total, const u16* x, int K,
-                                          float* y, int ldy, int accumulate, u16* yb) {
-    __shared__ float red[GEMV_WARPS][R][M];
+                                          float* y, int ldy, int accumulate, u16* yb,
+                                          const float* xf, const float* gw, float eps) {
+    // Per-warp partial sums; row R holds Σ x² (normed variant).
+    __shared__ float red[GEMV_WARPS][R + 1][M];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     // Output rows (columns of y) of this block: R, or R/2 gated ones.
     const int RO = GATED ? R / 2 : R;
@@ -72,6 +90,9 @@ __device__ __forceinline__ void gemv_impl(const u16* w0, const u16* w1, const u1
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int m = 0; m < M; m++) acc[r][m] = 0.0f;
+    float ss[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) ss[m] = 0.0f;
     pdl_trigger();
     // The first U chunks of each row are loaded before waiting for the kernel ahead (which
     // wrote x, and y when accumulating): with programmatic dependent launch they stream in
@@ -89,7 +110,20 @@ __device__ __forceinline__ void gemv_impl(const u16* w0, const u16* w1, const u1
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int c = base + GEMV_THREADS * u;
-            if (c < C) {
+            if (c < C && NORM) {
+                const float4 ga = ((const float4*)gw)[2 * c], gb = ((const float4*)gw)[2 * c + 1];
+#pragma unroll
+                for (int m = 0; m < M; m++) {
+                    const float4* xm = (const float4*)(xf + (u64)m * K);
+                    const float4 a = xm[2 * c], b = xm[2 * c + 1];
+                    ss[m] += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w + b.x * b.x +
+                             b.y * b.y + b.z * b.z + b.w * b.w;
+                    const float xv[8] = {a.x * ga.x, a.y * ga.y, a.z * ga.z, a.w * ga.w,
+                                         b.x * gb.x, b.y * gb.y, b.z * gb.z, b.w * gb.w};
+#pragma unroll
+                    for (int r = 0; r < R; r++) acc[r][m] = dot8f(wv[u][r], xv, acc[r][m]);
+                }
+            } else if (c < C) {
 #pragma unroll
                 for (int m = 0; m < M; m++) {
                     const uint4 xv = xr[(u64)m * C + c];
@@ -109,14 +143,29 @@ __device__ __forceinline__ void gemv_impl(const u16* w0, const u16* w1, const u1
             for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
             if (lane == 0) red[warp][r][m] = v;
         }
+    if (NORM) {
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            float v = ss[m];
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+            if (lane == 0) red[warp][R][m] = v;
+        }
+    }
     __syncthreads();
     if (tid < RO * M) {
         const int r = tid / M, m = tid % M;
-        float v = 0.0f, u = 0.0f;
+        float v = 0.0f, u = 0.0f, sq = 0.0f;
 #pragma unroll
         for (int w = 0; w < GEMV_WARPS; w++) {
             v += red[w][r][m];
             if (GATED) u += red[w][r + RO][m];
+            if (NORM) sq += red[w][R][m];
+        }
+        if (NORM) {
+            const float inv = 1.0f / sqrtf(sq / (float)K + eps);
+            v *= inv;
+            u *= inv;
         }
         if (n0 + r < n_out) {
             float* p = y + (u64)m * ldy + n0 + r;
@@ -131,21 +180,19 @@ __device__ __forceinline__ void gemv_impl(const u16* w0, const u16* w1, const u1
     }
 }
 
-#define GEMV(M, R, U)                                                                              \
+#define GEMV_KERNEL(NAME, M, R, U, GATED, NORM)                                                    \
     extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                    \
-        gemv_##M(const u16* w0, const u16* w1, const u16* w2, const u16* w3, int e0, int e1,       \
-                 int e2, int n_total, const u16* x, int K, float* y, int ldy, int accumulate,      \
-                 u16* yb) {                                                                        \
-        gemv_impl<M, R, U, false>(w0, w1, w2, w3, e0, e1, e2, n_total, x, K, y, ldy, accumulate,   \
-                                  yb);                                                             \
-    }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                    \
-        gemv_silu_##M(const u16* w0, const u16* w1, const u16* w2, const u16* w3, int e0, int e1,  \
-                      int e2, int n_total, const u16* x, int K, float* y, int ldy, int accumulate, \
-                      u16* yb) {                                                                   \
-        gemv_impl<M, R, U, true>(w0, w1, w2, w3, e0, e1, e2, n_total, x, K, y, ldy, accumulate,    \
-                                 yb);                                                              \
+        NAME(const u16* w0, const u16* w1, const u16* w2, const u16* w3, int e0, int e1, int e2,   \
+             int n_total, const u16* x, int K, float* y, int ldy, int accumulate, u16* yb,         \
+             const float* xf, const float* gw, float eps) {                                        \
+        gemv_impl<M, R, U, GATED, NORM>(w0, w1, w2, w3, e0, e1, e2, n_total, x, K, y, ldy,         \
+                                        accumulate, yb, xf, gw, eps);                              \
     }
+#define GEMV(M, R, U)                                                                              \
+    GEMV_KERNEL(gemv_##M, M, R, U, false, false)                                                   \
+    GEMV_KERNEL(gemv_silu_##M, M, R, U, true, false)                                               \
+    GEMV_KERNEL(gemv_norm_##M, M, R, U, false, true)                                               \
+    GEMV_KERNEL(gemv_norm_silu_##M, M, R, U, true, true)
 
 // Rows per block R (weight rows read; even, for the gated variant) and chunks in flight U per
 // M: R·U 16-byte weight loads in flight per thread; larger M shares each x chunk between more
