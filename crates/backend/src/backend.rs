@@ -127,6 +127,63 @@ pub trait Backend: Send + Sync {
         w: &Self::Matrix,
         out: &mut Self::Tensor,
     ) -> Result<(), Error>;
+    /// `acc += x · Wᵀ` (a residual add). `tmp`, of `acc`'s width, is scratch: this default
+    /// multiplies into it and adds; a backend may fuse the add into the matmul instead and
+    /// leave `tmp` untouched.
+    fn matmul_add(
+        &self,
+        x: &Self::Tensor,
+        w: &Self::Matrix,
+        acc: &mut Self::Tensor,
+        tmp: &mut Self::Tensor,
+    ) -> Result<(), Error> {
+        self.matmul(x, w, tmp)?;
+        self.add_assign(acc, tmp)
+    }
+    /// `out = silu(g) · u` where each row of `x · [W₀; W₁; …]ᵀ` is `[g | u]` (the gated FFN
+    /// input: `matmul_cat` then `silu_mul`). `gate_up`, twice `out`'s width, is scratch: this
+    /// default multiplies into it; a backend may fuse both and leave it untouched.
+    fn matmul_silu(
+        &self,
+        x: &Self::Tensor,
+        ws: &[Self::Matrix],
+        gate_up: &mut Self::Tensor,
+        out: &mut Self::Tensor,
+    ) -> Result<(), Error> {
+        self.matmul_cat(x, ws, gate_up)?;
+        self.silu_mul(gate_up, out)
+    }
+    /// `out = rms_norm(x, norm, eps) · [W₀; W₁; …]ᵀ`. `xn` (x's width) is scratch: this
+    /// default writes the normalised x there; a backend may fuse the norm into the matmul and
+    /// leave it untouched.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_matmul_cat(
+        &self,
+        x: &Self::Tensor,
+        norm: &Self::Vector,
+        eps: f32,
+        ws: &[Self::Matrix],
+        xn: &mut Self::Tensor,
+        out: &mut Self::Tensor,
+    ) -> Result<(), Error> {
+        self.rms_norm(x, norm, eps, xn)?;
+        self.matmul_cat(xn, ws, out)
+    }
+    /// [`Backend::matmul_silu`] of `rms_norm(x, norm, eps)`; `xn` and `gate_up` are scratch.
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_matmul_silu(
+        &self,
+        x: &Self::Tensor,
+        norm: &Self::Vector,
+        eps: f32,
+        ws: &[Self::Matrix],
+        xn: &mut Self::Tensor,
+        gate_up: &mut Self::Tensor,
+        out: &mut Self::Tensor,
+    ) -> Result<(), Error> {
+        self.rms_norm(x, norm, eps, xn)?;
+        self.matmul_silu(xn, ws, gate_up, out)
+    }
     /// `out = x · [W₀; W₁; …]ᵀ`: the outputs of several matrices with the same input width,
     /// side by side in each row (a fused projection whose parts have different formats).
     fn matmul_cat(

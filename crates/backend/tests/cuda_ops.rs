@@ -18,7 +18,7 @@ use std::sync::OnceLock;
 
 use half::{bf16, f16};
 use turbokv_backend::cpu::{CpuBackend, CpuTensor};
-use turbokv_backend::cuda::{CudaBackend, CudaTensor};
+use turbokv_backend::cuda::{CudaBackend, CudaOptions, CudaTensor};
 use turbokv_backend::{AttnGeometry, Backend, QkNorm, Rope, RopeStyle, SeqSpan, WeightMatrix};
 use turbokv_cache::KvLayout;
 use turbokv_codec::KvDtype;
@@ -184,6 +184,308 @@ fn embed_and_matmuls_match_cpu() {
             0.03 * rms(co.as_slice()),
             0.0,
         );
+    }
+}
+
+/// `x · Wᵀ` of the bf16-rounded operands in float64, and `Σ|x·w|` per output (the scale of
+/// the f32 accumulation error).
+fn matmul_ref(x: &[f32], w: &[f32], t: usize, k: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+    let b = |v: &[f32]| -> Vec<f64> { v.iter().map(|&f| bf16::from_f32(f).to_f64()).collect() };
+    let (xb, wb) = (b(x), b(w));
+    let mut out = vec![0f32; t * n];
+    let mut mag = vec![0f32; t * n];
+    for i in 0..t {
+        for j in 0..n {
+            let (xr, wr) = (&xb[i * k..(i + 1) * k], &wb[j * k..(j + 1) * k]);
+            out[i * n + j] = xr.iter().zip(wr).map(|(a, b)| a * b).sum::<f64>() as f32;
+            mag[i * n + j] = xr.iter().zip(wr).map(|(a, b)| (a * b).abs()).sum::<f64>() as f32;
+        }
+    }
+    (out, mag)
+}
+
+/// Asserts `|got - want| ≤ rel·mag + 1e-6` everywhere; returns the worst `|err| / mag`.
+fn close_mag(what: &str, got: &[f32], want: &[f32], mag: &[f32], rel: f32) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = 0f32;
+    for (i, ((&a, &b), &m)) in got.iter().zip(want).zip(mag).enumerate() {
+        let err = (a - b).abs();
+        assert!(
+            err <= rel * m + 1e-6,
+            "{what}: element {i}: got {a}, want {b} (Σ|x·w| = {m})"
+        );
+        worst = worst.max(err / m.max(1e-30));
+    }
+    worst
+}
+
+/// The decode matmuls: the GEMV kernel (1..=8 rows, K a multiple of 8 but not of 256, odd N),
+/// its fused residual add (`matmul_add`) and `matmul_cat` over more parts than one launch
+/// takes, against a float64 reference of the bf16-rounded operands (f32 accumulation: within
+/// 1e-4·Σ|x·w|); the same through cuBLAS (a backend with the GEMV kernel off, and shapes the
+/// GEMV kernel does not take: K % 8 ≠ 0, 9 rows); and the CPU backend's `matmul_add`.
+#[test]
+fn skinny_matmuls_match_reference() {
+    let Some(g) = gpu() else { return };
+    let opts = CudaOptions {
+        gemv_max_rows: 0,
+        ..CudaOptions::default()
+    };
+    let blas = CudaBackend::with_options(0, &opts).unwrap();
+    let c = CpuBackend::new();
+    let mut r = Rng(31);
+    let shapes = [
+        (1, 4096, 301),
+        (2, 296, 1023),
+        (3, 1000, 17),
+        (4, 2056, 515),
+        (5, 8, 33),
+        (6, 1536, 257),
+        (7, 600, 129),
+        (8, 4104, 301),
+        (1, 100, 64),
+        (9, 512, 77),
+    ];
+    for (t, k, n) in shapes {
+        let x = r.vec(t * k, 1.0);
+        let wv = r.vec(n * k, 1.0);
+        let wm = WeightMatrix::from_f32(n, k, &wv).unwrap();
+        let (want, mag) = matmul_ref(&x, &wv, t, k, n);
+        let acc0 = r.vec(t * n, 1.0);
+        let want_add: Vec<f32> = want.iter().zip(&acc0).map(|(a, b)| a + b).collect();
+        for (name, be, rel) in [("gemv", g, 1e-4), ("cublas", &blas, 1e-3)] {
+            let (gx, gw) = (gpu_t(be, &x, t, k), be.matrix(&wm).unwrap());
+            let mut go = poison(be, t, n);
+            be.matmul(&gx, &gw, &mut go).unwrap();
+            let e = close_mag(name, &host(be, &go), &want, &mag, rel);
+            let mut ga = gpu_t(be, &acc0, t, n);
+            let mut tmp = poison(be, t, n);
+            be.matmul_add(&gx, &gw, &mut ga, &mut tmp).unwrap();
+            let ea = close_mag(name, &host(be, &ga), &want_add, &mag, rel);
+            eprintln!("{name} [{t}×{k}]·[{n}×{k}]ᵀ: worst err/Σ|xw| {e:.1e}, with add {ea:.1e}");
+        }
+        let (cx, cw) = (cpu_t(x.clone(), t, k), c.matrix(&wm).unwrap());
+        let mut ca = cpu_t(acc0.clone(), t, n);
+        let mut tmp = c.tensor(t, n).unwrap();
+        c.matmul_add(&cx, &cw, &mut ca, &mut tmp).unwrap();
+        close(
+            "cpu matmul_add",
+            ca.as_slice(),
+            &want_add,
+            0.03 * rms(&want),
+            0.0,
+        );
+    }
+    // Six parts of odd heights: two GEMV launches (up to 4 matrices each) into one output.
+    for t in [1, 3, 8] {
+        let k = 264;
+        let heights = [5, 130, 1, 77, 300, 9];
+        let x = r.vec(t * k, 1.0);
+        let parts: Vec<Vec<f32>> = heights.iter().map(|&h| r.vec(h * k, 1.0)).collect();
+        let all: Vec<f32> = parts.concat();
+        let total: usize = heights.iter().sum();
+        let (want, mag) = matmul_ref(&x, &all, t, k, total);
+        let ws: Vec<_> = heights
+            .iter()
+            .zip(&parts)
+            .map(|(&h, p)| g.matrix(&WeightMatrix::from_f32(h, k, p).unwrap()).unwrap())
+            .collect();
+        let gx = gpu_t(g, &x, t, k);
+        let mut go = poison(g, t, total);
+        g.matmul_cat(&gx, &ws, &mut go).unwrap();
+        close_mag("gemv matmul_cat", &host(g, &go), &want, &mag, 1e-4);
+    }
+    // The gated FFN input `silu(g) · u` (fused into the GEMV kernel for ≤ 8 rows; cuBLAS and
+    // `silu_mul` for 9), from [gate | up] as one stacked matrix and as two; then the matmul
+    // that reads its output, which must take the kernel's bf16 copy to the same result as a
+    // fresh upload of the same values.
+    for (t, k, f) in [(1, 4096, 1001), (4, 520, 77), (8, 1032, 300), (9, 256, 40)] {
+        let x = r.vec(t * k, 1.0);
+        let wv = r.vec(2 * f * k, 1.0);
+        let (gu, mag) = matmul_ref(&x, &wv, t, k, 2 * f);
+        let silu = |v: f32| v / (1.0 + (-v).exp());
+        let mut want = vec![0f32; t * f];
+        let mut tol = vec![0f32; t * f];
+        for i in 0..t {
+            for j in 0..f {
+                let (a, b) = (i * 2 * f + j, i * 2 * f + f + j);
+                let (gv, uv) = (gu[a], gu[b]);
+                want[i * f + j] = silu(gv) * uv;
+                tol[i * f + j] = 1.1 * uv.abs() * mag[a] + silu(gv).abs() * mag[b];
+            }
+        }
+        let stacked = vec![
+            g.matrix(&WeightMatrix::from_f32(2 * f, k, &wv).unwrap())
+                .unwrap(),
+        ];
+        let split: Vec<_> = [&wv[..f * k], &wv[f * k..]]
+            .iter()
+            .map(|p| g.matrix(&WeightMatrix::from_f32(f, k, p).unwrap()).unwrap())
+            .collect();
+        let w2v = r.vec(5 * f, 1.0);
+        let w2 = g
+            .matrix(&WeightMatrix::from_f32(5, f, &w2v).unwrap())
+            .unwrap();
+        for ws in [&stacked, &split] {
+            let gx = gpu_t(g, &x, t, k);
+            let (mut gate_up, mut act) = (poison(g, t, 2 * f), poison(g, t, f));
+            g.matmul_silu(&gx, ws, &mut gate_up, &mut act).unwrap();
+            let got = host(g, &act);
+            let rel = if t > 8 { 1e-3 } else { 1e-4 };
+            let worst = close_mag("matmul_silu", &got, &want, &tol, rel);
+            eprintln!(
+                "matmul_silu [{t}×{k}] → {f} ({} parts): {worst:.1e}",
+                ws.len()
+            );
+            let (mut o1, mut o2) = (poison(g, t, 5), poison(g, t, 5));
+            g.matmul_silu(&gx, ws, &mut gate_up, &mut act).unwrap();
+            g.matmul(&act, &w2, &mut o1).unwrap();
+            let fresh = gpu_t(g, &got, t, f);
+            g.matmul(&fresh, &w2, &mut o2).unwrap();
+            close(
+                "matmul after matmul_silu",
+                &host(g, &o1),
+                &host(g, &o2),
+                0.0,
+                0.0,
+            );
+        }
+        let (cx, cw) = (
+            cpu_t(x.clone(), t, k),
+            vec![
+                c.matrix(&WeightMatrix::from_f32(2 * f, k, &wv).unwrap())
+                    .unwrap(),
+            ],
+        );
+        let (mut cgu, mut cact) = (c.tensor(t, 2 * f).unwrap(), c.tensor(t, f).unwrap());
+        c.matmul_silu(&cx, &cw, &mut cgu, &mut cact).unwrap();
+        close(
+            "cpu matmul_silu",
+            cact.as_slice(),
+            &want,
+            0.03 * rms(&want),
+            0.0,
+        );
+    }
+    // RMSNorm fused in front (the normed GEMV kernel for 1 row; the norm, then the GEMV or
+    // cuBLAS, beyond), into `matmul_cat` and into the gated form: against float64 of the
+    // unrounded normalised x and bf16 weights (the unfused path rounds x·inv·g to bf16: 2⁻⁹
+    // relative per term).
+    for (t, k, n) in [(1, 4096, 301), (2, 1032, 77), (3, 264, 40), (9, 512, 33)] {
+        let x = r.vec(t * k, 1.0);
+        let gnorm: Vec<f32> = r.vec(k, 1.0).iter().map(|v| 1.0 + 0.5 * v).collect();
+        let eps = 1e-5f32;
+        let mut xn = vec![0f64; t * k];
+        for i in 0..t {
+            let row = &x[i * k..(i + 1) * k];
+            let ms = row
+                .iter()
+                .map(|&v| f64::from(v) * f64::from(v))
+                .sum::<f64>()
+                / k as f64;
+            let inv = 1.0 / (ms + f64::from(eps)).sqrt();
+            for j in 0..k {
+                xn[i * k + j] = f64::from(row[j]) * inv * f64::from(gnorm[j]);
+            }
+        }
+        let wv = r.vec(2 * n * k, 1.0);
+        let wb: Vec<f64> = wv.iter().map(|&f| bf16::from_f32(f).to_f64()).collect();
+        let (mut want, mut mag) = (vec![0f32; t * 2 * n], vec![0f32; t * 2 * n]);
+        for i in 0..t {
+            for j in 0..2 * n {
+                let (xr, wr) = (&xn[i * k..(i + 1) * k], &wb[j * k..(j + 1) * k]);
+                want[i * 2 * n + j] = xr.iter().zip(wr).map(|(a, b)| a * b).sum::<f64>() as f32;
+                mag[i * 2 * n + j] =
+                    xr.iter().zip(wr).map(|(a, b)| (a * b).abs()).sum::<f64>() as f32;
+            }
+        }
+        let rel = if t > 1 { 4e-3 } else { 1e-4 };
+        let ws = vec![
+            g.matrix(&WeightMatrix::from_f32(2 * n, k, &wv).unwrap())
+                .unwrap(),
+        ];
+        let nw = g.vector(&gnorm).unwrap();
+        let gx = gpu_t(g, &x, t, k);
+        let (mut xs, mut out) = (poison(g, t, k), poison(g, t, 2 * n));
+        g.rms_norm_matmul_cat(&gx, &nw, eps, &ws, &mut xs, &mut out)
+            .unwrap();
+        let e = close_mag("rms_norm_matmul_cat", &host(g, &out), &want, &mag, rel);
+        eprintln!("rms_norm_matmul_cat [{t}×{k}] → {}: {e:.1e}", 2 * n);
+        let silu = |v: f32| v / (1.0 + (-v).exp());
+        let (mut want_s, mut tol_s) = (vec![0f32; t * n], vec![0f32; t * n]);
+        for i in 0..t {
+            for j in 0..n {
+                let (a, b) = (i * 2 * n + j, i * 2 * n + n + j);
+                want_s[i * n + j] = silu(want[a]) * want[b];
+                tol_s[i * n + j] = 1.1 * want[b].abs() * mag[a] + silu(want[a]).abs() * mag[b];
+            }
+        }
+        let (mut gate_up, mut act) = (poison(g, t, 2 * n), poison(g, t, n));
+        g.rms_norm_matmul_silu(&gx, &nw, eps, &ws, &mut xs, &mut gate_up, &mut act)
+            .unwrap();
+        let e = close_mag("rms_norm_matmul_silu", &host(g, &act), &want_s, &tol_s, rel);
+        eprintln!("rms_norm_matmul_silu [{t}×{k}] → {n}: {e:.1e}");
+        let cw = vec![
+            c.matrix(&WeightMatrix::from_f32(2 * n, k, &wv).unwrap())
+                .unwrap(),
+        ];
+        let (mut cxs, mut cgu, mut cact) = (
+            c.tensor(t, k).unwrap(),
+            c.tensor(t, 2 * n).unwrap(),
+            c.tensor(t, n).unwrap(),
+        );
+        let cn = c.vector(&gnorm).unwrap();
+        let cx = cpu_t(x.clone(), t, k);
+        c.rms_norm_matmul_silu(&cx, &cn, eps, &cw, &mut cxs, &mut cgu, &mut cact)
+            .unwrap();
+        close(
+            "cpu rms_norm_matmul_silu",
+            cact.as_slice(),
+            &want_s,
+            0.03 * rms(&want_s),
+            0.0,
+        );
+    }
+    let (gx, gw) = (
+        gpu_t(g, &[0.0; 8], 1, 8),
+        g.matrix(&WeightMatrix::from_f32(4, 8, &[0.0; 32]).unwrap())
+            .unwrap(),
+    );
+    let (mut acc, mut tmp) = (g.tensor(2, 4).unwrap(), g.tensor(2, 4).unwrap());
+    assert!(
+        g.matmul_add(&gx, &gw, &mut acc, &mut tmp).is_err(),
+        "rows of acc and x must agree"
+    );
+}
+
+/// Decode matmul speed at the llama3-8b shapes: GEMV kernel vs cuBLAS, weight read rate.
+/// A benchmark, not a check: `cargo test --release --test cuda_ops -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn skinny_matmul_speed() {
+    let Some(g) = gpu() else { return };
+    let bw = g.copy_bandwidth(2 << 30, 10).unwrap();
+    eprintln!("copy bandwidth {:.2} TB/s", bw / 1e12);
+    let shapes = [
+        ("qkv", 6144, 4096),
+        ("wo", 4096, 4096),
+        ("gate_up", 28672, 4096),
+        ("down", 4096, 14336),
+        ("lm_head", 128256, 4096),
+    ];
+    for m in [1, 2, 4, 8] {
+        for (name, n, k) in shapes {
+            let tg = g.matmul_time(m, n, k, 30, true).unwrap();
+            let tb = g.matmul_time(m, n, k, 30, false).unwrap();
+            let gb = (n * k * 2) as f64;
+            eprintln!(
+                "m={m} {name:8} [{n}×{k}]: gemv {:7.1} µs ({:.2} TB/s)  cublas {:7.1} µs ({:.2} TB/s)",
+                tg * 1e6,
+                gb / tg / 1e12,
+                tb * 1e6,
+                gb / tb / 1e12
+            );
+        }
     }
 }
 
@@ -445,9 +747,9 @@ fn bad_inputs_are_errors() {
     assert!(g.check_kv_dtype(KvDtype::Bf16, 512).is_err());
 }
 
-/// Decode steps of a one-layer model through `run_graphed` (eager, capture, replays, a batch
-/// change that forces a new graph, block-table growth) give the same logits as the same steps
-/// run eagerly on an identical cache.
+/// Decode steps of a one-layer model (attention, gated FFN, fused residual adds) through
+/// `run_graphed` (eager, capture, replays, a batch change that forces a new graph, block-table
+/// growth) give the same logits as the same steps run eagerly on an identical cache.
 #[test]
 fn graphed_steps_match_eager_steps() {
     if gpu().is_none() {
@@ -470,6 +772,9 @@ fn graphed_steps_match_eager_steps() {
     let wqkv = vec![g.random_matrix(geo.qkv_width(), hidden, 2, 0.1).unwrap()];
     let wo = g.random_matrix(hidden, 8 * 64, 3, 0.05).unwrap();
     let lm = g.random_matrix(vocab, hidden, 4, 0.1).unwrap();
+    let ffn = 96;
+    let w_gate_up = vec![g.random_matrix(2 * ffn, hidden, 5, 0.1).unwrap()];
+    let w_down = g.random_matrix(hidden, ffn, 6, 0.1).unwrap();
     let norm = g.vector(&vec![1.0; hidden]).unwrap();
     let layout = KvLayout::uniform(1, 2, 64, KvDtype::Bf16, bs, 64 * bs).unwrap();
     let mut pools = [
@@ -477,6 +782,8 @@ fn graphed_steps_match_eager_steps() {
         g.kv_pool(&layout, 0).unwrap(),
     ];
     let tables: Vec<Vec<u32>> = (0..3u32).map(|s| (s * 8..s * 8 + 8).collect()).collect();
+    let mut proj_lm = g.tensor(0, vocab).unwrap();
+    let (mut gate_up, mut act) = (g.tensor(0, 2 * ffn).unwrap(), g.tensor(0, ffn).unwrap());
     let (mut x, mut xn, mut qkv, mut att, mut proj, mut pick, mut pick_n, mut logits) = (
         g.tensor(0, hidden).unwrap(),
         g.tensor(0, hidden).unwrap(),
@@ -507,16 +814,25 @@ fn graphed_steps_match_eager_steps() {
             .map(|i| (tok + 7 * i as u32) % vocab as u32)
             .collect();
         g.embed(&embed, &ids, &mut x)?;
-        g.rms_norm(&x, &norm, 1e-5, &mut xn)?;
-        g.matmul_cat(&xn, &wqkv, &mut qkv)?;
+        g.rms_norm_matmul_cat(&x, &norm, 1e-5, &wqkv, &mut xn, &mut qkv)?;
         g.write_kv(&mut qkv, &geo, &rope, None, &spans, pool)?;
         g.attention(&qkv, &geo, &spans, pool, &mut att)?;
-        g.matmul(&att, &wo, &mut proj)?;
-        g.add_assign(&mut x, &proj)?;
+        g.matmul_add(&att, &wo, &mut x, &mut proj)?;
+        g.rms_norm_matmul_silu(&x, &norm, 1e-5, &w_gate_up, &mut xn, &mut gate_up, &mut act)?;
+        g.matmul_add(&act, &w_down, &mut x, &mut proj)?;
         let last: Vec<usize> = (0..seqs).map(|s| s * n + n - 1).collect();
         g.gather_rows(&x, &last, &mut pick)?;
         g.rms_norm(&pick, &norm, 1e-5, &mut pick_n)?;
         g.matmul(&pick_n, &lm, &mut logits)?;
+        g.rms_norm_matmul_cat(
+            &pick,
+            &norm,
+            1e-5,
+            std::slice::from_ref(&lm),
+            &mut pick_n,
+            &mut proj_lm,
+        )?;
+        g.add_assign(&mut logits, &proj_lm)?;
         g.to_host(&logits, out)
     };
     // Identical prefill of both caches (eager).

@@ -300,8 +300,14 @@ impl<B: Backend> Transformer<B> {
         }
         b.embed(&w.embed, &ids, &mut s.x)?;
         for (l, (layer, pool)) in w.layers.iter().zip(cache.pools.iter_mut()).enumerate() {
-            b.rms_norm(&s.x, &layer.attn_norm, eps, &mut s.xn)?;
-            b.matmul_cat(&s.xn, &layer.wqkv, &mut s.qkv)?;
+            b.rms_norm_matmul_cat(
+                &s.x,
+                &layer.attn_norm,
+                eps,
+                &layer.wqkv,
+                &mut s.xn,
+                &mut s.qkv,
+            )?;
             if let Some(bias) = &layer.bqkv {
                 b.add_bias(&mut s.qkv, bias)?;
             }
@@ -319,13 +325,17 @@ impl<B: Backend> Transformer<B> {
                 f(l, &host);
             }
             b.attention(&s.qkv, &self.geometry, &spans, pool, &mut s.attn)?;
-            b.matmul(&s.attn, &layer.wo, &mut s.proj)?;
-            b.add_assign(&mut s.x, &s.proj)?;
-            b.rms_norm(&s.x, &layer.ffn_norm, eps, &mut s.xn)?;
-            b.matmul_cat(&s.xn, &layer.w_gate_up, &mut s.gate_up)?;
-            b.silu_mul(&s.gate_up, &mut s.act)?;
-            b.matmul(&s.act, &layer.w_down, &mut s.proj)?;
-            b.add_assign(&mut s.x, &s.proj)?;
+            b.matmul_add(&s.attn, &layer.wo, &mut s.x, &mut s.proj)?;
+            b.rms_norm_matmul_silu(
+                &s.x,
+                &layer.ffn_norm,
+                eps,
+                &layer.w_gate_up,
+                &mut s.xn,
+                &mut s.gate_up,
+                &mut s.act,
+            )?;
+            b.matmul_add(&s.act, &layer.w_down, &mut s.x, &mut s.proj)?;
         }
         let rows: Vec<usize> = match want {
             LogitsFor::AllTokens => (0..ids.len()).collect(),
@@ -335,8 +345,14 @@ impl<B: Backend> Transformer<B> {
                 .collect(),
         };
         b.gather_rows(&s.x, &rows, &mut s.picked)?;
-        b.rms_norm(&s.picked, &w.final_norm, eps, &mut s.picked_n)?;
-        b.matmul(&s.picked_n, &w.lm_head, &mut s.logits)?;
+        b.rms_norm_matmul_cat(
+            &s.picked,
+            &w.final_norm,
+            eps,
+            std::slice::from_ref(&w.lm_head),
+            &mut s.picked_n,
+            &mut s.logits,
+        )?;
         b.to_host(&s.logits, logits_out)?;
         Ok(())
     }

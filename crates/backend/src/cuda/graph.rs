@@ -72,6 +72,9 @@ pub(crate) struct State {
     /// scratch bf16 buffer, so a matmul reading that tensor next can skip the conversion.
     /// Cleared by every launch.
     pub bf16_of: Option<[u64; 4]>,
+    /// The last launch was a GEMV kernel (which lets the next GEMV start early). Cleared by
+    /// every launch.
+    pub last_gemv: bool,
     /// Counters (steps replayed, captured, run eagerly inside `run_graphed`).
     pub stats: GraphStats,
 }
@@ -122,6 +125,7 @@ impl State {
     /// (replay), an error when it differs from the graph being replayed.
     pub(crate) fn admit(&mut self, s: u64) -> Result<bool, Error> {
         self.bf16_of = None;
+        self.last_gemv = false;
         match self.mode() {
             Mode::Eager => Ok(true),
             Mode::Capture => {

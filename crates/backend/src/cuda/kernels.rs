@@ -14,6 +14,7 @@ const COMMON: &str = include_str!("kernels/common.cuh");
 const ELEMENTWISE: &str = include_str!("kernels/elementwise.cu");
 const WRITE_KV: &str = include_str!("kernels/write_kv.cu");
 const ATTENTION: &str = include_str!("kernels/attention.cu");
+const GEMV: &str = include_str!("kernels/gemv.cu");
 
 /// Every kernel function the backend launches.
 #[derive(Debug)]
@@ -34,6 +35,24 @@ pub(crate) struct Kernels {
     /// Tensor-core prefill attention for head_dim 64 and 128 (bf16 KV).
     pub attn_mma: [CudaFunction; 2],
     pub attn_combine: CudaFunction,
+    /// Skinny matmul `y (+)= x · Wᵀ` for 1..=8 activation rows (index M - 1).
+    pub gemv: [CudaFunction; GEMV_MAX_ROWS],
+    /// The same with the gated epilogue `silu(g) · u` (the FFN input).
+    pub gemv_silu: [CudaFunction; GEMV_MAX_ROWS],
+    /// The same two with the RMSNorm of x fused in front.
+    pub gemv_norm: [CudaFunction; GEMV_MAX_ROWS],
+    pub gemv_norm_silu: [CudaFunction; GEMV_MAX_ROWS],
+}
+
+/// Most activation rows the GEMV kernels are instantiated for.
+pub(crate) const GEMV_MAX_ROWS: usize = 8;
+/// Threads per block of the GEMV kernels (`GEMV_THREADS` in gemv.cu).
+pub(crate) const GEMV_THREADS: usize = 128;
+
+/// Weight rows one block of the GEMV kernel for `m` activation rows reads (`R` in gemv.cu;
+/// the gated kernel writes half as many outputs).
+pub(crate) fn gemv_rows_per_block(m: usize) -> usize {
+    if m <= 4 { 2 } else { 4 }
 }
 
 /// Compiler options; part of the cache key.
@@ -120,9 +139,23 @@ impl Kernels {
         let ew = module(ctx, "elementwise", ELEMENTWISE, arch, cache_dir)?;
         let kv = module(ctx, "write_kv", WRITE_KV, arch, cache_dir)?;
         let at = module(ctx, "attention", ATTENTION, arch, cache_dir)?;
+        let gv = module(ctx, "gemv", GEMV, arch, cache_dir)?;
         let f =
             |m: &Arc<CudaModule>, n: &str| m.load_function(n).map_err(cuda_err("load function"));
+        let per_rows = |prefix: &str| -> Result<[CudaFunction; GEMV_MAX_ROWS], Error> {
+            let fs = (1..=GEMV_MAX_ROWS)
+                .map(|m| f(&gv, &format!("{prefix}_{m}")))
+                .collect::<Result<Vec<_>, _>>()?;
+            fs.try_into().map_err(|_| Error::Cuda {
+                op: "load function",
+                detail: format!("{prefix} kernels"),
+            })
+        };
         Ok(Self {
+            gemv: per_rows("gemv")?,
+            gemv_silu: per_rows("gemv_silu")?,
+            gemv_norm: per_rows("gemv_norm")?,
+            gemv_norm_silu: per_rows("gemv_norm_silu")?,
             embed_bf16: f(&ew, "embed_bf16")?,
             rms_norm: f(&ew, "rms_norm")?,
             add_assign: f(&ew, "add_assign")?,

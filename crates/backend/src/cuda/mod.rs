@@ -1,5 +1,6 @@
 //! The CUDA backend: f32 activations and bf16 weights in device memory, NVRTC-compiled kernels
-//! for the row-wise ops, paged attention and the fused KV write, cuBLAS for the matmuls.
+//! for the row-wise ops, paged attention, the fused KV write and skinny (decode) matmuls,
+//! cuBLAS for the other matmuls.
 //!
 //! Nothing CUDA is needed to build: `cudarc` loads libcuda, libnvrtc and libcublas at run time.
 //! [`CudaBackend::new`] first checks that those libraries can be opened (cudarc panics on a
@@ -17,6 +18,9 @@
 //! [`Backend::to_host`], which synchronises.
 //!
 //! [`CudaBackend::run_graphed`] replays whole steps (decode) as CUDA graphs; see `graph.rs`.
+//! Matmuls of few activation rows (decode; ≤ 2 by default, see [`CudaOptions::gemv_max_rows`])
+//! run on a hand-written GEMV kernel with fused epilogues (residual add, `silu(g)·u`, RMSNorm
+//! in front), larger ones on cuBLAS (`CudaBackend::use_gemv` in `ops.rs` decides).
 //! Attention has three kernels: a tensor-core tile kernel for prefill spans over bf16 KV
 //! (head_dim 64/128), a row-parallel split-K kernel for decode rows (head_dim 64/128/256, up
 //! to 8 query heads per kv head), and the original tiled kernel for everything else.
@@ -134,15 +138,43 @@ pub struct CudaOptions {
     pub ptx_cache: Option<PathBuf>,
     /// Attention splits long key ranges until there are this many blocks per SM (decode of
     /// few sequences); at least 1. The default, 2, was the best overall of 1/2/4/8 on an H200
-    /// (llama3-8b shape, batch 1/8/32 at 4k context, batch 1 at 32k).
+    /// (llama3-8b shape, batch 1/8/32 at 4k context, batch 1 at 32k); 1/4/8 were again no
+    /// better at batch 1 with the GEMV kernel. The environment variable
+    /// `TURBOKV_ATTN_BLOCKS_PER_SM` overrides the default.
     pub attention_blocks_per_sm: usize,
+    /// Matmuls of at most this many activation rows (decode of a few sequences) run on the
+    /// GEMV kernel (`kernels/gemv.cu`), larger ones on cuBLAS; 0 sends everything to cuBLAS.
+    /// Capped at 8 (the kernels instantiated). The default is [`DEFAULT_GEMV_MAX_ROWS`], or
+    /// the environment variable `TURBOKV_GEMV_MAX_ROWS` when set (for A/B measurements).
+    pub gemv_max_rows: usize,
+    /// Launch the GEMV kernel with programmatic dependent launch (Hopper and newer) when the
+    /// kernel ahead of it is one of the backend's own (norm, attention combine, GEMV): it
+    /// starts and streams its first weights while that kernel finishes. (Launching the norm,
+    /// KV write and attention kernels that way too measured no better, and all five together
+    /// worse: 5.1 vs 4.85 ms per llama3-8b decode step.) Default on; the environment variable
+    /// `TURBOKV_PDL=0` turns it off.
+    pub pdl: bool,
 }
+
+/// See [`CudaOptions::gemv_max_rows`]. On an H200 (llama3-8b shapes) the GEMV kernel beat
+/// cuBLAS for 1 and 2 rows and lost the decode step at 4 and 8 (BENCHMARKS.md).
+pub const DEFAULT_GEMV_MAX_ROWS: usize = 2;
 
 impl Default for CudaOptions {
     fn default() -> Self {
+        let gemv_max_rows = std::env::var("TURBOKV_GEMV_MAX_ROWS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(DEFAULT_GEMV_MAX_ROWS);
+        let pdl = std::env::var("TURBOKV_PDL").map_or(true, |v| v.trim() != "0");
         Self {
             ptx_cache: Some(std::env::temp_dir().join("turbokv-ptx")),
-            attention_blocks_per_sm: 2,
+            attention_blocks_per_sm: std::env::var("TURBOKV_ATTN_BLOCKS_PER_SM")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(2),
+            gemv_max_rows,
+            pdl,
         }
     }
 }
@@ -161,6 +193,10 @@ pub struct CudaBackend {
     smem_limit: usize,
     /// See [`CudaOptions::attention_blocks_per_sm`].
     blocks_per_sm: usize,
+    /// See [`CudaOptions::gemv_max_rows`] (already capped).
+    gemv_max_rows: usize,
+    /// See [`CudaOptions::pdl`] (and the GPU is sm_90 or newer).
+    pdl: bool,
     state: Mutex<State>,
     /// cuBLAS workspace set on the handle (so that captured GEMMs allocate nothing).
     _blas_workspace: CudaSlice<u8>,
@@ -303,6 +339,8 @@ impl CudaBackend {
             sms,
             smem_limit,
             blocks_per_sm: opts.attention_blocks_per_sm.max(1),
+            gemv_max_rows: opts.gemv_max_rows.min(kernels::GEMV_MAX_ROWS),
+            pdl: opts.pdl && major >= 9,
             state: Mutex::new(State::default()),
             _blas_workspace: blas_workspace,
         })

@@ -10,6 +10,7 @@ use turbokv_cache::KvLayout;
 use turbokv_codec::KvDtype;
 
 use super::graph::{Mode, sig};
+use super::kernels;
 use super::step::{check_tables, graph_changed, grow};
 use super::{
     CudaBackend, CudaKvPool, CudaMatrix, CudaTensor, CudaVector, cuda_err, unsupported_kv,
@@ -70,6 +71,14 @@ fn addr<T, P: DevicePtr<T>>(p: &P, stream: &Arc<CudaStream>) -> u64 {
     a
 }
 
+/// The argument array of [`CudaBackend::launch_ex`]: a pointer to each value, in order (the
+/// values must have the kernel parameters' exact types and outlive the launch call).
+macro_rules! kargs {
+    ($($a:expr),* $(,)?) => {
+        [$((&$a as *const _ as *mut std::ffi::c_void)),*]
+    };
+}
+
 /// Op codes that start each launch signature.
 mod opc {
     pub const GEMM: u64 = 1;
@@ -84,23 +93,118 @@ mod opc {
     pub const ATTN_MMA: u64 = 10;
 }
 
+/// One GEMV launch: `y[:, 0 .. Σ rows] (+)= x · [W₀; …]ᵀ` (x: `t ≤ 8` bf16 rows of width
+/// `k`, `k % 8 == 0`, at `xp`; y: f32 rows of stride `ldy` at `yp`). With `yb` non-zero the
+/// gated kernel instead: `y = silu(g) · u` of the two halves of the product (`ldy` = half the
+/// rows) and its bf16 copy into `yb`. `pdl`: launched with programmatic dependent launch.
+/// The kernel with the RMSNorm of x fused in front when `norm` is set.
+struct Gemv {
+    xp: u64,
+    t: usize,
+    k: usize,
+    yp: u64,
+    ldy: i32,
+    accumulate: bool,
+    yb: u64,
+    pdl: bool,
+    /// `Some((norm weights, eps))`: the normed kernel, reading f32 x at `xf` (`xp` unused).
+    norm: Option<(u64, f32)>,
+    xf: u64,
+}
+
+/// How a matmul finishes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Epilogue {
+    /// `out = x · Wᵀ`.
+    Store = 0,
+    /// `out += x · Wᵀ` (a fused residual add).
+    Add = 1,
+    /// `out = silu(g) · u` of the two halves of `x · Wᵀ`, plus its bf16 copy (GEMV only).
+    SiluMul = 2,
+}
+
 impl CudaBackend {
-    /// `out[:, col .. col + w.rows] = bf16(x) · Wᵀ` for each `(w, col)`, f32 accumulate.
-    fn gemm(&self, x: &CudaTensor, ws: &[&CudaMatrix], out: &mut CudaTensor) -> Result<(), Error> {
+    /// Whether a matmul of `t` activation rows of width `k` runs on the GEMV kernel (else
+    /// cuBLAS): the one place that chooses. GEMV for few rows (decode), where it reads the
+    /// weights faster than cuBLAS and needs no split-K reduction; it needs `k % 8 == 0` for
+    /// its 16-byte loads.
+    fn use_gemv(&self, t: usize, k: usize) -> bool {
+        (1..=self.gemv_max_rows).contains(&t) && k.is_multiple_of(8)
+    }
+
+    /// Whether `rms_norm(x) · Wᵀ` runs as one normed GEMV launch (else the norm, then the
+    /// matmul): when the matmul takes the GEMV kernel, over at most 4 matrices of x's width.
+    /// One row only: with 2 the normed kernel was slower than the norm launch it saves
+    /// (5.85 vs 5.34 ms per llama3-8b step at batch 2).
+    fn fuse_norm(&self, x: &CudaTensor, norm: &CudaVector, ws: &[CudaMatrix]) -> bool {
+        x.rows == 1
+            && self.use_gemv(x.rows, x.cols)
+            && norm.len == x.cols
+            && ws.len() <= 4
+            && ws.iter().all(|w| w.cols == x.cols)
+    }
+
+    /// `out[:, col .. col + w.rows] (+)= bf16(x) · Wᵀ` for each `(w, col)`, f32 accumulate,
+    /// finished as `epi` says.
+    /// With `norm = Some((w, eps))` (GEMV only) the input is `rms_norm(x, w, eps)`, fused
+    /// into the kernel.
+    fn gemm(
+        &self,
+        x: &CudaTensor,
+        ws: &[&CudaMatrix],
+        out: &mut CudaTensor,
+        epi: Epilogue,
+        norm: Option<(&CudaVector, f32)>,
+    ) -> Result<(), Error> {
         let (t, k) = (x.rows, x.cols);
         if t == 0 {
             return Ok(());
         }
+        let gemv = self.use_gemv(t, k);
+        if (epi == Epilogue::SiluMul || norm.is_some()) && (!gemv || ws.len() > 4) {
+            return Err(shape(
+                "matmul",
+                "the fused form needs the GEMV kernel".into(),
+            ));
+        }
+        let normed = norm.map(|(w, eps)| (addr(&w.data, &self.stream), eps));
+        let xsrc = addr(&x.buf, &self.stream);
         let mut st = self.lock_state("matmul")?;
+        // The op before wrote bf16(x) into a scratch buffer already: no conversion launch.
+        let copy = st
+            .bf16_of
+            .filter(|&[src, _, r, c]| (src, r, c) == (xsrc, t as u64, k as u64))
+            .map(|b| b[1]);
+        // Programmatic dependent launch of the GEMV only right after one of the backend's
+        // kernels that trigger it (the op that wrote bf16(x), or a GEMV), themselves launched
+        // after every earlier write of the weights.
+        let pdl = gemv && self.pdl && (copy.is_some() || (normed.is_some() && st.last_gemv));
         let sc = st.sc();
         let may_alloc = !sc.defer;
-        let xp = addr(
-            grow(&self.stream, &mut sc.bf16, t * k, may_alloc)?,
-            &self.stream,
-        );
-        let xsrc = addr(&x.buf, &self.stream);
-        // The op before wrote bf16(x) into the scratch already: no conversion launch.
-        let converted = st.bf16_of == Some([xsrc, xp, t as u64, k as u64]);
+        let xp = match (copy, normed) {
+            (Some(p), _) => p,
+            // The normed kernel reads x in f32.
+            (None, Some(_)) => 0,
+            (None, None) => addr(
+                grow(&self.stream, &mut sc.bf16, t * k, may_alloc)?,
+                &self.stream,
+            ),
+        };
+        // The gated epilogue's bf16 output: the scratch buffer x's copy is not in.
+        let yb = if epi == Epilogue::SiluMul {
+            let alt_holds_x = sc.bf16_alt.as_ref().map(|b| addr(b, &self.stream)) == Some(xp);
+            let slot = if alt_holds_x {
+                &mut sc.bf16
+            } else {
+                &mut sc.bf16_alt
+            };
+            addr(
+                grow(&self.stream, slot, t * out.cols, may_alloc)?,
+                &self.stream,
+            )
+        } else {
+            0
+        };
         let op = addr(&out.buf, &self.stream);
         let ldc = int("matmul", out.cols)?;
         let mut parts = vec![
@@ -111,15 +215,26 @@ impl CudaBackend {
             t as u64,
             k as u64,
             ldc as u64,
-            u64::from(converted),
+            u64::from(copy.is_some()),
+            epi as u64,
+            u64::from(gemv),
+            yb,
+            u64::from(pdl),
+            normed.map_or(0, |n| n.0),
+            normed.map_or(0, |n| u64::from(n.1.to_bits())),
         ];
         for w in ws {
             parts.extend([addr(&w.data, &self.stream), w.rows as u64]);
         }
-        if !st.admit(sig(&parts))? {
+        let launch = st.admit(sig(&parts))?;
+        if epi == Epilogue::SiluMul {
+            st.bf16_of = Some([op, yb, t as u64, out.cols as u64]);
+        }
+        st.last_gemv = gemv;
+        if !launch {
             return Ok(());
         }
-        if !converted {
+        if copy.is_none() && normed.is_none() {
             let n = (t * k) as u64;
             let mut b = self.stream.launch_builder(&self.k.f32_to_bf16);
             b.arg(&xsrc).arg(&xp).arg(&n);
@@ -127,39 +242,183 @@ impl CudaBackend {
             // that long (the pointers are kernel parameters of the buffers' pointer size).
             unsafe { b.launch(self.grid_1d(t * k)) }.map_err(cuda_err("f32_to_bf16"))?;
         }
-        let (alpha, beta) = (1f32, 0f32);
+        let accumulate = epi == Epilogue::Add;
         let mut col = 0usize;
-        for w in ws {
-            let wp = addr(&w.data, &self.stream);
-            // SAFETY: W is [rows, k] bf16, x is [t, k] bf16, out has t rows of ldc ≥ col + rows
-            // f32 (checked by the callers); alpha/beta are host scalars (default pointer mode).
-            unsafe {
-                cudarc::cublas::result::gemm_ex(
-                    *self.blas.handle(),
-                    cublasOperation_t::CUBLAS_OP_T,
-                    cublasOperation_t::CUBLAS_OP_N,
-                    int("matmul", w.rows)?,
-                    int("matmul", t)?,
-                    int("matmul", k)?,
-                    (&alpha as *const f32).cast(),
-                    wp as *const _,
-                    cudaDataType::CUDA_R_16BF,
-                    int("matmul", k)?,
-                    xp as *const _,
-                    cudaDataType::CUDA_R_16BF,
-                    int("matmul", k)?,
-                    (&beta as *const f32).cast(),
-                    (op + (col * 4) as u64) as *mut _,
-                    cudaDataType::CUDA_R_32F,
-                    ldc,
-                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
+        if gemv {
+            let mut pdl = pdl;
+            for group in ws.chunks(4) {
+                let y = op + (col * 4) as u64;
+                let g = Gemv {
+                    xp,
+                    t,
+                    k,
+                    yp: y,
+                    ldy: ldc,
+                    accumulate,
+                    yb,
+                    pdl,
+                    xf: xsrc,
+                    norm: normed,
+                };
+                self.gemv(&g, group)?;
+                pdl = false;
+                col += group.iter().map(|w| w.rows).sum::<usize>();
             }
-            .map_err(cuda_err("cublas gemm"))?;
+            return Ok(());
+        }
+        for w in ws {
+            self.cublas_gemm(xp, t, k, w, op + (col * 4) as u64, ldc, accumulate)?;
             col += w.rows;
         }
         Ok(())
+    }
+
+    /// One cuBLAS GEMM: `y[t, 0 .. w.rows] (+)= x · Wᵀ` (x: `t` bf16 rows of width `k`, y: f32
+    /// rows of stride `ldy`).
+    #[allow(clippy::too_many_arguments)]
+    fn cublas_gemm(
+        &self,
+        xp: u64,
+        t: usize,
+        k: usize,
+        w: &CudaMatrix,
+        yp: u64,
+        ldy: i32,
+        accumulate: bool,
+    ) -> Result<(), Error> {
+        let (alpha, beta) = (1f32, if accumulate { 1f32 } else { 0f32 });
+        let wp = addr(&w.data, &self.stream);
+        // SAFETY: W is [rows, k] bf16, x is [t, k] bf16, y has t rows of ldy ≥ rows f32
+        // (checked by the callers); alpha/beta are host scalars (default pointer mode).
+        unsafe {
+            cudarc::cublas::result::gemm_ex(
+                *self.blas.handle(),
+                cublasOperation_t::CUBLAS_OP_T,
+                cublasOperation_t::CUBLAS_OP_N,
+                int("matmul", w.rows)?,
+                int("matmul", t)?,
+                int("matmul", k)?,
+                (&alpha as *const f32).cast(),
+                wp as *const _,
+                cudaDataType::CUDA_R_16BF,
+                int("matmul", k)?,
+                xp as *const _,
+                cudaDataType::CUDA_R_16BF,
+                int("matmul", k)?,
+                (&beta as *const f32).cast(),
+                yp as *mut _,
+                cudaDataType::CUDA_R_32F,
+                ldy,
+                cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(cuda_err("cublas gemm"))?;
+        Ok(())
+    }
+
+    /// One launch of the GEMV kernel (see [`Gemv`]) over up to 4 matrices stacked along the
+    /// output.
+    fn gemv(&self, g: &Gemv, ws: &[&CudaMatrix]) -> Result<(), Error> {
+        let Some(first) = ws.first() else {
+            return Ok(());
+        };
+        let mut ptrs = [addr(&first.data, &self.stream); 4];
+        let mut ends = [0i32; 3];
+        let mut total = 0usize;
+        for (i, w) in ws.iter().take(4).enumerate() {
+            ptrs[i] = addr(&w.data, &self.stream);
+            total += w.rows;
+            if let Some(e) = ends.get_mut(i) {
+                *e = int("matmul", total)?;
+            }
+        }
+        for e in ends.iter_mut().skip(ws.len()) {
+            *e = int("matmul", total)?;
+        }
+        if total == 0 {
+            return Ok(());
+        }
+        let (n_total, kk) = (int("matmul", total)?, int("matmul", g.k)?);
+        let acc = i32::from(g.accumulate);
+        let f = match (g.yb != 0, g.norm.is_some()) {
+            (false, false) => &self.k.gemv[g.t - 1],
+            (true, false) => &self.k.gemv_silu[g.t - 1],
+            (false, true) => &self.k.gemv_norm[g.t - 1],
+            (true, true) => &self.k.gemv_norm_silu[g.t - 1],
+        };
+        let (gw, eps) = g.norm.unwrap_or((0, 0.0));
+        let xf = g.xf;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                total.div_ceil(kernels::gemv_rows_per_block(g.t)) as u32,
+                1,
+                1,
+            ),
+            block_dim: (kernels::GEMV_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (xp, yp, ldy, yb) = (g.xp, g.yp, g.ldy, g.yb);
+        // SAFETY (both launches): each W is [rows, k] bf16 (rows summing to n_total, ends
+        // cumulative), x is [t, k] bf16 with 1 ≤ t ≤ 8 matching the kernel instantiation, y
+        // has t rows of ldy ≥ n_total f32 (n_total / 2 gated, with yb holding as many bf16;
+        // checked by the callers; normed: x is [t, k] f32 at xf, gw holds k floats); k % 8 == 0
+        // and 256-byte aligned allocations keep the 16-byte loads aligned. With PDL the kernel reads x and y only after `griddepcontrol
+        // .wait`, and before it only the weights, written before the kernel ahead started.
+        let mut params = kargs![
+            ptrs[0], ptrs[1], ptrs[2], ptrs[3], ends[0], ends[1], ends[2], n_total, xp, kk, yp,
+            ldy, acc, yb, xf, gw, eps
+        ];
+        unsafe { self.launch_ex(f, cfg, &mut params, g.pdl) }.map_err(cuda_err("gemv"))?;
+        Ok(())
+    }
+
+    /// Launches `f`; with `pdl`, with programmatic stream serialization: its blocks may start
+    /// once every block of the kernel ahead has run `griddepcontrol.launch_dependents` (or
+    /// exited).
+    ///
+    /// # Safety
+    /// `params` point at the kernel's arguments in order, with their exact types (see
+    /// `kargs!`), and the launch must be valid for `cfg`; with `pdl`, the kernel must
+    /// `griddepcontrol.wait` before touching memory that the kernels ahead of it write.
+    unsafe fn launch_ex(
+        &self,
+        f: &cudarc::driver::CudaFunction,
+        cfg: LaunchConfig,
+        params: &mut [*mut std::ffi::c_void],
+        pdl: bool,
+    ) -> Result<(), cudarc::driver::DriverError> {
+        use cudarc::driver::sys;
+        let mut value = sys::CUlaunchAttributeValue { pad: [0; 64] };
+        value.programmaticStreamSerializationAllowed = 1;
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value,
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(pdl),
+        };
+        self.ctx.bind_to_thread()?;
+        // SAFETY: the config, attribute and parameters outlive the call; see the contract.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
     }
 
     /// Attention through the tensor-core tile kernel: every span cut into tiles of 64/g
@@ -312,6 +571,70 @@ impl CudaBackend {
         out.rows = 0;
         drop(out);
         Ok(2.0 * m as f64 * n as f64 * k as f64 / secs)
+    }
+
+    /// Median kernel time in seconds (CUDA events) of the decode matmul `[m, k] · [n, k]ᵀ`
+    /// (bf16 inputs, f32 output) on the GEMV kernel (`gemv`, m ≤ 8, k % 8 == 0) or on cuBLAS,
+    /// over `reps` launches that cycle through enough copies of the weights (≥ 512 MB) that
+    /// none is still in L2 when it is read again.
+    pub fn matmul_time(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        reps: usize,
+        gemv: bool,
+    ) -> Result<f64, Error> {
+        if gemv && !(m <= kernels::GEMV_MAX_ROWS && m > 0 && k.is_multiple_of(8)) {
+            return Err(shape(
+                "matmul_time",
+                format!("no GEMV kernel for {m} rows of {k}"),
+            ));
+        }
+        let bytes = (n * k * 2).max(1);
+        let copies = (512usize << 20).div_ceil(bytes).clamp(2, 64);
+        let ws: Vec<CudaMatrix> = (0..copies)
+            .map(|i| self.random_matrix(n, k, 100 + i as u64, 1.0))
+            .collect::<Result<_, _>>()?;
+        let x = self.random_matrix(m, k, 7, 1.0)?;
+        let out = self.zeros(m, n)?;
+        let (xp, yp) = (addr(&x.data, &self.stream), addr(&out.buf, &self.stream));
+        let ldy = int("matmul_time", n)?;
+        let ev = || {
+            self.ctx
+                .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(cuda_err("event"))
+        };
+        let (start, end) = (ev()?, ev()?);
+        let mut times = Vec::with_capacity(reps);
+        for i in 0..reps.max(1) + 3 {
+            let w = &ws[i % copies];
+            start.record(&self.stream).map_err(cuda_err("event"))?;
+            if gemv {
+                let g = Gemv {
+                    xp,
+                    t: m,
+                    k,
+                    yp,
+                    ldy,
+                    accumulate: false,
+                    yb: 0,
+                    pdl: false,
+                    norm: None,
+                    xf: 0,
+                };
+                self.gemv(&g, &[w])?;
+            } else {
+                self.cublas_gemm(xp, m, k, w, yp, ldy, false)?;
+            }
+            end.record(&self.stream).map_err(cuda_err("event"))?;
+            let ms = start.elapsed_ms(&end).map_err(cuda_err("event"))?;
+            if i >= 3 {
+                times.push(f64::from(ms) * 1e-3);
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
     }
 }
 
@@ -501,12 +824,13 @@ impl Backend for CudaBackend {
         } else {
             256
         };
-        let mut b = self.stream.launch_builder(&self.k.rms_norm);
-        b.arg(&xp).arg(&wp).arg(&op).arg(&cols).arg(&eps).arg(&ob);
+        let mut params = kargs![xp, wp, op, cols, eps, ob];
+        let cfg = rows_cfg(x.rows, threads, 0);
         // SAFETY: x and out hold rows·cols floats, w holds cols, the bf16 scratch rows·cols
         // halves; the block size is a multiple of 32 up to 1024; allocations are 256-byte
         // aligned, so the float4 loads (cols % 4 == 0) are aligned.
-        unsafe { b.launch(rows_cfg(x.rows, threads, 0)) }.map_err(cuda_err("rms_norm"))?;
+        unsafe { self.launch_ex(&self.k.rms_norm, cfg, &mut params, false) }
+            .map_err(cuda_err("rms_norm"))?;
         Ok(())
     }
 
@@ -514,7 +838,25 @@ impl Backend for CudaBackend {
         expect_cols("matmul", x, w.cols)?;
         expect_cols("matmul", out, w.rows)?;
         self.set_rows(out, x.rows)?;
-        self.gemm(x, &[w], out)
+        self.gemm(x, &[w], out, Epilogue::Store, None)
+    }
+
+    fn matmul_add(
+        &self,
+        x: &CudaTensor,
+        w: &CudaMatrix,
+        acc: &mut CudaTensor,
+        _tmp: &mut CudaTensor,
+    ) -> Result<(), Error> {
+        expect_cols("matmul_add", x, w.cols)?;
+        expect_cols("matmul_add", acc, w.rows)?;
+        if acc.rows != x.rows {
+            return Err(shape(
+                "matmul_add",
+                format!("[{}, {}] += {} rows", acc.rows, acc.cols, x.rows),
+            ));
+        }
+        self.gemm(x, &[w], acc, Epilogue::Add, None)
     }
 
     fn matmul_cat(
@@ -530,7 +872,80 @@ impl Backend for CudaBackend {
         }
         self.set_rows(out, x.rows)?;
         let refs: Vec<&CudaMatrix> = ws.iter().collect();
-        self.gemm(x, &refs, out)
+        self.gemm(x, &refs, out, Epilogue::Store, None)
+    }
+
+    fn matmul_silu(
+        &self,
+        x: &CudaTensor,
+        ws: &[CudaMatrix],
+        gate_up: &mut CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), Error> {
+        let total: usize = ws.iter().map(|w| w.rows).sum();
+        if total != 2 * out.cols {
+            return Err(shape(
+                "matmul_silu",
+                format!("{total} rows of [gate | up] for {} outputs", out.cols),
+            ));
+        }
+        if !self.use_gemv(x.rows, x.cols) || ws.len() > 4 {
+            self.matmul_cat(x, ws, gate_up)?;
+            return self.silu_mul(gate_up, out);
+        }
+        for w in ws {
+            expect_cols("matmul_silu", x, w.cols)?;
+        }
+        self.set_rows(out, x.rows)?;
+        let refs: Vec<&CudaMatrix> = ws.iter().collect();
+        self.gemm(x, &refs, out, Epilogue::SiluMul, None)
+    }
+
+    fn rms_norm_matmul_cat(
+        &self,
+        x: &CudaTensor,
+        norm: &CudaVector,
+        eps: f32,
+        ws: &[CudaMatrix],
+        xn: &mut CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), Error> {
+        if !self.fuse_norm(x, norm, ws) {
+            self.rms_norm(x, norm, eps, xn)?;
+            return self.matmul_cat(xn, ws, out);
+        }
+        let total: usize = ws.iter().map(|w| w.rows).sum();
+        expect_cols("rms_norm_matmul_cat", out, total)?;
+        self.set_rows(out, x.rows)?;
+        let refs: Vec<&CudaMatrix> = ws.iter().collect();
+        self.gemm(x, &refs, out, Epilogue::Store, Some((norm, eps)))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_matmul_silu(
+        &self,
+        x: &CudaTensor,
+        norm: &CudaVector,
+        eps: f32,
+        ws: &[CudaMatrix],
+        xn: &mut CudaTensor,
+        gate_up: &mut CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), Error> {
+        if !self.fuse_norm(x, norm, ws) {
+            self.rms_norm(x, norm, eps, xn)?;
+            return self.matmul_silu(xn, ws, gate_up, out);
+        }
+        let total: usize = ws.iter().map(|w| w.rows).sum();
+        if total != 2 * out.cols {
+            return Err(shape(
+                "rms_norm_matmul_silu",
+                format!("{total} rows of [gate | up] for {} outputs", out.cols),
+            ));
+        }
+        self.set_rows(out, x.rows)?;
+        let refs: Vec<&CudaMatrix> = ws.iter().collect();
+        self.gemm(x, &refs, out, Epilogue::SiluMul, Some((norm, eps)))
     }
 
     fn add_bias(&self, x: &mut CudaTensor, bias: &CudaVector) -> Result<(), Error> {
@@ -740,12 +1155,10 @@ impl Backend for CudaBackend {
         if !st.admit(s)? {
             return Ok(());
         }
-        let mut b = self.stream.launch_builder(&self.k.write_kv);
-        b.arg(&qp).arg(&width).arg(&nh).arg(&nkv).arg(&d);
-        b.arg(&meta[0]).arg(&meta[1]).arg(&meta[2]).arg(&meta[3]);
-        b.arg(&inv_freq).arg(&pairs).arg(&half_split);
-        b.arg(&qn).arg(&kn).arg(&eps).arg(&has_norm);
-        b.arg(&kp).arg(&vp).arg(&bs).arg(&is_bf16);
+        let mut params = kargs![
+            qp, width, nh, nkv, d, meta[0], meta[1], meta[2], meta[3], inv_freq, pairs, half_split,
+            qn, kn, eps, has_norm, kp, vp, bs, is_bf16
+        ];
         let threads = g.head_dim.div_ceil(32).clamp(1, 8) as u32 * 32;
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, (g.n_heads + 2 * g.n_kv_heads) as u32, 1),
@@ -755,7 +1168,8 @@ impl Backend for CudaBackend {
         // SAFETY: spans tile the rows and every block they touch is inside the pool (checked
         // above); qkv rows are qkv_width wide; the norm/rope vectors have the lengths passed;
         // the metadata buffer holds the encoded spans (uploaded before the kernel runs).
-        unsafe { b.launch(cfg) }.map_err(cuda_err("write_kv"))?;
+        unsafe { self.launch_ex(&self.k.write_kv, cfg, &mut params, false) }
+            .map_err(cuda_err("write_kv"))?;
         Ok(())
     }
 
@@ -932,16 +1346,10 @@ impl Backend for CudaBackend {
                     }]
                 }
             };
-            let mut b = self.stream.launch_builder(f);
-            b.arg(&qp)
-                .arg(&width)
-                .arg(&nh)
-                .arg(&nkv)
-                .arg(&d)
-                .arg(&g.scale);
-            b.arg(&meta[0]).arg(&meta[1]).arg(&meta[2]).arg(&meta[3]);
-            b.arg(&kp).arg(&vp).arg(&bs).arg(&is_bf16);
-            b.arg(&splits_i).arg(&ml).arg(&acc);
+            let mut params = kargs![
+                qp, width, nh, nkv, d, g.scale, meta[0], meta[1], meta[2], meta[3], kp, vp, bs,
+                is_bf16, splits_i, ml, acc
+            ];
             let cfg = LaunchConfig {
                 grid_dim: (rows as u32, g.n_kv_heads as u32, splits as u32),
                 block_dim: (ATTN_THREADS as u32, 1, 1),
@@ -951,16 +1359,10 @@ impl Backend for CudaBackend {
             // partial buffers hold rows·n_heads·splits entries; smem was checked against the
             // opt-in limit set at load; head_dim % 4 == 0 keeps the 8-byte K/V loads of the
             // tiled kernel aligned, head_dim ∈ {64, 128, 256} the 16-byte ones of the row kernel.
-            unsafe { b.launch(cfg) }.map_err(cuda_err("attn_partial"))?;
+            unsafe { self.launch_ex(f, cfg, &mut params, false) }
+                .map_err(cuda_err("attn_partial"))?;
         }
-        let mut b = self.stream.launch_builder(&self.k.attn_combine);
-        b.arg(&ml)
-            .arg(&acc)
-            .arg(&op)
-            .arg(&nh)
-            .arg(&d)
-            .arg(&splits_i)
-            .arg(&ob);
+        let mut params = kargs![ml, acc, op, nh, d, splits_i, ob];
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, g.n_heads as u32, 1),
             block_dim: (hd.div_ceil(32).clamp(1, 8) as u32 * 32, 1, 1),
@@ -969,7 +1371,8 @@ impl Backend for CudaBackend {
         // SAFETY: reads the partials written above; out holds rows·n_heads·head_dim floats and
         // the bf16 scratch as many halves; smem holds one weight per split (≤ 48 KiB: splits
         // ≤ blocks_per_sm · SMs).
-        unsafe { b.launch(cfg) }.map_err(cuda_err("attn_combine"))?;
+        unsafe { self.launch_ex(&self.k.attn_combine, cfg, &mut params, false) }
+            .map_err(cuda_err("attn_combine"))?;
         Ok(())
     }
 }

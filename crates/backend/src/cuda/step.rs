@@ -25,6 +25,8 @@ use crate::cpu::shape;
 pub(crate) struct Scratch {
     /// bf16 copy of a matmul input.
     pub bf16: Option<CudaSlice<bf16>>,
+    /// A second one, for an op that reads one bf16 copy and writes another (the gated GEMV).
+    pub bf16_alt: Option<CudaSlice<bf16>>,
     /// Token ids (embed).
     pub idx: Option<CudaSlice<u32>>,
     /// Row indices (gather_rows); separate from `idx` so that a CUDA graph, whose inputs are

@@ -207,6 +207,7 @@ extern "C" __global__ void attn_combine(const float* part_ml, const float* part_
 {
     extern __shared__ float wsh[];
     __shared__ float red[32];
+    pdl_trigger();  // the output projection may start streaming its weights
     const u64 b = (u64)blockIdx.x * n_heads + blockIdx.y;
     const float* ml = part_ml + 2 * b * n_splits;
     float mx = -INFINITY;
@@ -230,14 +231,22 @@ extern "C" __global__ void attn_combine(const float* part_ml, const float* part_
     float* o = out + (u64)blockIdx.x * n_heads * d + (u64)blockIdx.y * d;
     u16* ob = out_bf16 ? out_bf16 + (u64)blockIdx.x * n_heads * d + (u64)blockIdx.y * d : 0;
     for (int c = threadIdx.x; c < d; c += blockDim.x) {
-        float a0 = 0.0f, a1 = 0.0f;
+        // 8 independent loads in flight (the partials come from L2; a dependent chain of
+        // n_splits loads made this kernel latency-bound).
+        float a[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) a[j] = 0.0f;
         int s = 0;
-        for (; s + 1 < n_splits; s += 2) {
-            a0 = fmaf(wsh[s], acc[(u64)s * d + c], a0);
-            a1 = fmaf(wsh[s + 1], acc[(u64)(s + 1) * d + c], a1);
+        for (; s + 8 <= n_splits; s += 8) {
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++) v[j] = acc[(u64)(s + j) * d + c];
+#pragma unroll
+            for (int j = 0; j < 8; j++) a[j] = fmaf(wsh[s + j], v[j], a[j]);
         }
-        if (s < n_splits) a0 = fmaf(wsh[s], acc[(u64)s * d + c], a0);
-        float v = (a0 + a1) * inv;
+        for (; s < n_splits; s++) a[0] = fmaf(wsh[s], acc[(u64)s * d + c], a[0]);
+        float v = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+        v *= inv;
         o[c] = v;
         if (ob) ob[c] = f32_to_bf16(v);
     }

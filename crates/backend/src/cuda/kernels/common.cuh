@@ -40,3 +40,18 @@ __device__ float block_sum(float v, float* sh) {
     for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
     return t;
 }
+
+// Programmatic dependent launch (Hopper+): `pdl_trigger` lets the next kernel on the stream,
+// if it was launched with programmatic stream serialization, start its blocks once every block
+// of this one has triggered; that kernel calls `pdl_wait` before it reads anything the kernels
+// ahead of it wrote. Both are no-ops for ordinary launches and before sm_90.
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
