@@ -19,7 +19,7 @@ use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 use super::attention::{Partial, Task, finish_row};
-use super::direct::{self, Fmt, Records};
+use super::direct::{self, Fmt, Page, Pages};
 use super::kv::{CpuKvPool, Half, KvStorage};
 use super::{CpuTensor, ops, shape};
 use crate::Error;
@@ -93,40 +93,21 @@ impl Views {
     }
 }
 
-/// Pages a decode pass asks the memory system for ahead of the one it reads: the hardware
-/// prefetchers do not follow a block table, and a page is processed in ~100 ns.
-const PREFETCH_PAGES: usize = 4;
-
 impl HalfView {
-    /// Hints the caches to fetch the page `block` of `head` (`codes`: the records; otherwise
-    /// the scales only).
-    fn prefetch(&self, pool: &CpuKvPool, block: usize, head: usize, codes: bool) {
-        let bytes = match self.scale {
-            None if codes => pool.raw16_block(self.half, block, head).unwrap_or(&[]),
-            None => &[],
-            Some((offset, _)) => {
-                let b = pool.codec_block(self.half, block, head);
-                if codes {
-                    b
-                } else {
-                    b.get(offset..).unwrap_or(&[])
-                }
-            }
-        };
-        direct::prefetch(bytes);
-    }
-
-    /// The records of slots `slot0..` of (block, head), and their scales (scaled by `mul`)
-    /// written to `scales` (one per slot wanted).
+    /// Slots `slot0..slot0 + n` of (block, head) as the task's keys `off..off + n`; their
+    /// scales (times `mul`) go to `scales` when `scales` is given (`n` of them).
+    #[allow(clippy::too_many_arguments)]
     fn page<'a>(
         &self,
         pool: &'a CpuKvPool,
         block: usize,
         head: usize,
         slot0: usize,
+        n: usize,
+        off: usize,
         mul: f32,
-        scales: &mut [f32],
-    ) -> Result<Records<'a>, Error> {
+        scales: Option<&mut [f32]>,
+    ) -> Result<Page<'a>, Error> {
         let missing = || {
             shape(
                 "decode attention",
@@ -135,7 +116,9 @@ impl HalfView {
         };
         let (bytes, start) = match self.scale {
             None => {
-                scales.fill(mul);
+                if let Some(s) = scales {
+                    s.fill(mul);
+                }
                 let b = pool
                     .raw16_block(self.half, block, head)
                     .ok_or_else(missing)?;
@@ -143,16 +126,26 @@ impl HalfView {
             }
             Some((offset, step)) => {
                 let b = pool.codec_block(self.half, block, head);
-                let src = b.get(offset + slot0 * step..).ok_or_else(missing)?;
-                direct::f16_scales(src, step, mul, scales);
+                if let Some(s) = scales {
+                    let src = b.get(offset + slot0 * step..).ok_or_else(missing)?;
+                    direct::f16_scales(src, step, mul, s);
+                }
                 (b, slot0 * self.stride + self.code_offset)
             }
         };
-        Ok(Records {
-            fmt: self.fmt,
+        Ok(Page {
             bytes: bytes.get(start..).ok_or_else(missing)?,
-            stride: self.stride,
+            n,
+            off,
         })
+    }
+
+    fn pages<'a>(&self, list: &'a [Page<'a>]) -> Pages<'a> {
+        Pages {
+            fmt: self.fmt,
+            stride: self.stride,
+            list,
+        }
     }
 }
 
@@ -165,7 +158,7 @@ struct Scratch {
     p: Vec<f32>,
     /// Value scale of every key of the task.
     vscale: Vec<f32>,
-    /// Key scales of one page.
+    /// Key scale (times the softmax scale) of every key of the task.
     kscale: Vec<f32>,
     /// Exact (window) tokens: key positions, and their values in the working basis.
     exact_pos: Vec<usize>,
@@ -221,38 +214,34 @@ fn run_in(
         }
     }
 
-    // Pass 1: scores (and the value scales, read while the pages are at hand).
-    sc.p.resize(rows * nk, 0.0);
+    // The pages of the task, with the key and value scales of every key (the softmax scale
+    // folded into the key scales).
+    sc.kscale.resize(nk, 0.0);
     sc.vscale.resize(nk, 0.0);
-    sc.kscale.resize(bs, 0.0);
-    let ahead = |p0: usize| {
-        let p = p0 + PREFETCH_PAGES * bs;
-        (p < t.k1)
-            .then(|| pool.block_of(s.blocks, p).ok())
-            .flatten()
-    };
+    let (mut kpages, mut vpages) = (Vec::new(), Vec::new());
     let mut p0 = t.k0;
     while p0 < t.k1 {
         let n = (bs - p0 % bs).min(t.k1 - p0);
         let block = pool.block_of(s.blocks, p0)?;
-        if let Some(b) = ahead(p0) {
-            views.k.prefetch(pool, b, t.head, true);
-            views.v.prefetch(pool, b, t.head, false);
-        }
         let (slot0, off) = (p0 % bs, p0 - t.k0);
-        let ks = &mut sc.kscale[..n];
-        let rec = views.k.page(pool, block, t.head, slot0, g.scale, ks)?;
-        direct::scores(rec, &sc.qw, rows, ks, &mut sc.p[off..], nk);
-        views.v.page(
-            pool,
-            block,
-            t.head,
-            slot0,
-            1.0,
-            &mut sc.vscale[off..off + n],
-        )?;
+        let (ks, vs) = (&mut sc.kscale[off..off + n], &mut sc.vscale[off..off + n]);
+        kpages.push(
+            views
+                .k
+                .page(pool, block, t.head, slot0, n, off, g.scale, Some(ks))?,
+        );
+        vpages.push(
+            views
+                .v
+                .page(pool, block, t.head, slot0, n, off, 1.0, Some(vs))?,
+        );
         p0 += n;
     }
+
+    // Pass 1: every score.
+    sc.p.resize(rows * nk, 0.0);
+    let (kp, vp) = (views.k.pages(&kpages), views.v.pages(&vpages));
+    direct::scores(kp, &sc.qw, rows, &sc.kscale, &mut sc.p, nk);
     let any_exact = rescore_exact(t, s, g, pool, qpos, sc)?;
 
     // Softmax numerators of the whole range, one max and one exp pass per row.
@@ -281,20 +270,7 @@ fn run_in(
     }
 
     // Pass 2: the weighted value sum.
-    let mut p0 = t.k0;
-    while p0 < t.k1 {
-        let n = (bs - p0 % bs).min(t.k1 - p0);
-        let block = pool.block_of(s.blocks, p0)?;
-        if let Some(b) = ahead(p0) {
-            views.v.prefetch(pool, b, t.head, true);
-        }
-        let (slot0, off) = (p0 % bs, p0 - t.k0);
-        let rec = views
-            .v
-            .page(pool, block, t.head, slot0, 1.0, &mut sc.kscale[..0])?;
-        direct::accumulate(rec, n, &sc.p[off..], nk, &mut acc, rows);
-        p0 += n;
-    }
+    direct::accumulate(vp, &sc.p, nk, &mut acc, rows);
 
     // A task that saw every key of its query finishes its rows here, in parallel.
     let whole = t.k0 == 0 && t.k1 == qpos + 1;

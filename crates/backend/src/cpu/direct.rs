@@ -61,24 +61,44 @@ impl Fmt {
     }
 }
 
-/// `n` token records of one page, `stride` bytes apart from the start of `bytes`.
-#[derive(Clone, Copy)]
-pub(crate) struct Records<'a> {
-    pub(crate) fmt: Fmt,
+/// `n` token records of one page, `stride` bytes apart from the start of `bytes` (the
+/// stride is the task's), holding the keys `off..off + n` of a task.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Page<'a> {
     pub(crate) bytes: &'a [u8],
-    pub(crate) stride: usize,
+    pub(crate) n: usize,
+    pub(crate) off: usize,
 }
 
-impl Records<'_> {
-    /// Whether the SIMD loaders may read every chunk of `n` records of `w` coordinates.
-    fn simd_ok(&self, n: usize, w: usize) -> bool {
+/// The pages of one task in one format.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pages<'a> {
+    pub(crate) fmt: Fmt,
+    pub(crate) stride: usize,
+    pub(crate) list: &'a [Page<'a>],
+}
+
+impl Pages<'_> {
+    /// Whether the SIMD loaders may read every chunk of every page's records of `w`
+    /// coordinates.
+    fn simd_ok(&self, w: usize) -> bool {
+        let len = self.fmt.read_len(w);
         w > 0
             && w.is_multiple_of(8)
-            && (n == 0 || self.bytes.len() >= (n - 1) * self.stride + self.fmt.read_len(w))
+            && self
+                .list
+                .iter()
+                .all(|p| p.n == 0 || p.bytes.len() >= (p.n - 1) * self.stride + len)
     }
 
-    fn record(&self, j: usize) -> &[u8] {
-        &self.bytes[j * self.stride..]
+    /// One past the last key offset of the pages.
+    fn end(&self) -> usize {
+        self.list.iter().map(|p| p.off + p.n).max().unwrap_or(0)
+    }
+
+    /// Record `j` of `page`.
+    fn record<'b>(&self, page: &Page<'b>, j: usize) -> &'b [u8] {
+        &page.bytes[j * self.stride..]
     }
 }
 
@@ -100,35 +120,36 @@ pub(crate) fn has_simd() -> bool {
 /// Rows handled by one SIMD call (their accumulators share the registers).
 const MAX_ROWS: usize = 4;
 
-/// `out[r·os + j] = scales[j] · ⟨q_r, x_j⟩` for the query rows `q_r = q[r·w..(r + 1)·w]`
-/// (`w = q.len() / rows`) and the `n = scales.len()` records.
+/// `out[r·os + off + j] = scales[off + j] · ⟨q_r, x_j⟩` for the query rows
+/// `q_r = q[r·w..(r + 1)·w]` (`w = q.len() / rows`) and record `j` of every page at `off`.
 pub(crate) fn scores(
-    rec: Records<'_>,
+    pages: Pages<'_>,
     q: &[f32],
     rows: usize,
     scales: &[f32],
     out: &mut [f32],
     os: usize,
 ) {
-    let (n, w) = (scales.len(), q.len() / rows.max(1));
+    let (end, w) = (pages.end(), q.len() / rows.max(1));
     assert!(
-        rows == 0 || out.len() >= (rows - 1) * os + n,
-        "scores: output too short"
+        end <= scales.len() && (rows == 0 || out.len() >= (rows - 1) * os + end),
+        "scores: scales or output too short"
     );
     #[cfg(target_arch = "x86_64")]
-    if has_simd() && rec.simd_ok(n, w) {
+    if has_simd() && pages.simd_ok(w) {
         for r0 in (0..rows).step_by(MAX_ROWS) {
             let rr = (rows - r0).min(MAX_ROWS);
             // SAFETY: AVX2/FMA/F16C detected; w is a positive multiple of 8 and every chunk of
-            // the n records is readable (`simd_ok`); the q rows r0..r0 + rr hold rr·w floats;
-            // `out[r0·os..]` holds (rr − 1)·os + n floats (asserted above).
+            // every page is readable (`simd_ok`); the q rows r0..r0 + rr hold rr·w floats;
+            // every page ends within `scales`, and `out[r0·os..]` holds (rr − 1)·os + end
+            // floats (asserted above).
             unsafe {
                 super::direct_avx2::scores(
-                    rec.fmt,
-                    rr,
+                    pages.fmt,
+                    pages.stride,
+                    pages.list,
                     &q[r0 * w..(r0 + rr) * w],
-                    rec.bytes.as_ptr(),
-                    rec.stride,
+                    rr,
                     scales,
                     &mut out[r0 * os..],
                     os,
@@ -137,12 +158,12 @@ pub(crate) fn scores(
         }
         return;
     }
-    scores_ref(rec, q, rows, scales, out, os);
+    scores_ref(pages, q, rows, scales, out, os);
 }
 
 /// Scalar reference of [`scores`].
 pub(crate) fn scores_ref(
-    rec: Records<'_>,
+    pages: Pages<'_>,
     q: &[f32],
     rows: usize,
     scales: &[f32],
@@ -150,92 +171,80 @@ pub(crate) fn scores_ref(
     os: usize,
 ) {
     let w = q.len() / rows.max(1);
-    for (j, &s) in scales.iter().enumerate() {
-        let x = rec.record(j);
-        for r in 0..rows {
-            let qr = &q[r * w..(r + 1) * w];
-            let dot: f32 = qr
-                .iter()
-                .enumerate()
-                .map(|(i, &a)| a * rec.fmt.value(x, i))
-                .sum();
-            out[r * os + j] = dot * s;
-        }
-    }
-}
-
-/// `acc[r·w..(r + 1)·w] += Σ_j weights[r·ws + j] · x_j` over `n` records for the accumulator
-/// rows of `acc` (`w = acc.len() / rows`).
-pub(crate) fn accumulate(
-    rec: Records<'_>,
-    n: usize,
-    weights: &[f32],
-    ws: usize,
-    acc: &mut [f32],
-    rows: usize,
-) {
-    let w = acc.len() / rows.max(1);
-    assert!(
-        rows == 0 || weights.len() >= (rows - 1) * ws + n,
-        "accumulate: weights too short"
-    );
-    #[cfg(target_arch = "x86_64")]
-    if has_simd() && rec.simd_ok(n, w) {
-        for r0 in (0..rows).step_by(MAX_ROWS) {
-            let rr = (rows - r0).min(MAX_ROWS);
-            // SAFETY: AVX2/FMA/F16C detected; w is a positive multiple of 8 and every chunk of
-            // the n records is readable (`simd_ok`); `acc[r0·w..]` holds rr·w floats;
-            // `weights[r0·ws..]` holds (rr − 1)·ws + n floats (asserted above).
-            unsafe {
-                super::direct_avx2::accumulate(
-                    rec.fmt,
-                    rr,
-                    rec.bytes.as_ptr(),
-                    rec.stride,
-                    n,
-                    &weights[r0 * ws..],
-                    ws,
-                    &mut acc[r0 * w..(r0 + rr) * w],
-                )
-            };
-        }
-        return;
-    }
-    accumulate_ref(rec, n, weights, ws, acc, rows);
-}
-
-/// Scalar reference of [`accumulate`].
-pub(crate) fn accumulate_ref(
-    rec: Records<'_>,
-    n: usize,
-    weights: &[f32],
-    ws: usize,
-    acc: &mut [f32],
-    rows: usize,
-) {
-    let w = acc.len() / rows.max(1);
-    for j in 0..n {
-        let x = rec.record(j);
-        for r in 0..rows {
-            let p = weights[r * ws + j];
-            for (i, a) in acc[r * w..(r + 1) * w].iter_mut().enumerate() {
-                *a += p * rec.fmt.value(x, i);
+    for page in pages.list {
+        for j in 0..page.n {
+            let (x, k) = (pages.record(page, j), page.off + j);
+            for r in 0..rows {
+                let qr = &q[r * w..(r + 1) * w];
+                let dot: f32 = qr
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &a)| a * pages.fmt.value(x, i))
+                    .sum();
+                out[r * os + k] = dot * scales[k];
             }
         }
     }
 }
 
-/// Hints the caches to fetch `bytes` (one prefetch per 64-byte line); no effect on results.
-#[inline]
-pub(crate) fn prefetch(bytes: &[u8]) {
+/// `acc[r·w..(r + 1)·w] += Σ weights[r·ws + off + j] · x_j` over record `j` of every page at
+/// `off`, for the accumulator rows of `acc` (`w = acc.len() / rows`).
+pub(crate) fn accumulate(
+    pages: Pages<'_>,
+    weights: &[f32],
+    ws: usize,
+    acc: &mut [f32],
+    rows: usize,
+) {
+    let (end, w) = (pages.end(), acc.len() / rows.max(1));
+    assert!(
+        rows == 0 || weights.len() >= (rows - 1) * ws + end,
+        "accumulate: weights too short"
+    );
     #[cfg(target_arch = "x86_64")]
-    for at in (0..bytes.len()).step_by(64) {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        // SAFETY: a prefetch is a hint that never faults; the address lies inside `bytes`.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(at).cast()) };
+    if has_simd() && pages.simd_ok(w) {
+        for r0 in (0..rows).step_by(MAX_ROWS) {
+            let rr = (rows - r0).min(MAX_ROWS);
+            // SAFETY: AVX2/FMA/F16C detected; w is a positive multiple of 8 and every chunk of
+            // every page is readable (`simd_ok`); `acc[r0·w..]` holds rr·w floats;
+            // `weights[r0·ws..]` holds (rr − 1)·ws + end floats (asserted above).
+            unsafe {
+                super::direct_avx2::accumulate(
+                    pages.fmt,
+                    pages.stride,
+                    pages.list,
+                    &weights[r0 * ws..],
+                    ws,
+                    &mut acc[r0 * w..(r0 + rr) * w],
+                    rr,
+                )
+            };
+        }
+        return;
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
+    accumulate_ref(pages, weights, ws, acc, rows);
+}
+
+/// Scalar reference of [`accumulate`].
+pub(crate) fn accumulate_ref(
+    pages: Pages<'_>,
+    weights: &[f32],
+    ws: usize,
+    acc: &mut [f32],
+    rows: usize,
+) {
+    let w = acc.len() / rows.max(1);
+    for page in pages.list {
+        for j in 0..page.n {
+            let (x, k) = (pages.record(page, j), page.off + j);
+            for r in 0..rows {
+                let p = weights[r * ws + k];
+                for (i, a) in acc[r * w..(r + 1) * w].iter_mut().enumerate() {
+                    *a += p * pages.fmt.value(x, i);
+                }
+            }
+        }
+    }
 }
 
 /// `out[j] = scale · f16(src[j·stride..][..2])` (the per-token scales of a page).
@@ -320,8 +329,8 @@ mod tests {
     }
 
     /// SIMD == scalar reference for every format, row count 1–9 (groups of 4 and a rest),
-    /// head widths with odd chunk counts, record counts around the 2/4-token passes, and
-    /// padded strides.
+    /// head widths with odd chunk counts, record counts around the 2/4-token passes, padded
+    /// strides, and one page or many ragged pages (more than the prefetch distance).
     #[test]
     fn direct_kernels_match_the_scalar_reference() {
         if !has_simd() {
@@ -331,14 +340,31 @@ mod tests {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         for fmt in formats(&mut rng) {
             for w in [8, 24, 64, 128] {
-                for n in [1, 2, 3, 5, 16, 17] {
+                for n in [1, 2, 3, 5, 16, 17, 31] {
                     for rows in [1, 2, 3, 4, 5, 9] {
                         let stride = code_bytes(fmt, w) + if n % 2 == 0 { 0 } else { 6 };
                         let bytes = records(fmt, n, stride, w, &mut rng);
-                        let rec = Records {
+                        // One page of all n records, or pages of 1, 2, … records at their
+                        // offsets (as a task's block table gives them).
+                        let mut list = Vec::new();
+                        let mut off = 0;
+                        while off < n {
+                            let len = if n % 2 == 0 {
+                                n
+                            } else {
+                                (list.len() + 1).min(n - off)
+                            };
+                            list.push(Page {
+                                bytes: &bytes[off * stride..],
+                                n: len,
+                                off,
+                            });
+                            off += len;
+                        }
+                        let pages = Pages {
                             fmt,
-                            bytes: &bytes,
                             stride,
+                            list: &list,
                         };
                         let what = format!("{fmt:?} w {w} n {n} rows {rows}");
                         let mag = if fmt == Fmt::Int8 { 128.0 } else { 3.0 };
@@ -347,8 +373,8 @@ mod tests {
                         let os = n + 3;
                         let mut got = vec![f32::NAN; rows * os];
                         let mut want = got.clone();
-                        scores(rec, &q, rows, &scales, &mut got, os);
-                        scores_ref(rec, &q, rows, &scales, &mut want, os);
+                        scores(pages, &q, rows, &scales, &mut got, os);
+                        scores_ref(pages, &q, rows, &scales, &mut want, os);
                         for r in 0..rows {
                             for j in 0..n {
                                 close(got[r * os + j], want[r * os + j], w, mag, &what);
@@ -358,8 +384,8 @@ mod tests {
                         let p: Vec<f32> = (0..rows * ws).map(|_| rng.next()).collect();
                         let mut got: Vec<f32> = (0..rows * w).map(|_| rng.next()).collect();
                         let mut want = got.clone();
-                        accumulate(rec, n, &p, ws, &mut got, rows);
-                        accumulate_ref(rec, n, &p, ws, &mut want, rows);
+                        accumulate(pages, &p, ws, &mut got, rows);
+                        accumulate_ref(pages, &p, ws, &mut want, rows);
                         for (g, e) in got.iter().zip(&want) {
                             close(*g, *e, n, mag, &what);
                         }

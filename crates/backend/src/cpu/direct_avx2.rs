@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::direct::Fmt;
+use super::direct::{Fmt, Page};
 
 /// Eight consecutive coordinates of a token record as f32 lanes (without the token scale).
 trait Load8: Copy {
@@ -323,18 +323,36 @@ macro_rules! with_loader {
     };
 }
 
-/// [`scores_t`] for `rows` (1–4) query rows of format `fmt`.
+/// Page `i + PREFETCH_PAGES` is requested from memory while page `i` is read: the hardware
+/// prefetchers do not follow a block table, and a page takes ~100 ns.
+const PREFETCH_PAGES: usize = 4;
+
+/// Hints the caches to fetch the records of `page`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn prefetch(page: &Page<'_>, stride: usize) {
+    let len = (page.n * stride).min(page.bytes.len());
+    for at in (0..len).step_by(64) {
+        // SAFETY: a prefetch never faults; the address lies inside `page.bytes`.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(page.bytes.as_ptr().add(at).cast()) };
+    }
+}
+
+/// [`scores_t`] over every page of `pages` for `rows` (1–4) query rows of format `fmt`:
+/// `out[r·os + off + j] = scales[off + j] · ⟨q_r, x_j⟩` for record j of the page at `off`.
 ///
 /// # Safety
-/// As [`scores_t`] with `R = rows`; `fmt`'s table width is 1–4 bits.
+/// AVX2/FMA/F16C; `q.len() = rows·w` with `w` a positive multiple of 8; every chunk of every
+/// page's `n` records is readable from its `bytes`; for every page `off + n <= scales.len()`
+/// and `out` holds `(rows − 1)·os + off + n` floats; `fmt`'s table width is 1–4 bits.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn scores(
     fmt: Fmt,
-    rows: usize,
-    q: &[f32],
-    rec: *const u8,
     stride: usize,
+    pages: &[Page<'_>],
+    q: &[f32],
+    rows: usize,
     scales: &[f32],
     out: &mut [f32],
     os: usize,
@@ -344,9 +362,17 @@ pub(super) unsafe fn scores(
     macro_rules! go {
         ($r:literal) => {
             with_loader!(fmt, ld => {
-                // SAFETY: forwarded from the caller.
-                unsafe {
-                    scores_t::<_, $r, { tokens_per_pass($r) }>(ld, qp, w, rec, stride, scales, op, os)
+                for (i, pg) in pages.iter().enumerate() {
+                    if let Some(next) = pages.get(i + PREFETCH_PAGES) {
+                        prefetch(next, stride);
+                    }
+                    let sc = &scales[pg.off..pg.off + pg.n];
+                    // SAFETY: forwarded from the caller for this page.
+                    unsafe {
+                        scores_t::<_, $r, { tokens_per_pass($r) }>(
+                            ld, qp, w, pg.bytes.as_ptr(), stride, sc, op.add(pg.off), os,
+                        )
+                    }
                 }
             })
         };
@@ -359,29 +385,39 @@ pub(super) unsafe fn scores(
     }
 }
 
-/// [`accumulate_t`] for `rows` (1–4) accumulator rows of format `fmt`.
+/// [`accumulate_t`] over every page of `pages` for `rows` (1–4) accumulator rows of format
+/// `fmt`: `acc[r·w..][..w] += Σ_j weights[r·ws + off + j] · x_j`.
 ///
 /// # Safety
-/// As [`accumulate_t`] with `R = rows`; `fmt`'s table width is 1–4 bits.
-#[allow(clippy::too_many_arguments)]
+/// AVX2/FMA/F16C; `acc.len() = rows·w` with `w` a positive multiple of 8; every chunk of every
+/// page's `n` records is readable from its `bytes`; for every page `weights` holds
+/// `(rows − 1)·ws + off + n` floats; `fmt`'s table width is 1–4 bits.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn accumulate(
     fmt: Fmt,
-    rows: usize,
-    rec: *const u8,
     stride: usize,
-    n: usize,
+    pages: &[Page<'_>],
     weights: &[f32],
     ws: usize,
     acc: &mut [f32],
+    rows: usize,
 ) {
     let w = acc.len() / rows;
     let (wp, ap) = (weights.as_ptr(), acc.as_mut_ptr());
     macro_rules! go {
         ($r:literal) => {
             with_loader!(fmt, ld => {
-                // SAFETY: forwarded from the caller.
-                unsafe { accumulate_t::<_, $r>(ld, rec, stride, n, wp, ws, ap, w) }
+                for (i, pg) in pages.iter().enumerate() {
+                    if let Some(next) = pages.get(i + PREFETCH_PAGES) {
+                        prefetch(next, stride);
+                    }
+                    // SAFETY: forwarded from the caller for this page.
+                    unsafe {
+                        accumulate_t::<_, $r>(
+                            ld, pg.bytes.as_ptr(), stride, pg.n, wp.add(pg.off), ws, ap, w,
+                        )
+                    }
+                }
             })
         };
     }
