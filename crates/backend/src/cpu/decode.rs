@@ -140,6 +140,14 @@ impl HalfView {
         })
     }
 
+    /// Hints the caches to fetch the scales of (block, head) (codec pools).
+    fn prefetch_scales(&self, pool: &CpuKvPool, block: usize, head: usize) {
+        if let Some((offset, _)) = self.scale {
+            let b = pool.codec_block(self.half, block, head);
+            direct::prefetch(b.get(offset..).unwrap_or(&[]));
+        }
+    }
+
     fn pages<'a>(&self, list: &'a [Page<'a>]) -> Pages<'a> {
         Pages {
             fmt: self.fmt,
@@ -148,6 +156,9 @@ impl HalfView {
         }
     }
 }
+
+/// Pages ahead whose scales the page-gathering loop of a task requests from memory.
+const SCALE_PREFETCH_PAGES: usize = 8;
 
 /// Per-thread buffers of decode tasks, grown as needed and never shrunk.
 #[derive(Default)]
@@ -223,6 +234,16 @@ fn run_in(
     while p0 < t.k1 {
         let n = (bs - p0 % bs).min(t.k1 - p0);
         let block = pool.block_of(s.blocks, p0)?;
+        // The scales are the first bytes of each page this loop touches: ask for them ahead
+        // (the kernels prefetch the records themselves).
+        let ahead = p0 + SCALE_PREFETCH_PAGES * bs;
+        if let Some(b) = (ahead < t.k1)
+            .then(|| pool.block_of(s.blocks, ahead).ok())
+            .flatten()
+        {
+            views.k.prefetch_scales(pool, b, t.head);
+            views.v.prefetch_scales(pool, b, t.head);
+        }
         let (slot0, off) = (p0 % bs, p0 - t.k0);
         let (ks, vs) = (&mut sc.kscale[off..off + n], &mut sc.vscale[off..off + n]);
         kpages.push(
