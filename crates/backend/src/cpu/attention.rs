@@ -12,6 +12,10 @@
 //! value sum stays rotated until one inverse rotation per output row. Sink and recent-window
 //! tokens enter the same basis from their f16 copies, so exact and coded tokens share one
 //! softmax.
+//!
+//! Decode tasks (one query token) on pools whose halves are `direct` formats (16-bit, int8,
+//! single-part MSE TurboQuant) skip the tile and read the pages straight (`decode.rs`); this
+//! tiled loop serves prefill and the other formats.
 
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
