@@ -79,6 +79,7 @@ pub use rotation::Rotation;
 pub use score::{PreparedQuery, ValueAccumulator};
 pub use snapshot::{LayerIdentity, Snapshot, SnapshotError, SnapshotIdentity, SnapshotShape};
 pub use tq::{NormMode, QjlSketch, TqCodec, TqParams};
+pub use work::{DirectCodes, DirectKind};
 
 /// Version of the numeric definition of every format (rotations, seeds, codebooks, operation
 /// order, layouts). Bump it whenever any encoder output could change; it is part of the cache

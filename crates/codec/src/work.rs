@@ -23,7 +23,38 @@ use crate::codec::{Format, MAX_SCALARS, VectorCodec, read_scalars};
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::layout::BlockLayout;
+use crate::plain::Plain;
 use crate::tq::with_scratch;
+
+/// How the coordinates of a token's working vector come out of its code record when the
+/// format decodes them directly from one run of codes with one per-token scale — the shape
+/// that attention kernels can read straight from the cache without a tile
+/// ([`VectorCodec::direct_codes`]). Working coordinate `i` of the token is
+/// `s · value(code_i)`, where `s` is f16 scalar `scalar_index` of the token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DirectCodes {
+    /// What one code is.
+    pub kind: DirectKind,
+    /// Byte offset of the codes within the token's code record.
+    pub code_offset: usize,
+    /// Index of the scale among the token's f16 scalars.
+    pub scalar_index: usize,
+}
+
+/// The code format of [`DirectCodes`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DirectKind {
+    /// `bits`-bit (1–4) codes packed LSB-first (8 codes in `bits` bytes); `value(c) =
+    /// table[c]` (entries past `2^bits` are zero).
+    Table {
+        /// Code width.
+        bits: u8,
+        /// The centroids, padded with zeros to 16.
+        table: [f32; 16],
+    },
+    /// One two's-complement byte per coordinate; `value(c) = c`.
+    Int8,
+}
 
 impl VectorCodec {
     /// Length of a working vector (head_dim, plus head_dim of sign coordinates in prod mode).
@@ -38,6 +69,43 @@ impl VectorCodec {
                     mse + if p.qjl.is_some() { p.dim } else { 0 }
                 })
                 .sum(),
+        }
+    }
+
+    /// The direct description of this format's working vectors, when it has one: `int8`, and
+    /// TurboQuant with a single MSE part of 1–4 bits (no QJL signs, no outlier split).
+    pub fn direct_codes(&self) -> Option<DirectCodes> {
+        match &self.format {
+            Format::Plain(Plain::Int8) => Some(DirectCodes {
+                kind: DirectKind::Int8,
+                code_offset: 0,
+                scalar_index: 0,
+            }),
+            Format::Plain(_) => None,
+            Format::Tq(t) => {
+                let [part] = t.parts.as_slice() else {
+                    return None;
+                };
+                let c = part.codebook.centroids();
+                let direct = (1..=4).contains(&part.mse_bits)
+                    && part.qjl.is_none()
+                    && part.dim == self.head_dim
+                    && c.len() == 1 << part.mse_bits
+                    && part.code_bytes * 8 == part.dim * usize::from(part.mse_bits);
+                if !direct {
+                    return None;
+                }
+                let mut table = [0f32; 16];
+                table[..c.len()].copy_from_slice(c);
+                Some(DirectCodes {
+                    kind: DirectKind::Table {
+                        bits: part.mse_bits,
+                        table,
+                    },
+                    code_offset: part.code_offset,
+                    scalar_index: part.scalar_index,
+                })
+            }
         }
     }
 

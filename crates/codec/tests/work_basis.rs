@@ -187,3 +187,51 @@ fn tile_errors_are_typed() {
     assert!(c.query_to_work(&[0.0; 63], &mut [0.0; 64]).is_err());
     assert!(c.work_to_output(&[0.0; 64], &mut [0.0; 65]).is_err());
 }
+
+/// Working coordinate `i` of slot `slot` read the way `DirectCodes` describes it.
+fn direct_coordinate(
+    dc: &DirectCodes,
+    block: &[u8],
+    layout: &BlockLayout,
+    slot: usize,
+    i: usize,
+) -> f32 {
+    let rec = &block[layout.codes_range(slot)][dc.code_offset..];
+    let at = layout.scalars_range(slot).start + 2 * dc.scalar_index;
+    let s = f16::from_le_bytes([block[at], block[at + 1]]).to_f32();
+    match dc.kind {
+        DirectKind::Int8 => s * f32::from(rec[i] as i8),
+        DirectKind::Table { bits, table } => {
+            let b = usize::from(bits);
+            let mut code = 0usize;
+            for k in 0..b {
+                let bit = i * b + k;
+                code |= usize::from((rec[bit / 8] >> (bit % 8)) & 1) << k;
+            }
+            table[code] * s
+        }
+    }
+}
+
+#[test]
+fn direct_codes_describe_the_decoded_tile() {
+    let mut rng = Xoshiro256::new(14);
+    for (name, c) in codecs() {
+        let direct = c.direct_codes();
+        let expect_direct = name.starts_with("int8")
+            || (!name.contains(".5") && (name.contains("value") || name.contains("/Mse")));
+        assert_eq!(direct.is_some(), expect_direct, "{name}");
+        let Some(dc) = direct else { continue };
+        let (n, w) = (16, c.work_dim());
+        assert_eq!(w, c.head_dim(), "{name}");
+        let (block, layout) = filled_block(&c, n, &mut rng);
+        let mut tile = vec![f32::NAN; n * w];
+        c.decode_tile(&block, &layout, 0..n, &mut tile).unwrap();
+        for slot in 0..n {
+            for i in 0..w {
+                let got = direct_coordinate(&dc, &block, &layout, slot, i);
+                assert_eq!(got, tile[slot * w + i], "{name} slot {slot} [{i}]");
+            }
+        }
+    }
+}

@@ -12,6 +12,10 @@
 //! value sum stays rotated until one inverse rotation per output row. Sink and recent-window
 //! tokens enter the same basis from their f16 copies, so exact and coded tokens share one
 //! softmax.
+//!
+//! Decode tasks (one query token) on pools whose halves are `direct` formats (16-bit, int8,
+//! single-part MSE TurboQuant) skip the tile and read the pages straight (`decode.rs`); this
+//! tiled loop serves prefill and the other formats.
 
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
@@ -20,35 +24,41 @@ use rayon::prelude::*;
 use turbokv_cache::KvWindow;
 
 use super::kv::{CodecStore, CpuKvPool, Half};
-use super::{CpuTensor, ops, shape};
+use super::{CpuTensor, decode, ops, shape};
 use crate::Error;
 use crate::backend::{AttnGeometry, SeqSpan};
 
 /// Query tokens per task.
 const QUERY_TILE: usize = 16;
-/// Keys per task when a sequence's keys are split (rounded to whole blocks).
-const KEY_CHUNK: usize = 256;
+/// Bounds of the key range of a task when a decode sequence's keys are split: at least this
+/// many keys (so a task amortises its setup) …
+const MIN_KEY_CHUNK: usize = 256;
+/// … and at most this many (a decode task's scores live in a `rows × keys` scratch).
+const MAX_KEY_CHUNK: usize = 2048;
+/// Split decode aims at this many tasks per thread, so work stealing can even out the threads
+/// without paying for ~100 tasks per layer.
+const TASKS_PER_THREAD: usize = 8;
 
 #[derive(Clone, Copy, Debug)]
-struct Task {
-    span: usize,
-    head: usize,
-    q0: usize,
-    q1: usize,
-    k0: usize,
-    k1: usize,
+pub(super) struct Task {
+    pub(super) span: usize,
+    pub(super) head: usize,
+    pub(super) q0: usize,
+    pub(super) q1: usize,
+    pub(super) k0: usize,
+    pub(super) k1: usize,
 }
 
 /// Softmax state of one task: per row (query token × grouped head) the running max, the
 /// running sum of exponentials, and the unnormalised value accumulator (in the value codec's
 /// working basis). A task that covers its rows' whole key range finishes its rows itself
 /// (`done`: `acc` holds output rows), so the sequential merge only handles split decode.
-struct Partial {
-    task: Task,
-    m: Vec<f32>,
-    l: Vec<f32>,
-    acc: Vec<f32>,
-    done: bool,
+pub(super) struct Partial {
+    pub(super) task: Task,
+    pub(super) m: Vec<f32>,
+    pub(super) l: Vec<f32>,
+    pub(super) acc: Vec<f32>,
+    pub(super) done: bool,
 }
 
 pub(crate) fn attend(
@@ -74,15 +84,38 @@ pub(crate) fn attend(
         ));
     }
     let tasks = plan(spans, g, pool.block_size());
+    let views = decode::Views::of(pool, g.head_dim);
     let partials: Vec<Partial> = tasks
         .par_iter()
-        .map(|&t| run_task(t, qkv, g, spans, pool))
+        .map(|&t| match &views {
+            Some(v) if t.q1 == t.q0 + 1 => decode::run(t, qkv, g, spans, pool, v),
+            _ => run_task(t, qkv, g, spans, pool),
+        })
         .collect::<Result<_, _>>()?;
     merge_into(partials, g, spans, pool, out)
 }
 
+/// Keys per task of split decode (whole blocks): the decode work of the step over
+/// `TASKS_PER_THREAD` tasks per thread, within `MIN_KEY_CHUNK..=MAX_KEY_CHUNK`.
+fn key_chunk(spans: &[SeqSpan<'_>], g: &AttnGeometry, block_size: usize) -> usize {
+    let work: usize = spans
+        .iter()
+        .filter(|s| s.n_tokens <= QUERY_TILE)
+        .map(|s| (s.first_pos + s.n_tokens) * g.n_kv_heads)
+        .sum();
+    let tasks = TASKS_PER_THREAD * rayon::current_num_threads().max(1);
+    let chunk = work.div_ceil(tasks).clamp(MIN_KEY_CHUNK, MAX_KEY_CHUNK);
+    let chunk = chunk.div_ceil(block_size) * block_size;
+    // Whole blocks may overshoot the bound by less than one block.
+    if chunk > MAX_KEY_CHUNK && chunk > block_size {
+        chunk - block_size
+    } else {
+        chunk
+    }
+}
+
 fn plan(spans: &[SeqSpan<'_>], g: &AttnGeometry, block_size: usize) -> Vec<Task> {
-    let chunk = KEY_CHUNK.div_ceil(block_size) * block_size;
+    let chunk = key_chunk(spans, g, block_size);
     let mut tasks = Vec::new();
     for (si, s) in spans.iter().enumerate() {
         let ctx = s.first_pos + s.n_tokens;
@@ -228,7 +261,12 @@ fn run_task(
 
 /// A normalised value row in the working basis → the output basis (rotated back, the value
 /// mean added when the pool is centered). 16-bit pools copy.
-fn finish_row(pool: &CpuKvPool, head: usize, row: &[f32], out: &mut [f32]) -> Result<(), Error> {
+pub(super) fn finish_row(
+    pool: &CpuKvPool,
+    head: usize,
+    row: &[f32],
+    out: &mut [f32],
+) -> Result<(), Error> {
     match pool.codec() {
         None => out.copy_from_slice(row),
         Some(c) => {

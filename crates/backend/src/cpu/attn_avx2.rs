@@ -104,6 +104,31 @@ fn exp(x: __m256) -> __m256 {
     _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32::<23>(n)))
 }
 
+/// `max_j x[j]` (−∞ for an empty slice; NaN-free inputs).
+///
+/// # Safety
+/// AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn max(x: &[f32]) -> f32 {
+    let mut m = [_mm256_set1_ps(f32::NEG_INFINITY); 2];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        // SAFETY: `c` holds exactly 16 floats.
+        unsafe {
+            m[0] = _mm256_max_ps(m[0], _mm256_loadu_ps(c.as_ptr()));
+            m[1] = _mm256_max_ps(m[1], _mm256_loadu_ps(c.as_ptr().add(8)));
+        }
+    }
+    let v = _mm256_max_ps(m[0], m[1]);
+    let h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    let h = _mm_max_ss(h, _mm_shuffle_ps::<0b01>(h, h));
+    chunks
+        .remainder()
+        .iter()
+        .fold(_mm_cvtss_f32(h), |a, &b| a.max(b))
+}
+
 /// `x[j] = e^(x[j] − m)`; returns `Σ x[j]`.
 ///
 /// # Safety
@@ -231,6 +256,12 @@ mod tests {
                     assert!((f64::from(*a) - e).abs() < 1e-5, "w {w} n {n}");
                 }
             }
+        }
+        for n in [0, 1, 5, 8, 13, 16, 17, 33, 50] {
+            let x: Vec<f32> = (0..n).map(|_| 40.0 * rng(&mut s)).collect();
+            let want = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            // SAFETY: as above.
+            assert_eq!(unsafe { super::max(&x) }, want, "max of {n}");
         }
         for n in [1, 5, 8, 13, 16, 33] {
             let mut x: Vec<f32> = (0..n).map(|_| 40.0 * rng(&mut s)).collect();

@@ -366,6 +366,32 @@ impl CpuKvPool {
         }
     }
 
+    /// The storage and the values of (block, head) of K or V in a 16-bit pool, as the bytes of
+    /// `[block_size, head_dim]` native-endian u16 (little-endian on x86-64, where the direct
+    /// kernels read them).
+    pub(crate) fn raw16_block(&self, half: Half, block: usize, head: usize) -> Option<&[u8]> {
+        let Store::Raw16 { k, v, .. } = &self.store else {
+            return None;
+        };
+        let at = self.raw_offset(block, head, 0);
+        let len = self.block_size * self.head_dim;
+        let src = match half {
+            Half::K => &k[at..at + len],
+            Half::V => &v[at..at + len],
+        };
+        // SAFETY: any u16 is two valid bytes, u8 has alignment 1, and the byte slice covers
+        // exactly the memory of `src` for the lifetime of the borrow of `self`.
+        Some(unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), 2 * src.len()) })
+    }
+
+    /// The element format of this pool.
+    pub(crate) fn storage(&self) -> KvStorage {
+        match &self.store {
+            Store::Raw16 { storage, .. } => *storage,
+            Store::Codec(_) => KvStorage::Codec,
+        }
+    }
+
     /// The bytes of (block, head) of K or V in a codec pool.
     pub(crate) fn codec_block(&self, half: Half, block: usize, head: usize) -> &[u8] {
         match &self.store {

@@ -5,6 +5,10 @@
 mod attention;
 #[cfg(target_arch = "x86_64")]
 mod attn_avx2;
+mod decode;
+mod direct;
+#[cfg(target_arch = "x86_64")]
+mod direct_avx2;
 mod kv;
 mod ops;
 

@@ -134,6 +134,17 @@ pub(crate) fn weighted_sum(acc: &mut [f32], corr: f32, p: &[f32], values: &[f32]
     weighted_sum_body(acc, corr, p, values)
 }
 
+/// `max_j x[j]` (−∞ for an empty slice).
+#[inline]
+pub(crate) fn max(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: AVX2 and FMA were detected.
+        return unsafe { super::attn_avx2::max(x) };
+    }
+    x.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
 /// `x[j] = e^(x[j] − m)`, returning `Σ_j x[j]` (the softmax numerators of a block).
 #[inline]
 pub(crate) fn exp_shift_sum(x: &mut [f32], m: f32) -> f32 {

@@ -1,0 +1,358 @@
+//! Decode attention (one query token per task) read straight from the cache pages.
+//!
+//! For pools whose keys and values are [`direct`] formats (16-bit, `int8`, single-part
+//! TurboQuant MSE) a decode task makes two passes over its key range, with no f32 tile and no
+//! online-softmax rescaling per page:
+//! 1. scores of every grouped query row against every key, page by page, straight from the
+//!    records (each key decoded once into registers for all rows of the kv head);
+//! 2. one max and one vectorised exp per row over the whole range, then the weighted value sum,
+//!    page by page, the accumulator rows held in registers.
+//!
+//! The scores of a task (`rows × keys`) live in a per-thread scratch that is reused across
+//! tasks and layers; the key range of a task is bounded by the planner (`MAX_KEY_CHUNK`).
+//! Sink and recent-window tokens are rescored from their f16 copies and their values added
+//! from the copies, as in the tiled path.
+
+use std::cell::RefCell;
+
+use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+
+use super::attention::{Partial, Task, finish_row};
+use super::direct::{self, Fmt, Page, Pages};
+use super::kv::{CpuKvPool, Half, KvStorage};
+use super::{CpuTensor, ops, shape};
+use crate::Error;
+use crate::backend::{AttnGeometry, SeqSpan};
+
+/// Where the direct kernels find one half (K or V) of a pool's pages.
+#[derive(Clone, Copy, Debug)]
+struct HalfView {
+    half: Half,
+    fmt: Fmt,
+    /// Bytes per token record.
+    stride: usize,
+    /// Offset of the codes within a record.
+    code_offset: usize,
+    /// Codec pools: byte offset of slot 0's f16 scale in the block, and bytes per slot.
+    scale: Option<(usize, usize)>,
+}
+
+/// How a decode task reads a pool's keys and values.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Views {
+    k: HalfView,
+    v: HalfView,
+}
+
+impl Views {
+    /// The views of `pool` when both halves are direct formats and the CPU runs the SIMD
+    /// kernels; `None` sends decode through the tiled path.
+    pub(super) fn of(pool: &CpuKvPool, head_dim: usize) -> Option<Views> {
+        if !direct::has_simd() {
+            return None;
+        }
+        let raw = |half, fmt| HalfView {
+            half,
+            fmt,
+            stride: 2 * head_dim,
+            code_offset: 0,
+            scale: None,
+        };
+        match pool.storage() {
+            KvStorage::Bf16 => Some(Views {
+                k: raw(Half::K, Fmt::Bf16),
+                v: raw(Half::V, Fmt::Bf16),
+            }),
+            KvStorage::F16 => Some(Views {
+                k: raw(Half::K, Fmt::F16),
+                v: raw(Half::V, Fmt::F16),
+            }),
+            KvStorage::Codec => {
+                let c = pool.codec()?;
+                let view =
+                    |half, codec: &turbokv_codec::VectorCodec, l: &turbokv_codec::BlockLayout| {
+                        let d = codec.direct_codes()?;
+                        Some(HalfView {
+                            half,
+                            fmt: Fmt::of(&d),
+                            stride: l.code_bytes_per_token,
+                            code_offset: d.code_offset,
+                            scale: Some((
+                                l.scalars_offset + 2 * d.scalar_index,
+                                2 * l.scalars_per_token,
+                            )),
+                        })
+                    };
+                Some(Views {
+                    k: view(Half::K, &c.codec.key, &c.k_layout)?,
+                    v: view(Half::V, &c.codec.value, &c.v_layout)?,
+                })
+            }
+        }
+    }
+}
+
+impl HalfView {
+    /// Slots `slot0..slot0 + n` of (block, head) as the task's keys `off..off + n`; their
+    /// scales (times `mul`) go to `scales` when `scales` is given (`n` of them).
+    #[allow(clippy::too_many_arguments)]
+    fn page<'a>(
+        &self,
+        pool: &'a CpuKvPool,
+        block: usize,
+        head: usize,
+        slot0: usize,
+        n: usize,
+        off: usize,
+        mul: f32,
+        scales: Option<&mut [f32]>,
+    ) -> Result<Page<'a>, Error> {
+        let missing = || {
+            shape(
+                "decode attention",
+                format!("no {:?} block {block}", self.half),
+            )
+        };
+        let (bytes, start) = match self.scale {
+            None => {
+                if let Some(s) = scales {
+                    s.fill(mul);
+                }
+                let b = pool
+                    .raw16_block(self.half, block, head)
+                    .ok_or_else(missing)?;
+                (b, slot0 * self.stride)
+            }
+            Some((offset, step)) => {
+                let b = pool.codec_block(self.half, block, head);
+                if let Some(s) = scales {
+                    let src = b.get(offset + slot0 * step..).ok_or_else(missing)?;
+                    direct::f16_scales(src, step, mul, s);
+                }
+                (b, slot0 * self.stride + self.code_offset)
+            }
+        };
+        Ok(Page {
+            bytes: bytes.get(start..).ok_or_else(missing)?,
+            n,
+            off,
+        })
+    }
+
+    /// Hints the caches to fetch the scales of (block, head) (codec pools).
+    fn prefetch_scales(&self, pool: &CpuKvPool, block: usize, head: usize) {
+        if let Some((offset, _)) = self.scale {
+            let b = pool.codec_block(self.half, block, head);
+            direct::prefetch(b.get(offset..).unwrap_or(&[]));
+        }
+    }
+
+    fn pages<'a>(&self, list: &'a [Page<'a>]) -> Pages<'a> {
+        Pages {
+            fmt: self.fmt,
+            stride: self.stride,
+            list,
+        }
+    }
+}
+
+/// Pages ahead whose scales the page-gathering loop of a task requests from memory.
+const SCALE_PREFETCH_PAGES: usize = 8;
+
+/// Per-thread buffers of decode tasks, grown as needed and never shrunk.
+#[derive(Default)]
+struct Scratch {
+    /// Queries in the key working basis, `[rows, wk]`.
+    qw: Vec<f32>,
+    /// Scores, then softmax weights, then weights × value scales: `[rows, keys]`.
+    p: Vec<f32>,
+    /// Value scale of every key of the task.
+    vscale: Vec<f32>,
+    /// Key scale (times the softmax scale) of every key of the task.
+    kscale: Vec<f32>,
+    /// Exact (window) tokens: key positions, and their values in the working basis.
+    exact_pos: Vec<usize>,
+    exact_v: Vec<f32>,
+    /// One f16 vector converted to f32, and one in the working basis.
+    tmp: Vec<f32>,
+    kw: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// One decode task (a single query token, `t.q1 = t.q0 + 1`) through the direct kernels.
+pub(super) fn run(
+    t: Task,
+    qkv: &CpuTensor,
+    g: &AttnGeometry,
+    spans: &[SeqSpan<'_>],
+    pool: &CpuKvPool,
+    views: &Views,
+) -> Result<Partial, Error> {
+    debug_assert_eq!(t.q1, t.q0 + 1);
+    SCRATCH.with_borrow_mut(|sc| run_in(t, qkv, g, spans, pool, views, sc))
+}
+
+fn run_in(
+    t: Task,
+    qkv: &CpuTensor,
+    g: &AttnGeometry,
+    spans: &[SeqSpan<'_>],
+    pool: &CpuKvPool,
+    views: &Views,
+    sc: &mut Scratch,
+) -> Result<Partial, Error> {
+    let s = &spans[t.span];
+    let (d, rows, bs) = (g.head_dim, g.group(), pool.block_size());
+    let codec = pool.codec();
+    let wk = codec.map_or(d, |c| c.codec.key.work_dim());
+    let wv = d;
+    let qpos = s.first_pos + t.q0;
+    let nk = t.k1 - t.k0;
+
+    // Queries in the keys' working basis.
+    sc.qw.resize(rows * wk, 0.0);
+    let q_row = qkv.row(s.first_row + t.q0);
+    for (r, dst) in sc.qw.chunks_exact_mut(wk).enumerate() {
+        let h = t.head * rows + r;
+        let q = &q_row[h * d..(h + 1) * d];
+        match codec {
+            None => dst.copy_from_slice(q),
+            Some(c) => c.codec.key.query_to_work(q, dst)?,
+        }
+    }
+
+    // The pages of the task, with the key and value scales of every key (the softmax scale
+    // folded into the key scales).
+    sc.kscale.resize(nk, 0.0);
+    sc.vscale.resize(nk, 0.0);
+    let (mut kpages, mut vpages) = (Vec::new(), Vec::new());
+    let mut p0 = t.k0;
+    while p0 < t.k1 {
+        let n = (bs - p0 % bs).min(t.k1 - p0);
+        let block = pool.block_of(s.blocks, p0)?;
+        // The scales are the first bytes of each page this loop touches: ask for them ahead
+        // (the kernels prefetch the records themselves).
+        let ahead = p0 + SCALE_PREFETCH_PAGES * bs;
+        if let Some(b) = (ahead < t.k1)
+            .then(|| pool.block_of(s.blocks, ahead).ok())
+            .flatten()
+        {
+            views.k.prefetch_scales(pool, b, t.head);
+            views.v.prefetch_scales(pool, b, t.head);
+        }
+        let (slot0, off) = (p0 % bs, p0 - t.k0);
+        let (ks, vs) = (&mut sc.kscale[off..off + n], &mut sc.vscale[off..off + n]);
+        kpages.push(
+            views
+                .k
+                .page(pool, block, t.head, slot0, n, off, g.scale, Some(ks))?,
+        );
+        vpages.push(
+            views
+                .v
+                .page(pool, block, t.head, slot0, n, off, 1.0, Some(vs))?,
+        );
+        p0 += n;
+    }
+
+    // Pass 1: every score.
+    sc.p.resize(rows * nk, 0.0);
+    let (kp, vp) = (views.k.pages(&kpages), views.v.pages(&vpages));
+    direct::scores(kp, &sc.qw, rows, &sc.kscale, &mut sc.p, nk);
+    let any_exact = rescore_exact(t, s, g, pool, qpos, sc)?;
+
+    // Softmax numerators of the whole range, one max and one exp pass per row.
+    let mut m = vec![f32::NEG_INFINITY; rows];
+    let mut l = vec![0f32; rows];
+    for (r, pr) in sc.p.chunks_exact_mut(nk).enumerate() {
+        m[r] = ops::max(pr);
+        l[r] = ops::exp_shift_sum(pr, m[r]);
+    }
+
+    // Exact tokens take their values from the copies; the codes' weights are zeroed there.
+    let mut acc = vec![0f32; rows * wv];
+    if any_exact {
+        for (e, &p) in sc.exact_pos.iter().enumerate() {
+            let v = &sc.exact_v[e * wv..(e + 1) * wv];
+            for r in 0..rows {
+                let w = std::mem::take(&mut sc.p[r * nk + p - t.k0]);
+                ops::scale_axpy(&mut acc[r * wv..(r + 1) * wv], 1.0, w, v);
+            }
+        }
+    }
+    if views.v.scale.is_some() {
+        for pr in sc.p.chunks_exact_mut(nk) {
+            pr.iter_mut().zip(&sc.vscale).for_each(|(p, s)| *p *= s);
+        }
+    }
+
+    // Pass 2: the weighted value sum.
+    direct::accumulate(vp, &sc.p, nk, &mut acc, rows);
+
+    // A task that saw every key of its query finishes its rows here, in parallel.
+    let whole = t.k0 == 0 && t.k1 == qpos + 1;
+    if whole {
+        sc.tmp.resize(wv, 0.0);
+        for (r, row) in acc.chunks_exact_mut(wv).enumerate() {
+            let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
+            row.iter_mut().for_each(|x| *x *= inv);
+            finish_row(pool, t.head, row, &mut sc.tmp)?;
+            row.copy_from_slice(&sc.tmp);
+        }
+    }
+    Ok(Partial {
+        task: t,
+        m,
+        l,
+        acc,
+        done: whole,
+    })
+}
+
+/// Replaces the scores of the keys the query reads exactly (sinks and the recent window, where
+/// an f16 copy exists) and keeps their values in the working basis (`exact_pos`, `exact_v`).
+/// Returns whether there were any.
+fn rescore_exact(
+    t: Task,
+    s: &SeqSpan<'_>,
+    g: &AttnGeometry,
+    pool: &CpuKvPool,
+    qpos: usize,
+    sc: &mut Scratch,
+) -> Result<bool, Error> {
+    sc.exact_pos.clear();
+    let Some(c) = pool.codec().filter(|c| c.window.is_active()) else {
+        return Ok(false);
+    };
+    let (w, bs, rows) = (c.window, pool.block_size(), g.group());
+    let (wk, wv, nk) = (c.codec.key.work_dim(), g.head_dim, t.k1 - t.k0);
+    let sinks = t.k0..w.sinks.min(t.k1);
+    let recent = (qpos + 1).saturating_sub(w.recent).max(t.k0).max(sinks.end)..t.k1;
+    sc.tmp.resize(g.head_dim, 0.0);
+    sc.kw.resize(wk, 0.0);
+    for p in sinks.chain(recent) {
+        let block = pool.block_of(s.blocks, p)?;
+        let Some((k, v)) = pool.exact_kv(block, t.head, p % bs) else {
+            continue;
+        };
+        k.reinterpret_cast::<f16>()
+            .convert_to_f32_slice(&mut sc.tmp);
+        c.codec.key.exact_to_work(&sc.tmp, &mut sc.kw)?;
+        for r in 0..rows {
+            sc.p[r * nk + p - t.k0] = g.scale * ops::dot(&sc.qw[r * wk..(r + 1) * wk], &sc.kw);
+        }
+        v.reinterpret_cast::<f16>()
+            .convert_to_f32_slice(&mut sc.tmp);
+        let e = sc.exact_pos.len();
+        sc.exact_v.resize((e + 1) * wv, 0.0);
+        c.codec
+            .value
+            .exact_to_work(&sc.tmp, &mut sc.exact_v[e * wv..(e + 1) * wv])?;
+        sc.exact_pos.push(p);
+    }
+    Ok(!sc.exact_pos.is_empty())
+}
