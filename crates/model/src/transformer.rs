@@ -111,7 +111,10 @@ impl<B: Backend> Transformer<B> {
             geometry,
             rope,
             weights,
-            step_graphs: AtomicBool::new(true),
+            // `TURBOKV_STEP_GRAPHS=0` turns graph replay off (A/B runs and debugging).
+            step_graphs: AtomicBool::new(
+                std::env::var("TURBOKV_STEP_GRAPHS").map_or(true, |v| v != "0"),
+            ),
         }
     }
 

@@ -320,6 +320,11 @@ fn batched_step_matches<C: Backend, G: Backend>(cpu: &Model<C>, gpu: &Model<G>, 
     );
 }
 
+/// The demo model on the GPU (weights dequantized to bf16, f16 KV) against the CPU backend in
+/// exact mode (f32 weights, no activation rounding: it reproduces the float64 reference's
+/// greedy ids, see `reference.rs`), on the committed fixture's prompts. The CPU's default
+/// mode rounds activations to 8 bits like llama.cpp and sits at a near-tie on the very first
+/// token of the chat prompt, so it is not the reference here.
 #[test]
 fn demo_model_greedy_agrees() {
     let Some(g) = gpu() else { return };
@@ -328,26 +333,60 @@ fn demo_model_greedy_agrees() {
         return;
     };
     let path = std::path::PathBuf::from(path);
-    let cpu = Model::load(&path, CpuBackend::new(), &LoadOptions::default()).unwrap();
+    let cpu = Model::load(
+        &path,
+        CpuBackend::with_weights(WeightMode::DequantizedF32),
+        &LoadOptions::default(),
+    )
+    .unwrap();
     let gpu = Model::load(&path, g, &LoadOptions::default()).unwrap();
-    let prompt: Vec<u32> = (1..40).map(|i| (i * 37) % 1000 + 100).collect();
-    let (mut cs, mut gs) = (
-        Session::new(&cpu.transformer, KvDtype::Bf16, 512).unwrap(),
-        Session::new(&gpu.transformer, KvDtype::Bf16, 512).unwrap(),
-    );
-    let (mut c, mut gq) = (
-        argmax(cs.prefill(&prompt).unwrap()) as u32,
-        argmax(gs.prefill(&prompt).unwrap()) as u32,
-    );
-    let mut agree = 0;
-    while c == gq && agree < 64 {
-        agree += 1;
-        c = argmax(cs.step(c).unwrap()) as u32;
-        gq = argmax(gs.step(gq).unwrap()) as u32;
+    let fixture: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/greedy_smollm2.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let mut longest = 0;
+    for p in fixture["prompts"].as_array().unwrap() {
+        let name = p["name"].as_str().unwrap();
+        let prompt: Vec<u32> = p["prompt_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        let (mut cs, mut gs) = (
+            Session::new(&cpu.transformer, KvDtype::F16, 512).unwrap(),
+            Session::new(&gpu.transformer, KvDtype::F16, 512).unwrap(),
+        );
+        let mut cl = cs.prefill(&prompt).unwrap().to_vec();
+        let (mut c, mut gq) = (
+            argmax(&cl) as u32,
+            argmax(gs.prefill(&prompt).unwrap()) as u32,
+        );
+        let mut agree = 0;
+        while c == gq && agree < 48 {
+            agree += 1;
+            cl = cs.step(c).unwrap().to_vec();
+            c = argmax(&cl) as u32;
+            gq = argmax(gs.step(gq).unwrap()) as u32;
+        }
+        // Where they part, the CPU's margin between its token and the GPU's says whether it
+        // was a near-tie that bf16 weights may flip (logit errors ~0.02·rms, see above).
+        let margin = cl[c as usize] - cl[gq as usize];
+        eprintln!(
+            "demo model, {name}: greedy continuations agree for {agree} tokens (margin at the split {margin:.3})"
+        );
+        assert!(
+            agree == 48 || margin < 0.25,
+            "{name}: the GPU left the CPU's continuation after {agree} tokens where the CPU's choice led by {margin}"
+        );
+        longest = longest.max(agree);
     }
-    eprintln!("demo model: greedy continuations agree for {agree} tokens");
     assert!(
-        agree >= 32,
-        "greedy continuations diverged after {agree} tokens"
+        longest >= 32,
+        "greedy continuations agree for at most {longest} tokens"
     );
 }
