@@ -444,23 +444,10 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
     let mut next: Vec<u32> = (0..args.batch as u32)
         .map(|i| (7 + 13 * i) % vocab)
         .collect();
-    let mut eager = Vec::new();
-    tm.set_step_graphs(false);
-    for i in 0..WARMUP + steps {
-        let t = Instant::now();
-        decode(&tm, &mut cache, &mut scratch, &next, &mut logits)?;
-        if i >= WARMUP {
-            eager.push(t.elapsed().as_secs_f64());
-        }
-        advance(&mut next, vocab);
-    }
-    let eager_s = median(&mut eager);
-
-    // Graph path: warm-up (eager on the graph's buffers, capture), then replays.
-    let mut graph_s = eager_s;
-    if b_has_graphs(&tm) {
-        let mut times = Vec::new();
-        tm.set_step_graphs(true);
+    // Median step time after a warm-up (for graphs: eager on the graph's buffers, capture).
+    let mut time_steps = |graphs: bool| -> Result<f64> {
+        tm.set_step_graphs(graphs);
+        let mut times = Vec::with_capacity(steps);
         for i in 0..WARMUP + steps {
             let t = Instant::now();
             decode(&tm, &mut cache, &mut scratch, &next, &mut logits)?;
@@ -469,8 +456,14 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
             }
             advance(&mut next, vocab);
         }
-        graph_s = median(&mut times);
-    }
+        Ok(median(&mut times))
+    };
+    let eager_s = time_steps(false)?;
+    let graph_s = if b_has_graphs(&tm) {
+        time_steps(true)?
+    } else {
+        eager_s
+    };
     let kv_bytes = args.batch as f64 * (args.ctx + steps) as f64 * cache.bytes_per_token();
     let roofline = (weight_bytes as f64 + kv_bytes) / copy_bw;
     let batch = args.batch as f64;
