@@ -19,7 +19,9 @@ use std::sync::OnceLock;
 use half::{bf16, f16};
 use turbokv_backend::cpu::{CpuBackend, CpuTensor};
 use turbokv_backend::cuda::{CudaBackend, CudaOptions, CudaTensor};
-use turbokv_backend::{AttnGeometry, Backend, QkNorm, Rope, RopeStyle, SeqSpan, WeightMatrix};
+use turbokv_backend::{
+    AttnGeometry, Backend, Error, QkNorm, Rope, RopeStyle, SeqSpan, WeightMatrix,
+};
 use turbokv_cache::KvLayout;
 use turbokv_codec::KvDtype;
 
@@ -30,10 +32,12 @@ fn gpu() -> Option<&'static CudaBackend> {
             eprintln!("CUDA tests on {}", b.describe());
             Some(b)
         }
-        Err(e) => {
+        // Only a missing GPU or driver skips; a GPU whose backend fails to start is a failure.
+        Err(e @ Error::CudaUnavailable { .. }) => {
             eprintln!("skipping CUDA tests: {e}");
             None
         }
+        Err(e) => panic!("the CUDA backend failed to start: {e}"),
     })
     .as_ref()
 }
@@ -499,9 +503,10 @@ struct Case {
     norm: bool,
 }
 
-/// Two steps over several sequences: a prefill of each sequence's history, then a mixed step
+/// Three steps over several sequences: a prefill of each sequence's history, a mixed step
 /// (decode rows, a prefill continuation, a new sequence) whose contexts cross blocks and, for
-/// the long sequence, trigger split-K decode.
+/// the long sequence, trigger split-K decode, then a decode-only step (one row per sequence:
+/// the row-parallel kernel for every dtype, its split merge run again on the same counters).
 fn run_case(g: &CudaBackend, case: &Case, seed: u64) {
     let c = CpuBackend::new();
     let mut r = Rng(seed);
@@ -547,11 +552,15 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) {
     );
     // (history length, new tokens in step 2) per sequence; sequence 3 is new in step 2.
     let seqs = [(1100usize, 1usize), (37, 1), (20, 5), (0, 19)];
-    for step in 0..2 {
+    for step in 0..3 {
         let mut spans = Vec::new();
         let mut row = 0;
         for (i, &(hist, new)) in seqs.iter().enumerate() {
-            let (first_pos, n) = if step == 0 { (0, hist) } else { (hist, new) };
+            let (first_pos, n) = match step {
+                0 => (0, hist),
+                1 => (hist, new),
+                _ => (hist + new, 1),
+            };
             if n > 0 {
                 spans.push(SeqSpan {
                     first_row: row,

@@ -79,6 +79,9 @@ pub struct DecodeReport {
     pub graph_ratio_to_roofline: f64,
     /// Steps that ran as a replayed graph (0 without CUDA graphs).
     pub graph_replays: u64,
+    /// Mean host time of a replayed step before its graph is launched, in µs (part of the
+    /// graph step time: the GPU waits for it).
+    pub graph_host_us_step: f64,
 }
 
 /// What the benchmark needs from a backend beyond [`Backend`].
@@ -102,6 +105,10 @@ pub trait BenchBackend: Backend + Sized {
     /// Steps replayed from a graph so far.
     fn graph_replays(&self) -> u64 {
         0
+    }
+    /// Total host time of those steps before their graph launches, in seconds.
+    fn graph_host_s(&self) -> f64 {
+        0.0
     }
 }
 
@@ -196,6 +203,10 @@ impl BenchBackend for CudaBackend {
 
     fn graph_replays(&self) -> u64 {
         self.graph_stats().map_or(0, |s| s.replayed)
+    }
+
+    fn graph_host_s(&self) -> f64 {
+        self.graph_stats().map_or(0.0, |s| s.replay_host_s)
     }
 }
 
@@ -362,6 +373,12 @@ fn print_report(r: &DecodeReport) {
         r.ratio_to_roofline,
         r.graph_ratio_to_roofline
     );
+    if r.graph_replays > 0 {
+        println!(
+            "graph steps: {} replayed, host time before each launch {:.0} µs",
+            r.graph_replays, r.graph_host_us_step
+        );
+    }
 }
 
 /// Builds (or loads) the model, measures and returns the report.
@@ -464,6 +481,7 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
     } else {
         eager_s
     };
+    let replays = tm.backend().graph_replays();
     let kv_bytes = args.batch as f64 * (args.ctx + steps) as f64 * cache.bytes_per_token();
     let roofline = (weight_bytes as f64 + kv_bytes) / copy_bw;
     let batch = args.batch as f64;
@@ -492,7 +510,8 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
         graph_ms_step: graph_s * 1e3,
         graph_tok_s: batch / graph_s,
         graph_ratio_to_roofline: graph_s / roofline,
-        graph_replays: tm.backend().graph_replays(),
+        graph_replays: replays,
+        graph_host_us_step: 1e6 * tm.backend().graph_host_s() / replays.max(1) as f64,
     })
 }
 

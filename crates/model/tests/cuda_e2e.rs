@@ -14,19 +14,21 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use turbokv_backend::Backend;
 use turbokv_backend::cpu::{CpuBackend, WeightMode};
 use turbokv_backend::cuda::CudaBackend;
+use turbokv_backend::{Backend, Error};
 use turbokv_codec::KvDtype;
 use turbokv_model::{LoadOptions, LogitsFor, Model, SeqInput, Session};
 
 fn gpu() -> Option<CudaBackend> {
     match CudaBackend::new(0) {
         Ok(b) => Some(b),
-        Err(e) => {
+        // Only a missing GPU or driver skips; a GPU whose backend fails to start is a failure.
+        Err(e @ Error::CudaUnavailable { .. }) => {
             eprintln!("skipping CUDA end-to-end tests: {e}");
             None
         }
+        Err(e) => panic!("the CUDA backend failed to start: {e}"),
     }
 }
 

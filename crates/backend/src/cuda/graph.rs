@@ -75,12 +75,17 @@ pub(crate) struct State {
     /// The last launch was a GEMV kernel (which lets the next GEMV start early). Cleared by
     /// every launch.
     pub last_gemv: bool,
+    /// The last launch was the KV write (which lets a decode attention start early). Cleared
+    /// by every launch.
+    pub last_write_kv: bool,
     /// Counters (steps replayed, captured, run eagerly inside `run_graphed`).
     pub stats: GraphStats,
+    /// When the current `run_graphed` step started.
+    step_start: Option<std::time::Instant>,
 }
 
 /// How `run_graphed` steps ran.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct GraphStats {
     /// Steps launched as one replayed graph.
     pub replayed: u64,
@@ -88,6 +93,10 @@ pub struct GraphStats {
     pub captured: u64,
     /// Steps run eagerly (first of a shape, or after a mismatch).
     pub eager: u64,
+    /// Host time of the replayed steps from the start of `run_graphed` to the graph launch
+    /// (the step's host code, signature checks, uploads), in seconds: the GPU has none of
+    /// the step's work queued meanwhile.
+    pub replay_host_s: f64,
 }
 
 /// FNV-1a over 64-bit words: the signature of one launch.
@@ -126,6 +135,7 @@ impl State {
     pub(crate) fn admit(&mut self, s: u64) -> Result<bool, Error> {
         self.bf16_of = None;
         self.last_gemv = false;
+        self.last_write_kv = false;
         match self.mode() {
             Mode::Eager => Ok(true),
             Mode::Capture => {
@@ -167,6 +177,7 @@ impl CudaBackend {
                 Mode::Eager
             };
             st.active = true;
+            st.step_start = Some(std::time::Instant::now());
             st.mode = Some(mode);
             st.current = None;
             st.cursor = 0;
@@ -284,6 +295,9 @@ impl CudaBackend {
                     .filter(|&i| st.graphs.get(i).is_some_and(|g| g.sigs.len() == st.cursor))
                     .ok_or_else(|| graph_changed("fewer launches than the graph"))?;
                 st.graph_scratch.flush(&self.stream)?;
+                if let Some(t) = st.step_start {
+                    st.stats.replay_host_s += t.elapsed().as_secs_f64();
+                }
                 st.graphs[i]
                     .graph
                     .launch()

@@ -30,11 +30,11 @@ pub(crate) struct Kernels {
     pub write_kv: CudaFunction,
     /// Attention partials for head_dim 64, 128, 256 (compile-time) and any other.
     pub attn_partial: [CudaFunction; 4],
-    /// Row-parallel attention for head_dim 64/128/256 × up to 4/8 query heads per kv head.
-    pub attn_rows: [CudaFunction; 6],
+    /// Row-parallel attention for head_dim 64/128/256 × up to 4/8 query heads per kv head ×
+    /// a 3- or 5-stage K/V pipeline (index `4·(head_dim index) + 2·(group index) + deep`).
+    pub attn_rows: [CudaFunction; 12],
     /// Tensor-core prefill attention for head_dim 64 and 128 (bf16 KV).
     pub attn_mma: [CudaFunction; 2],
-    pub attn_combine: CudaFunction,
     /// Skinny matmul `y (+)= x · Wᵀ` for 1..=8 activation rows (index M - 1).
     pub gemv: [CudaFunction; GEMV_MAX_ROWS],
     /// The same with the gated epilogue `silu(g) · u` (the FFN input).
@@ -171,16 +171,19 @@ impl Kernels {
                 f(&at, "attn_partial_256")?,
                 f(&at, "attn_partial_any")?,
             ],
-            attn_combine: f(&at, "attn_combine")?,
             attn_mma: [f(&at, "attn_mma_64")?, f(&at, "attn_mma_128")?],
-            attn_rows: [
-                f(&at, "attn_rows_64_4")?,
-                f(&at, "attn_rows_64_8")?,
-                f(&at, "attn_rows_128_4")?,
-                f(&at, "attn_rows_128_8")?,
-                f(&at, "attn_rows_256_4")?,
-                f(&at, "attn_rows_256_8")?,
-            ],
+            attn_rows: {
+                let fs = [64, 128, 256]
+                    .iter()
+                    .flat_map(|d| [4, 8].map(move |g| (d, g)))
+                    .flat_map(|(d, g)| ["", "_deep"].map(move |v| format!("attn_rows_{d}_{g}{v}")))
+                    .map(|n| f(&at, &n))
+                    .collect::<Result<Vec<_>, _>>()?;
+                fs.try_into().map_err(|_| Error::Cuda {
+                    op: "load function",
+                    detail: "attn_rows kernels".into(),
+                })?
+            },
         })
     }
 }

@@ -322,9 +322,13 @@ impl CudaBackend {
         }
         let k = Kernels::load(&ctx, arch, opts.ptx_cache.as_deref())?;
         for f in k.attn_partial.iter().chain(&k.attn_rows).chain(&k.attn_mma) {
+            // The opt-in limit covers static and dynamic shared memory together.
+            let fixed = f
+                .shared_size_bytes()
+                .map_err(cuda_err("function attribute"))?;
             f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem_limit as i32,
+                smem_limit as i32 - fixed,
             )
             .map_err(cuda_err("function attribute"))?;
         }

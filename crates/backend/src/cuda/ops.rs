@@ -30,6 +30,11 @@ const MMA_MIN_ROWS: usize = 16;
 const MMA_TK: usize = 32;
 /// Fewest keys a decode split covers.
 const MIN_SPLIT_KEYS: usize = 64;
+/// Pipeline stages of the row kernel for splits of fewer tiles than this (they are requested
+/// whole at the start; 3 stages otherwise). On the H200 at llama3-8b batch 1, ctx 4096
+/// (4-tile splits): 5 stages −0.18 ms per decode step; at batch 8 and 32 (long splits) 5 were
+/// slower.
+const ATTN_DEEP_STAGES: usize = 5;
 
 pub(super) fn describe(b: &CudaBackend) -> String {
     format!("cuda:{} ({}, {}, {} SMs)", b.ordinal, b.name, b.arch, b.sms)
@@ -1127,7 +1132,9 @@ impl Backend for CudaBackend {
             bs as u64,
             is_bf16 as u64,
         ]);
-        if !st.admit(s)? {
+        let launch = st.admit(s)?;
+        st.last_write_kv = true;
+        if !launch {
             return Ok(());
         }
         let mut params = kargs![
@@ -1199,6 +1206,8 @@ impl Backend for CudaBackend {
             .max()
             .unwrap_or(1);
         let splits = self.split_count(rows, g.n_kv_heads, max_ctx);
+        // A split short enough to be requested in one go gets the deeper pipeline.
+        let deep = max_ctx.div_ceil(splits).div_ceil(ATTN_TILE) < ATTN_DEEP_STAGES;
         let parts = rows * g.n_heads * splits;
         let may_alloc = !sc.defer;
         let ob = addr(
@@ -1219,6 +1228,16 @@ impl Backend for CudaBackend {
                 &self.stream,
                 &mut sc.part_acc,
                 parts * g.head_dim,
+                may_alloc,
+            )?,
+            &self.stream,
+        );
+        // Arrival counters of the fused merge: zero when allocated, reset by the kernel.
+        let counters = addr(
+            grow(
+                &self.stream,
+                &mut sc.attn_counters,
+                rows * g.n_kv_heads,
                 may_alloc,
             )?,
             &self.stream,
@@ -1253,18 +1272,28 @@ impl Backend for CudaBackend {
             (256, 5..=8) => Some(5),
             _ => None,
         };
-        let smem = match rows_kernel {
+        // Decode right behind the KV write: the kernel starts as its programmatic dependent
+        // and fetches the older keys while the write runs (see attention.cu).
+        let prefetch = rows_kernel.is_some()
+            && self.pdl
+            && st.last_write_kv
+            && spans.iter().all(|s| s.n_tokens == 1);
+        let prefetch_i = i32::from(prefetch);
+        let kernel_smem = match rows_kernel {
             // 4 warps × (32 / (hd / dims per lane)) keys per warp partial states of
             // grp × (hd + 2) floats; 16 dims per lane for up to 4 heads per kv head, else 8.
             Some(i) => {
                 let partials = 4 * (32 * (16 >> (i % 2)) / hd) * grp * (hd + 2) * 4;
-                // 3 stages of a 32-key K tile and V tile of 16-bit values.
-                partials.max(3 * 2 * ATTN_TILE * hd * 2)
+                // The pipeline's stages of a 32-key K tile and V tile of 16-bit values.
+                let stages = if deep { ATTN_DEEP_STAGES } else { 3 };
+                partials.max(stages * 2 * ATTN_TILE * hd * 2)
             }
             None => {
                 (grp * hd + ATTN_TILE * (hd + 4) + ATTN_TILE * hd + grp * ATTN_TILE + 3 * grp) * 4
             }
         };
+        // The fused merge's split weights and normalisers.
+        let smem = kernel_smem.max(grp * (2 * splits + 1) * 4);
         if smem > self.smem_limit {
             return Err(shape(
                 "attention",
@@ -1300,54 +1329,48 @@ impl Backend for CudaBackend {
             splits as u64,
             ml,
             acc,
+            counters,
             op,
             ob,
             rows_kernel.unwrap_or(9) as u64,
+            u64::from(deep),
+            u64::from(prefetch),
         ]);
         let launch = st.admit(s)?;
         st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
         if !launch {
             return Ok(());
         }
-        {
-            let f = match rows_kernel {
-                Some(i) => &self.k.attn_rows[i],
-                None => {
-                    &self.k.attn_partial[match hd {
-                        64 => 0,
-                        128 => 1,
-                        256 => 2,
-                        _ => 3,
-                    }]
-                }
-            };
-            let mut params = kargs![
-                qp, width, nh, nkv, d, g.scale, meta[0], meta[1], meta[2], meta[3], kp, vp, bs,
-                is_bf16, splits_i, ml, acc
-            ];
-            let cfg = LaunchConfig {
-                grid_dim: (rows as u32, g.n_kv_heads as u32, splits as u32),
-                block_dim: (ATTN_THREADS as u32, 1, 1),
-                shared_mem_bytes: smem as u32,
-            };
-            // SAFETY: spans tile the rows and their blocks are inside the pool (checked above);
-            // partial buffers hold rows·n_heads·splits entries; smem was checked against the
-            // opt-in limit set at load; head_dim % 4 == 0 keeps the 8-byte K/V loads of the
-            // tiled kernel aligned, head_dim ∈ {64, 128, 256} the 16-byte ones of the row kernel.
-            unsafe { self.launch_ex(f, cfg, &mut params, false) }
-                .map_err(cuda_err("attn_partial"))?;
-        }
-        let mut params = kargs![ml, acc, op, nh, d, splits_i, ob];
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, g.n_heads as u32, 1),
-            block_dim: (hd.div_ceil(32).clamp(1, 8) as u32 * 32, 1, 1),
-            shared_mem_bytes: (splits * 4) as u32,
+        let f = match rows_kernel {
+            Some(i) => &self.k.attn_rows[2 * i + usize::from(deep)],
+            None => {
+                &self.k.attn_partial[match hd {
+                    64 => 0,
+                    128 => 1,
+                    256 => 2,
+                    _ => 3,
+                }]
+            }
         };
-        // SAFETY: reads the partials written above; out holds rows·n_heads·head_dim floats and
-        // the bf16 scratch as many halves; smem holds one weight per split (≤ 48 KiB: splits
-        // ≤ blocks_per_sm · SMs).
-        unsafe { self.launch_ex(&self.k.attn_combine, cfg, &mut params, false) }
-            .map_err(cuda_err("attn_combine"))?;
+        let mut params = kargs![
+            qp, width, nh, nkv, d, g.scale, meta[0], meta[1], meta[2], meta[3], kp, vp, bs,
+            is_bf16, splits_i, ml, acc, counters, op, ob, prefetch_i
+        ];
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, g.n_kv_heads as u32, splits as u32),
+            block_dim: (ATTN_THREADS as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        // SAFETY: spans tile the rows and their blocks are inside the pool (checked above);
+        // partial buffers hold rows·n_heads·splits entries and the counters rows·n_kv_heads
+        // (zero between launches: the last block of each (row, kv head) resets its own);
+        // out holds rows·n_heads·head_dim floats and the bf16 scratch as many halves; smem
+        // was checked against the opt-in limit set at load; head_dim % 4 == 0 keeps the
+        // 8-byte K/V loads of the tiled kernel and the merge's 16-byte partial loads aligned,
+        // head_dim ∈ {64, 128, 256} the 16-byte ones of the row kernel.
+        // with `prefetch`, the kernel reads nothing the KV write ahead of it writes (the newest
+        // key, q) before `griddepcontrol.wait`.
+        unsafe { self.launch_ex(f, cfg, &mut params, prefetch) }.map_err(cuda_err("attention"))?;
         Ok(())
     }
 }

@@ -49,6 +49,8 @@ pub(crate) struct Scratch {
     pub part_ml: Option<CudaSlice<f32>>,
     /// Attention partials: unnormalised accumulators per (row, head, split).
     pub part_acc: Option<CudaSlice<f32>>,
+    /// Attention: finished splits per (row, kv head), zero between launches.
+    pub attn_counters: Option<CudaSlice<u32>>,
 }
 
 /// Where a queued upload goes.

@@ -1,9 +1,10 @@
 // Paged causal attention, flash-decoding style: every (query row, kv head, key split) block
 // runs an online softmax over its key range for the `g = n_heads / n_kv` query heads that
-// share the kv head, and writes unnormalised partials (max, sum, acc); `attn_combine` merges
-// the splits of each (row, head). Prefill rows and decode rows of many sequences of different
-// lengths share one launch: each row finds its sequence, position and block table through the
-// token metadata (see write_kv.cu). A row at position p sees keys 0..=p.
+// share the kv head and writes unnormalised partials (max, sum, acc); the last block of each
+// (row, kv head) to finish merges the splits (`attn_merge_last`), so one launch does it all.
+// Prefill rows and decode rows of many sequences of different lengths share one launch: each
+// row finds its sequence, position and block table through the token metadata (see
+// write_kv.cu). A row at position p sees keys 0..=p.
 //
 // Pool layout of each of K and V: `[num_blocks, kv_heads, block_size, head_dim]`.
 #define TILE 32
@@ -12,7 +13,7 @@
 
 // attn_partial_{64,128,256,any}: grid = (rows, n_kv, n_splits), block = NT threads; requires
 // g * d <= NT * MAXE, d % 4 == 0, d <= 256.
-// dynamic smem: floats g*d + TILE*(d+4) + TILE*d + g*TILE + 3*g.
+// dynamic smem: max(floats g*d + TILE*(d+4) + TILE*d + g*TILE + 3*g, merge's g*(n_splits+1)).
 // Shared tiles are read as float4: K rows are padded to d + 4 floats so the 16-byte reads of
 // lanes holding different keys fall in different banks.
 //
@@ -26,9 +27,121 @@
     const u32* __restrict__ tok_pos, const u32* __restrict__ tok_seq, const u32* __restrict__ seq_tbl, \
     const u32* __restrict__ tables, \
     const u16* __restrict__ k_cache, const u16* __restrict__ v_cache, int block_size, int is_bf16, \
-    int n_splits, float* __restrict__ part_ml, float* __restrict__ part_acc
+    int n_splits, float* __restrict__ part_ml, float* __restrict__ part_acc, \
+    u32* __restrict__ counters, float* __restrict__ out, u16* __restrict__ out_bf16, int prefetch
 #define ATTN_ARGS qkv, width, n_heads, n_kv, d_rt, scale, tok_pos, tok_seq, seq_tbl, tables, \
-    k_cache, v_cache, block_size, is_bf16, n_splits, part_ml, part_acc
+    k_cache, v_cache, block_size, is_bf16, n_splits, part_ml, part_acc, counters, out, out_bf16, \
+    prefetch
+
+// 16 bytes / 4 bytes from L2, bypassing L1: partials written by other blocks of the launch.
+__device__ __forceinline__ float4 ld_cg4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint4 ld_cg_u4(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float2 ld_cg2(const float* p) {
+    float2 v;
+    asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));
+    return v;
+}
+
+// The split merge, fused into the attention launch. Called by every block after it stored its
+// partials (and after its last use of `sh`): the block counts itself in `counters[r, kh]`;
+// the last of the n_splits blocks of (row r, kv head kh) resets the counter to zero (so the
+// buffer is ready for the next launch: CUDA graphs replay the same one) and writes, for the g
+// query heads of kh, out = Σ_s w_s acc_s / Σ_s w_s l_s with w_s = exp(m_s - max m), and
+// bf16(out) into out_bf16 (the output projection's input). Saves a second launch and its
+// ramp: at batch 1 the separate merge kernel cost a third of the attention time.
+// smem: g * (2 * n_splits + 1) floats.
+__device__ __forceinline__ void attn_merge_last(float* sh, int g, int d, int n_heads, int n_kv,
+    int n_splits, u32* counters, const float* part_ml, const float* part_acc, float* out,
+    u16* out_bf16)
+{
+    const int r = blockIdx.x, kh = blockIdx.y, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    __threadfence();   // this block's partials reach L2 before the count says they are there
+    __syncthreads();
+    int last = 0;
+    if (tid == 0) {
+        u32* c = counters + (u64)r * n_kv + kh;
+        last = atomicAdd(c, 1u) == (u32)n_splits - 1;
+        if (last) *c = 0u;
+    }
+    // (No static shared memory: the kernels opt into the whole dynamic limit.)
+    if (!__syncthreads_or(last)) return;
+    __threadfence();
+    pdl_trigger();  // the output projection may start streaming its weights (measured: a
+                    // trigger at the start of the attention cost 0.5 ms per llama3-8b step)
+    // Every (m, l) of the g·n_splits partials in one round of loads, then the weights.
+    float* w = sh;                      // [g][n_splits]: m, then the split weights
+    float* lsh = sh + g * n_splits;     // [g][n_splits]: l
+    float* inv = lsh + g * n_splits;    // [g]: 1 / Σ w l
+    const float* ml = part_ml + 2 * ((u64)r * n_heads + kh * g) * n_splits;
+    for (int i = tid; i < g * n_splits; i += blockDim.x) {
+        const float2 v = ld_cg2(ml + 2 * i);
+        w[i] = v.x;
+        lsh[i] = v.y;
+    }
+    __syncthreads();
+    for (int h = warp; h < g; h += blockDim.x >> 5) {
+        float* wh = w + h * n_splits;
+        float mx = -INFINITY;
+        for (int s = lane; s < n_splits; s += 32) mx = fmaxf(mx, wh[s]);
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float tot = 0.0f;
+        for (int s = lane; s < n_splits; s += 32) {
+            const float m = wh[s];
+            const float ws = m == -INFINITY ? 0.0f : expf(m - mx);
+            wh[s] = ws;
+            tot = fmaf(ws, lsh[h * n_splits + s], tot);
+        }
+        for (int o = 16; o > 0; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
+        if (lane == 0) inv[h] = tot > 0.0f ? 1.0f / tot : 0.0f;
+    }
+    __syncthreads();
+    const int d4 = d >> 2;
+    for (int e = tid; e < g * d4; e += blockDim.x) {
+        const int h = e / d4, c = e - h * d4;
+        const float* acc = part_acc + ((u64)r * n_heads + kh * g + h) * n_splits * d + 4 * c;
+        const float* wh = w + h * n_splits;
+        // Up to 16 independent 16-byte loads in flight: the partials come from L2.
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        auto add = [&](float x, float4 v) {
+            a.x = fmaf(x, v.x, a.x); a.y = fmaf(x, v.y, a.y);
+            a.z = fmaf(x, v.z, a.z); a.w = fmaf(x, v.w, a.w);
+        };
+        int s = 0;
+        for (; s + 16 <= n_splits; s += 16) {
+            float4 v[16];
+#pragma unroll
+            for (int j = 0; j < 16; j++) v[j] = ld_cg4(acc + (u64)(s + j) * d);
+#pragma unroll
+            for (int j = 0; j < 16; j++) add(wh[s + j], v[j]);
+        }
+        for (; s + 4 <= n_splits; s += 4) {
+            float4 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) v[j] = ld_cg4(acc + (u64)(s + j) * d);
+#pragma unroll
+            for (int j = 0; j < 4; j++) add(wh[s + j], v[j]);
+        }
+        for (; s < n_splits; s++) add(wh[s], ld_cg4(acc + (u64)s * d));
+        const float iv = inv[h];
+        const float4 o = make_float4(a.x * iv, a.y * iv, a.z * iv, a.w * iv);
+        const u64 at = (u64)r * n_heads * d + (u64)(kh * g + h) * d + 4 * c;
+        *(float4*)(out + at) = o;
+        const u32 lo = (u32)f32_to_bf16(o.x) | ((u32)f32_to_bf16(o.y) << 16);
+        const u32 hi = (u32)f32_to_bf16(o.z) | ((u32)f32_to_bf16(o.w) << 16);
+        *(uint2*)(out_bf16 + at) = make_uint2(lo, hi);
+    }
+}
 
 // D > 0: head_dim fixed at compile time (fewer registers for the prefetch); D == 0: any d.
 template <int D>
@@ -48,6 +161,7 @@ __device__ __forceinline__ void attn_partial_impl(float* sh, ATTN_PARAMS)
     float* lst = mst + g;
     float* cst = lst + g;
 
+    pdl_wait();  // (never launched as a dependent; kept correct if it is)
     const u32 pos = tok_pos[r];
     const int kend = (int)pos + 1;
     // Each row splits its own key range into n_splits chunks of whole tiles (so the launch
@@ -179,6 +293,7 @@ __device__ __forceinline__ void attn_partial_impl(float* sh, ATTN_PARAMS)
         part_ml[2 * b] = mst[tid];
         part_ml[2 * b + 1] = lst[tid];
     }
+    attn_merge_last(sh, g, d, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16);
 }
 
 extern "C" __global__ void __launch_bounds__(NT) attn_partial_64(ATTN_PARAMS) {
@@ -198,60 +313,6 @@ extern "C" __global__ void __launch_bounds__(NT) attn_partial_any(ATTN_PARAMS) {
     attn_partial_impl<0>(sh, ATTN_ARGS);
 }
 
-// out[r, h*d + c] = sum_s w_s acc_s[c] / sum_s w_s l_s, w_s = exp(m_s - max m); also
-// bf16(out) into `out_bf16` when non-null. grid = (rows, n_heads), blockDim a multiple of 32;
-// dynamic smem: n_splits floats. The split weights are computed once into shared memory, so
-// the per-element loop issues independent loads.
-extern "C" __global__ void attn_combine(const float* part_ml, const float* part_acc, float* out,
-                                        int n_heads, int d, int n_splits, u16* out_bf16)
-{
-    extern __shared__ float wsh[];
-    __shared__ float red[32];
-    pdl_trigger();  // the output projection may start streaming its weights
-    const u64 b = (u64)blockIdx.x * n_heads + blockIdx.y;
-    const float* ml = part_ml + 2 * b * n_splits;
-    float mx = -INFINITY;
-    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) mx = fmaxf(mx, ml[2 * s]);
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = mx;
-    __syncthreads();
-    mx = -INFINITY;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) mx = fmaxf(mx, red[w]);
-    __syncthreads();
-    float tot = 0.0f;
-    for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
-        float m = ml[2 * s];
-        float w = m == -INFINITY ? 0.0f : expf(m - mx);
-        wsh[s] = w;
-        tot += w * ml[2 * s + 1];
-    }
-    tot = block_sum(tot, red);
-    const float inv = tot > 0.0f ? 1.0f / tot : 0.0f;
-    const float* acc = part_acc + b * n_splits * d;
-    float* o = out + (u64)blockIdx.x * n_heads * d + (u64)blockIdx.y * d;
-    u16* ob = out_bf16 ? out_bf16 + (u64)blockIdx.x * n_heads * d + (u64)blockIdx.y * d : 0;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) {
-        // 8 independent loads in flight (the partials come from L2; a dependent chain of
-        // n_splits loads made this kernel latency-bound).
-        float a[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++) a[j] = 0.0f;
-        int s = 0;
-        for (; s + 8 <= n_splits; s += 8) {
-            float v[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++) v[j] = acc[(u64)(s + j) * d + c];
-#pragma unroll
-            for (int j = 0; j < 8; j++) a[j] = fmaf(wsh[s + j], v[j], a[j]);
-        }
-        for (; s < n_splits; s++) a[0] = fmaf(wsh[s], acc[(u64)s * d + c], a[0]);
-        float v = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-        v *= inv;
-        o[c] = v;
-        if (ob) ob[c] = f32_to_bf16(v);
-    }
-}
-
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     u64 a;
     asm("cvta.to.shared.u64 %0, %1;" : "=l"(a) : "l"(p));
@@ -266,19 +327,23 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
 }
 
-#define STAGES 3
 // Paged attention, one query row per block: grid = (rows, n_kv, n_splits), NT threads
 // (4 warps). Tiles of TILE keys of K and V are streamed into shared memory with cp.async,
-// STAGES tiles in flight, so loads never wait for the math. In a tile, warp w takes keys
+// STAGES - 1 tiles in flight, so loads never wait for the math (3 stages; 5 for splits of
+// at most 4 tiles, which then load everything up front: decode of one or two sequences).
+// `prefetch` (a decode launch, one new row per sequence, launched as a programmatic
+// dependent of the KV write): the first tiles are requested before `griddepcontrol.wait`, so
+// the cache streams in while the write finishes; only the newest key (the one being
+// written) and q (roped by the write) are read after the wait. In a tile, warp w takes keys
 // 8w .. 8w+7; a group of LPK = D/DPL lanes owns one key at a time and DPL of its dims
 // (chunks of 8 dims interleaved across the group, so shared reads are conflict-free); a
 // warp covers KPW = 32/LPK keys per pass, U = 8/KPW passes per tile. Every lane keeps the
 // online-softmax state (log2 units) of the g <= MAXG query heads of its kv head for its
 // dims, rescaled once per tile; the NW*KPW partial states are merged through shared
 // memory at the end.
-// dynamic smem: max(STAGES*2*TILE*D halves, NW*KPW*g*(D+2) floats).
+// dynamic smem: max(STAGES*2*TILE*D halves, NW*KPW*g*(D+2) floats, merge's g*(n_splits+1)).
 // Requires 16-bit KV, d == D, g <= MAXG.
-template <int D, int MAXG, int DPL, bool BF16>
+template <int D, int MAXG, int DPL, bool BF16, int STAGES>
 __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
 {
     constexpr int LPK = D / DPL, KPW = 32 / LPK, NW = NT / 32, NP = NW * KPW;
@@ -300,6 +365,56 @@ __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
     const bool bs_pow2 = (1 << bs_log) == block_size;
     u16* stage = (u16*)sh;   // [STAGES][2][TILE][D]
     const float qs = scale * 1.4426950408889634f;
+    auto cache_off = [&](int p) -> u64 {
+        const int lb = bs_pow2 ? p >> bs_log : p / block_size;
+        const int slot = p - lb * block_size;
+        return (((u64)tbl[lb] * n_kv + kh) * block_size + slot) * D;
+    };
+    // `early`: before the wait, the newest key is left out (its stage row is filled after).
+    auto issue = [&](int t, bool early) {
+        if (t < ntiles) {
+            const int t0 = k0 + t * TILE;
+            u16* ks = stage + (u64)(t % STAGES) * 2 * TILE * D;
+            u16* vs = ks + TILE * D;
+            for (int i = tid; i < TILE * CH; i += NT) {
+                const int j = i / CH, c = i - j * CH, p = t0 + j;
+                if (early && p == (int)pos) continue;
+                const u16* kg = k_cache;
+                const u16* vg = v_cache;
+                int bytes = 0;
+                if (p < k1) {
+                    const u64 off = cache_off(p) + c * 8;
+                    kg += off; vg += off; bytes = 16;
+                }
+                cp_async16(smem_addr(ks + j * D + c * 8), kg, bytes);
+                cp_async16(smem_addr(vs + j * D + c * 8), vg, bytes);
+            }
+        }
+        cp_async_commit();
+    };
+    auto el = [&](const uint4* w, int i) -> float {
+        const uint4 x = w[i >> 3];
+        const int k = (i & 7) >> 1;
+        const u32 word = k == 0 ? x.x : k == 1 ? x.y : k == 2 ? x.z : x.w;
+        if constexpr (BF16) return __uint_as_float((i & 1) ? (word & 0xffff0000u) : (word << 16));
+        else return f16_to_f32((u16)((i & 1) ? (word >> 16) : (word & 0xffffu)));
+    };
+    if (!prefetch) pdl_wait();
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; t++) issue(t, prefetch);
+    if (prefetch) {
+        pdl_wait();   // the KV write ahead is complete and visible
+        const int tn = ((int)pos - k0) / TILE;
+        if ((int)pos >= k0 && (int)pos < k1 && tn < STAGES - 1) {
+            u16* ks = stage + (u64)(tn % STAGES) * 2 * TILE * D + ((int)pos - k0 - tn * TILE) * D;
+            u16* vs = ks + TILE * D;
+            const u64 off = cache_off((int)pos);
+            for (int c = tid; c < CH; c += NT) {
+                *(uint4*)(ks + c * 8) = ld_cg_u4(k_cache + off + c * 8);
+                *(uint4*)(vs + c * 8) = ld_cg_u4(v_cache + off + c * 8);
+            }
+        }
+    }
     float q[MAXG][DPL], acc[MAXG][DPL], m[MAXG], l[MAXG];
     const float* qrow = qkv + (u64)r * width + (u64)kh * g * D;
 #pragma unroll
@@ -318,42 +433,10 @@ __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
 #pragma unroll
         for (int i = 0; i < DPL; i++) acc[h][i] = 0.0f;
     }
-    auto issue = [&](int t) {
-        if (t < ntiles) {
-            const int t0 = k0 + t * TILE;
-            u16* ks = stage + (u64)(t % STAGES) * 2 * TILE * D;
-            u16* vs = ks + TILE * D;
-            for (int i = tid; i < TILE * CH; i += NT) {
-                const int j = i / CH, c = i - j * CH, p = t0 + j;
-                const u16* kg = k_cache;
-                const u16* vg = v_cache;
-                int bytes = 0;
-                if (p < k1) {
-                    const int lb = bs_pow2 ? p >> bs_log : p / block_size;
-                    const int slot = p - lb * block_size;
-                    const u32 blk = tbl[lb];
-                    const u64 off = (((u64)blk * n_kv + kh) * block_size + slot) * D + c * 8;
-                    kg += off; vg += off; bytes = 16;
-                }
-                cp_async16(smem_addr(ks + j * D + c * 8), kg, bytes);
-                cp_async16(smem_addr(vs + j * D + c * 8), vg, bytes);
-            }
-        }
-        cp_async_commit();
-    };
-    auto el = [&](const uint4* w, int i) -> float {
-        const uint4 x = w[i >> 3];
-        const int k = (i & 7) >> 1;
-        const u32 word = k == 0 ? x.x : k == 1 ? x.y : k == 2 ? x.z : x.w;
-        if constexpr (BF16) return __uint_as_float((i & 1) ? (word & 0xffff0000u) : (word << 16));
-        else return f16_to_f32((u16)((i & 1) ? (word >> 16) : (word & 0xffffu)));
-    };
-#pragma unroll
-    for (int t = 0; t < STAGES - 1; t++) issue(t);
     for (int t = 0; t < ntiles; t++) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();          // tile t landed for all; tile t-1's stage is free
-        issue(t + STAGES - 1);
+        issue(t + STAGES - 1, false);
         const int t0 = k0 + t * TILE;
         const u16* ks = stage + (u64)(t % STAGES) * 2 * TILE * D;
         const u16* vs = ks + TILE * D;
@@ -452,14 +535,18 @@ __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
             part_ml[2 * b + 1] = lt;
         }
     }
+    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16);
 }
 
-#define ATTN_ROWS(D, G, DPL) \
-    extern "C" __global__ void __launch_bounds__(NT) attn_rows_##D##_##G(ATTN_PARAMS) { \
+#define ATTN_ROWS_STAGES(NAME, D, G, DPL, STAGES) \
+    extern "C" __global__ void __launch_bounds__(NT) NAME(ATTN_PARAMS) { \
         extern __shared__ float sh[]; \
-        if (is_bf16) attn_rows_impl<D, G, DPL, true>(sh, ATTN_ARGS); \
-        else attn_rows_impl<D, G, DPL, false>(sh, ATTN_ARGS); \
+        if (is_bf16) attn_rows_impl<D, G, DPL, true, STAGES>(sh, ATTN_ARGS); \
+        else attn_rows_impl<D, G, DPL, false, STAGES>(sh, ATTN_ARGS); \
     }
+#define ATTN_ROWS(D, G, DPL) \
+    ATTN_ROWS_STAGES(attn_rows_##D##_##G, D, G, DPL, 3) \
+    ATTN_ROWS_STAGES(attn_rows_##D##_##G##_deep, D, G, DPL, 5)
 ATTN_ROWS(64, 4, 16)
 ATTN_ROWS(64, 8, 8)
 ATTN_ROWS(128, 4, 16)

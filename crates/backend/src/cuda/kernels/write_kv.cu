@@ -20,6 +20,9 @@ extern "C" __global__ void write_kv(
     float* x = qkv + (u64)t * width + (u64)h * d;
     bool is_v = h >= n_heads + n_kv;
     u32 pos = tok_pos[t];
+    // A decode attention behind this kernel may start fetching the older keys (attention.cu).
+    // (Launching this kernel itself as a dependent of the qkv matmul measured no better.)
+    pdl_trigger();
     for (int i = tid; i < d; i += blockDim.x) hv[i] = x[i];
     __syncthreads();
     if (!is_v) {
