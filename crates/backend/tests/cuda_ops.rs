@@ -586,13 +586,22 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) {
         });
         c.write_kv(&mut cq, &geo, &rope, cnorm, &spans, &mut cpool)
             .unwrap();
-        g.write_kv(&mut gq, &geo, &rope, gnorm, &spans, &mut gpool)
-            .unwrap();
         let what = format!(
             "write_kv d={} heads {}/{} {:?} {:?} step {step}",
             case.d, case.heads, case.kv_heads, case.dtype, case.style
         );
-        close(&what, &host(g, &gq), cq.as_slice(), 1e-4, 1e-4);
+        let cols = case.heads * case.d;
+        let mut go = poison(g, row, cols);
+        // The decode step goes through the fused write + attention (one launch where the row
+        // kernel applies), the others through the two ops; qkv is only roped by the latter.
+        if step == 2 {
+            g.write_kv_attention(&mut gq, &geo, &rope, gnorm, &spans, &mut gpool, &mut go)
+                .unwrap();
+        } else {
+            g.write_kv(&mut gq, &geo, &rope, gnorm, &spans, &mut gpool)
+                .unwrap();
+            close(&what, &host(g, &gq), cq.as_slice(), 1e-4, 1e-4);
+        }
         check_pool(
             g,
             &gpool,
@@ -604,10 +613,11 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) {
             &what,
         );
 
-        let cols = case.heads * case.d;
-        let (mut co, mut go) = (c.tensor(row, cols).unwrap(), poison(g, row, cols));
+        let mut co = c.tensor(row, cols).unwrap();
         c.attention(&cq, &geo, &spans, &cpool, &mut co).unwrap();
-        g.attention(&gq, &geo, &spans, &gpool, &mut go).unwrap();
+        if step != 2 {
+            g.attention(&gq, &geo, &spans, &gpool, &mut go).unwrap();
+        }
         // Spans of ≥ 16 tokens over bf16 KV with head_dim 64/128 take the tensor-core kernel,
         // whose queries and softmax weights are rounded to bf16 (2⁻⁹ relative) for the MMAs.
         let mma = case.dtype == KvDtype::Bf16
@@ -824,8 +834,8 @@ fn graphed_steps_match_eager_steps() {
             .collect();
         g.embed(&embed, &ids, &mut x)?;
         g.rms_norm_matmul_cat(&x, &norm, 1e-5, &wqkv, &mut xn, &mut qkv)?;
-        g.write_kv(&mut qkv, &geo, &rope, None, &spans, pool)?;
-        g.attention(&qkv, &geo, &spans, pool, &mut att)?;
+        // Decode steps take the fused form (prefetching, behind the qkv GEMV).
+        g.write_kv_attention(&mut qkv, &geo, &rope, None, &spans, pool, &mut att)?;
         g.matmul_add(&att, &wo, &mut x, &mut proj)?;
         g.rms_norm_matmul_silu(&x, &norm, 1e-5, &w_gate_up, &mut xn, &mut gate_up, &mut act)?;
         g.matmul_add(&act, &w_down, &mut x, &mut proj)?;

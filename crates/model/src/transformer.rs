@@ -315,19 +315,30 @@ impl<B: Backend> Transformer<B> {
                 b.add_bias(&mut s.qkv, bias)?;
             }
             let qk_norm = layer.qk_norm.as_ref().map(|(q, k)| QkNorm { q, k, eps });
-            b.write_kv(
-                &mut s.qkv,
-                &self.geometry,
-                &self.rope,
-                qk_norm,
-                &spans,
-                pool,
-            )?;
             if let Some(f) = observe.as_mut() {
+                // The observer sees the roped rows between the write and the attention.
+                b.write_kv(
+                    &mut s.qkv,
+                    &self.geometry,
+                    &self.rope,
+                    qk_norm,
+                    &spans,
+                    pool,
+                )?;
                 b.to_host(&s.qkv, &mut host)?;
                 f(l, &host);
+                b.attention(&s.qkv, &self.geometry, &spans, pool, &mut s.attn)?;
+            } else {
+                b.write_kv_attention(
+                    &mut s.qkv,
+                    &self.geometry,
+                    &self.rope,
+                    qk_norm,
+                    &spans,
+                    pool,
+                    &mut s.attn,
+                )?;
             }
-            b.attention(&s.qkv, &self.geometry, &spans, pool, &mut s.attn)?;
             b.matmul_add(&s.attn, &layer.wo, &mut s.x, &mut s.proj)?;
             b.rms_norm_matmul_silu(
                 &s.x,

@@ -80,6 +80,9 @@ pub(crate) struct State {
     pub last_write_kv: bool,
     /// Counters (steps replayed, captured, run eagerly inside `run_graphed`).
     pub stats: GraphStats,
+    /// Steps ended so far (bumped by every `to_host`): span metadata checked in one step is
+    /// re-checked in the next.
+    pub epoch: u64,
     /// When the current `run_graphed` step started.
     step_start: Option<std::time::Instant>,
 }
@@ -99,14 +102,13 @@ pub struct GraphStats {
     pub replay_host_s: f64,
 }
 
-/// FNV-1a over 64-bit words: the signature of one launch.
+/// The signature of one launch: a multiply-xorshift hash over its 64-bit words (one round per
+/// word; a byte-wise FNV-1a cost ~0.2 µs per launch, ~50 µs of host time per replayed step).
 pub(crate) fn sig(parts: &[u64]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for b in p.to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+    for &p in parts {
+        h = (h ^ p).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^= h >> 29;
     }
     h
 }

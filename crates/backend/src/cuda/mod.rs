@@ -154,6 +154,10 @@ pub struct CudaOptions {
     /// worse: 5.1 vs 4.85 ms per llama3-8b decode step.) Default on; the environment variable
     /// `TURBOKV_PDL=0` turns it off.
     pub pdl: bool,
+    /// Decode steps run the KV write inside the attention launch
+    /// ([`Backend::write_kv_attention`](crate::Backend::write_kv_attention)). Default on; the
+    /// environment variable `TURBOKV_FUSED_KV_WRITE=0` turns it off (for A/B measurements).
+    pub fuse_write_kv: bool,
 }
 
 /// See [`CudaOptions::gemv_max_rows`]. On an H200 (llama3-8b shapes) the GEMV kernel beat
@@ -167,6 +171,8 @@ impl Default for CudaOptions {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(DEFAULT_GEMV_MAX_ROWS);
         let pdl = std::env::var("TURBOKV_PDL").map_or(true, |v| v.trim() != "0");
+        let fuse_write_kv =
+            std::env::var("TURBOKV_FUSED_KV_WRITE").map_or(true, |v| v.trim() != "0");
         Self {
             ptx_cache: Some(std::env::temp_dir().join("turbokv-ptx")),
             attention_blocks_per_sm: std::env::var("TURBOKV_ATTN_BLOCKS_PER_SM")
@@ -175,6 +181,7 @@ impl Default for CudaOptions {
                 .unwrap_or(2),
             gemv_max_rows,
             pdl,
+            fuse_write_kv,
         }
     }
 }
@@ -197,6 +204,8 @@ pub struct CudaBackend {
     gemv_max_rows: usize,
     /// See [`CudaOptions::pdl`] (and the GPU is sm_90 or newer).
     pdl: bool,
+    /// See [`CudaOptions::fuse_write_kv`].
+    pub(crate) fuse_write_kv: bool,
     state: Mutex<State>,
     /// cuBLAS workspace set on the handle (so that captured GEMMs allocate nothing).
     _blas_workspace: CudaSlice<u8>,
@@ -345,6 +354,7 @@ impl CudaBackend {
             blocks_per_sm: opts.attention_blocks_per_sm.max(1),
             gemv_max_rows: opts.gemv_max_rows.min(kernels::GEMV_MAX_ROWS),
             pdl: opts.pdl && major >= 9,
+            fuse_write_kv: opts.fuse_write_kv,
             state: Mutex::new(State::default()),
             _blas_workspace: blas_workspace,
         })

@@ -11,7 +11,7 @@ use turbokv_codec::KvDtype;
 
 use super::graph::{Mode, sig};
 use super::kernels;
-use super::step::{check_tables, graph_changed, grow};
+use super::step::{graph_changed, grow};
 use super::{
     CudaBackend, CudaKvPool, CudaMatrix, CudaTensor, CudaVector, cuda_err, unsupported_kv,
 };
@@ -676,6 +676,7 @@ impl Backend for CudaBackend {
     fn to_host(&self, t: &CudaTensor, out: &mut Vec<f32>) -> Result<(), Error> {
         {
             let mut st = self.lock_state("to_host")?;
+            st.epoch += 1;
             self.finish_graph_step(&mut st)?;
         }
         out.clear();
@@ -1045,30 +1046,12 @@ impl Backend for CudaBackend {
         spans: &[SeqSpan<'_>],
         pool: &mut CudaKvPool,
     ) -> Result<(), Error> {
-        expect_cols("write_kv", qkv, g.qkv_width())?;
-        check_geometry(g, pool)?;
-        if 2 * rope.inv_freq.len() > g.head_dim {
-            return Err(shape(
-                "rope",
-                format!("{} pairs for head_dim {}", rope.inv_freq.len(), g.head_dim),
-            ));
-        }
-        if let Some(n) = &qk_norm
-            && (n.q.len != g.head_dim || n.k.len != g.head_dim)
-        {
-            return Err(shape(
-                "qk_norm",
-                format!(
-                    "weights of {} / {} for head_dim {}",
-                    n.q.len, n.k.len, g.head_dim
-                ),
-            ));
-        }
-        check_tables(spans, pool)?;
+        check_write_args(qkv, g, rope, qk_norm.as_ref(), pool)?;
         let rows = qkv.rows;
         let mut st = self.lock_state("write_kv")?;
+        let epoch = st.epoch;
         let sc = st.sc();
-        sc.upload_meta(&self.stream, spans, rows)?;
+        sc.prepare_spans(&self.stream, spans, rows, pool, epoch)?;
         if rows == 0 {
             return Ok(());
         }
@@ -1163,6 +1146,46 @@ impl Backend for CudaBackend {
         pool: &CudaKvPool,
         out: &mut CudaTensor,
     ) -> Result<(), Error> {
+        self.attention_impl(qkv, g, spans, pool, out, None)
+    }
+
+    /// Decode steps (one new token per sequence) on the row kernel run as one launch that
+    /// also does the KV write (see attention.cu, `fused`); qkv is left unroped.
+    fn write_kv_attention(
+        &self,
+        qkv: &mut CudaTensor,
+        g: &AttnGeometry,
+        rope: &Rope,
+        qk_norm: Option<QkNorm<'_, CudaVector>>,
+        spans: &[SeqSpan<'_>],
+        pool: &mut CudaKvPool,
+        out: &mut CudaTensor,
+    ) -> Result<(), Error> {
+        let fusable = self.fuse_write_kv
+            && rows_kernel_index(g.head_dim, g.group()).is_some()
+            && !spans.is_empty()
+            && spans.iter().all(|s| s.n_tokens == 1);
+        if !fusable {
+            self.write_kv(qkv, g, rope, qk_norm, spans, pool)?;
+            return self.attention(qkv, g, spans, pool, out);
+        }
+        check_write_args(qkv, g, rope, qk_norm.as_ref(), pool)?;
+        self.attention_impl(qkv, g, spans, pool, out, Some((rope, qk_norm)))
+    }
+}
+
+impl CudaBackend {
+    /// Attention; with `fuse`, the fused decode KV write too (the caller checked that the row
+    /// kernel applies, every span is one token, and the write's arguments).
+    fn attention_impl(
+        &self,
+        qkv: &CudaTensor,
+        g: &AttnGeometry,
+        spans: &[SeqSpan<'_>],
+        pool: &CudaKvPool,
+        out: &mut CudaTensor,
+        fuse: Option<(&Rope, Option<QkNorm<'_, CudaVector>>)>,
+    ) -> Result<(), Error> {
         expect_cols("attention", qkv, g.qkv_width())?;
         expect_cols("attention", out, g.n_heads * g.head_dim)?;
         check_geometry(g, pool)?;
@@ -1182,12 +1205,12 @@ impl Backend for CudaBackend {
                 ),
             ));
         }
-        check_tables(spans, pool)?;
         let rows = qkv.rows;
         self.set_rows(out, rows)?;
         let mut st = self.lock_state("attention")?;
+        let epoch = st.epoch;
         let sc = st.sc();
-        sc.upload_meta(&self.stream, spans, rows)?;
+        sc.prepare_spans(&self.stream, spans, rows, pool, epoch)?;
         if rows == 0 {
             return Ok(());
         }
@@ -1263,30 +1286,58 @@ impl Backend for CudaBackend {
         let is_bf16 = i32::from(pool.is_bf16);
         let hd = g.head_dim;
         // The row-parallel kernel where it is instantiated, else the tiled one.
-        let rows_kernel = match (hd, grp) {
-            (64, 1..=4) => Some(0),
-            (64, 5..=8) => Some(1),
-            (128, 1..=4) => Some(2),
-            (128, 5..=8) => Some(3),
-            (256, 1..=4) => Some(4),
-            (256, 5..=8) => Some(5),
-            _ => None,
-        };
-        // Decode right behind the KV write: the kernel starts as its programmatic dependent
-        // and fetches the older keys while the write runs (see attention.cu).
+        let rows_kernel = rows_kernel_index(hd, grp);
+        // Decode right behind the kernel that produced its input (the KV write, or for the
+        // fused form the qkv GEMV, both of which trigger at their start): the kernel starts
+        // as its programmatic dependent and fetches the older keys meanwhile (attention.cu).
         let prefetch = rows_kernel.is_some()
             && self.pdl
-            && st.last_write_kv
+            && if fuse.is_some() {
+                st.last_gemv
+            } else {
+                st.last_write_kv
+            }
             && spans.iter().all(|s| s.n_tokens == 1);
         let prefetch_i = i32::from(prefetch);
+        // The fused KV write's RoPE and norm arguments (unused placeholders otherwise).
+        let fused = fuse.is_some();
+        let (inv_freq, pairs, half_split, qn, kn, eps, has_norm) = match &fuse {
+            Some((rope, qk_norm)) => {
+                let sc = st.sc();
+                sc.rope(&self.stream, &rope.inv_freq)?;
+                let inv_freq = addr(sc.rope_buf()?, &self.stream);
+                let (qn, kn, eps, has_norm) = match qk_norm {
+                    Some(n) => (
+                        addr(&n.q.data, &self.stream),
+                        addr(&n.k.data, &self.stream),
+                        n.eps,
+                        1i32,
+                    ),
+                    None => (0, 0, 0f32, 0i32),
+                };
+                (
+                    inv_freq,
+                    int("attention", rope.inv_freq.len())?,
+                    i32::from(rope.style == RopeStyle::HalfSplit),
+                    qn,
+                    kn,
+                    eps,
+                    has_norm,
+                )
+            }
+            None => (0u64, 0i32, 0i32, 0u64, 0u64, 0f32, 0i32),
+        };
+        let fused_i = i32::from(fused);
         let kernel_smem = match rows_kernel {
             // 4 warps × (32 / (hd / dims per lane)) keys per warp partial states of
             // grp × (hd + 2) floats; 16 dims per lane for up to 4 heads per kv head, else 8.
             Some(i) => {
                 let partials = 4 * (32 * (16 >> (i % 2)) / hd) * grp * (hd + 2) * 4;
-                // The pipeline's stages of a 32-key K tile and V tile of 16-bit values.
+                // The pipeline's stages of a 32-key K tile and V tile of 16-bit values, then
+                // (fused) the roped query heads and the new key and value in f32.
                 let stages = if deep { ATTN_DEEP_STAGES } else { 3 };
-                partials.max(stages * 2 * ATTN_TILE * hd * 2)
+                let roped = if fused { (grp + 2) * hd * 4 } else { 0 };
+                partials.max(stages * 2 * ATTN_TILE * hd * 2 + roped)
             }
             None => {
                 (grp * hd + ATTN_TILE * (hd + 4) + ATTN_TILE * hd + grp * ATTN_TILE + 3 * grp) * 4
@@ -1335,6 +1386,14 @@ impl Backend for CudaBackend {
             rows_kernel.unwrap_or(9) as u64,
             u64::from(deep),
             u64::from(prefetch),
+            u64::from(fused),
+            inv_freq,
+            pairs as u64,
+            half_split as u64,
+            qn,
+            kn,
+            u64::from(eps.to_bits()),
+            has_norm as u64,
         ]);
         let launch = st.admit(s)?;
         st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
@@ -1354,7 +1413,8 @@ impl Backend for CudaBackend {
         };
         let mut params = kargs![
             qp, width, nh, nkv, d, g.scale, meta[0], meta[1], meta[2], meta[3], kp, vp, bs,
-            is_bf16, splits_i, ml, acc, counters, op, ob, prefetch_i
+            is_bf16, splits_i, ml, acc, counters, op, ob, prefetch_i, inv_freq, pairs, half_split,
+            qn, kn, eps, has_norm, fused_i
         ];
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, g.n_kv_heads as u32, splits as u32),
@@ -1368,10 +1428,56 @@ impl Backend for CudaBackend {
         // was checked against the opt-in limit set at load; head_dim % 4 == 0 keeps the
         // 8-byte K/V loads of the tiled kernel and the merge's 16-byte partial loads aligned,
         // head_dim ∈ {64, 128, 256} the 16-byte ones of the row kernel.
-        // with `prefetch`, the kernel reads nothing the KV write ahead of it writes (the newest
-        // key, q) before `griddepcontrol.wait`.
+        // with `prefetch`, the kernel reads nothing the kernel ahead of it writes (the newest
+        // key, qkv) before `griddepcontrol.wait`; fused, it writes the newest key's slot
+        // (inside the pool, checked above; the caller holds the pool mutably) and reads the
+        // RoPE frequencies (n_pairs ≤ head_dim / 2, checked) and norm weights (head_dim each).
         unsafe { self.launch_ex(f, cfg, &mut params, prefetch) }.map_err(cuda_err("attention"))?;
         Ok(())
+    }
+}
+
+/// The checks of `write_kv`'s arguments (also the fused decode attention's).
+fn check_write_args(
+    qkv: &CudaTensor,
+    g: &AttnGeometry,
+    rope: &Rope,
+    qk_norm: Option<&QkNorm<'_, CudaVector>>,
+    pool: &CudaKvPool,
+) -> Result<(), Error> {
+    expect_cols("write_kv", qkv, g.qkv_width())?;
+    check_geometry(g, pool)?;
+    if 2 * rope.inv_freq.len() > g.head_dim {
+        return Err(shape(
+            "rope",
+            format!("{} pairs for head_dim {}", rope.inv_freq.len(), g.head_dim),
+        ));
+    }
+    if let Some(n) = qk_norm
+        && (n.q.len != g.head_dim || n.k.len != g.head_dim)
+    {
+        return Err(shape(
+            "qk_norm",
+            format!(
+                "weights of {} / {} for head_dim {}",
+                n.q.len, n.k.len, g.head_dim
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Index of the row-parallel attention kernel for a head_dim and group (before the pipeline
+/// depth), where one is instantiated.
+fn rows_kernel_index(head_dim: usize, group: usize) -> Option<usize> {
+    match (head_dim, group) {
+        (64, 1..=4) => Some(0),
+        (64, 5..=8) => Some(1),
+        (128, 1..=4) => Some(2),
+        (128, 5..=8) => Some(3),
+        (256, 1..=4) => Some(4),
+        (256, 5..=8) => Some(5),
+        _ => None,
     }
 }
 

@@ -39,6 +39,12 @@ pub(crate) struct Scratch {
     pub defer: bool,
     pending: Vec<(Target, Vec<u32>)>,
     meta_valid: bool,
+    /// Identity of the spans whose metadata was last checked and uploaded (see
+    /// [`Scratch::prepare_spans`]), with the step epoch and pool shape it was checked for.
+    span_key: Vec<usize>,
+    span_key_tmp: Vec<usize>,
+    span_epoch: u64,
+    span_pool: (usize, usize),
     meta_host: Vec<u32>,
     meta: Option<CudaSlice<u32>>,
     meta_rows: usize,
@@ -179,6 +185,50 @@ pub(crate) fn check_tables(spans: &[SeqSpan<'_>], pool: &CudaKvPool) -> Result<(
 }
 
 impl Scratch {
+    /// Checks the spans' block tables against `pool` and uploads the step metadata — unless
+    /// this step (`epoch`, bumped at every `to_host`) already did so for the same spans: the
+    /// KV write and attention of every layer get the same spans, and re-encoding and
+    /// re-checking every table per call cost the host ~25 µs per sequence per decode step
+    /// (GPU idle time under graph replay). "The same" is by identity (slice addresses,
+    /// lengths, rows and positions): block tables only change between steps.
+    pub(crate) fn prepare_spans(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        spans: &[SeqSpan<'_>],
+        rows: usize,
+        pool: &CudaKvPool,
+        epoch: u64,
+    ) -> Result<(), Error> {
+        let mut key = std::mem::take(&mut self.span_key_tmp);
+        key.clear();
+        key.push(rows);
+        for s in spans {
+            key.extend([
+                s.first_row,
+                s.n_tokens,
+                s.first_pos,
+                s.blocks.as_ptr() as usize,
+                s.blocks.len(),
+            ]);
+        }
+        let pool_shape = (pool.num_blocks, pool.block_size);
+        if self.meta_valid
+            && epoch == self.span_epoch
+            && pool_shape == self.span_pool
+            && key == self.span_key
+        {
+            self.span_key_tmp = key;
+            return Ok(());
+        }
+        self.span_key.clear();
+        check_tables(spans, pool)?;
+        self.upload_meta(stream, spans, rows)?;
+        self.span_key_tmp = std::mem::replace(&mut self.span_key, key);
+        self.span_epoch = epoch;
+        self.span_pool = pool_shape;
+        Ok(())
+    }
+
     /// Uploads the step metadata unless the same spans were uploaded last.
     pub(crate) fn upload_meta(
         &mut self,

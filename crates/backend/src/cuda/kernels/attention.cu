@@ -26,12 +26,15 @@
     const float* __restrict__ qkv, int width, int n_heads, int n_kv, int d_rt, float scale, \
     const u32* __restrict__ tok_pos, const u32* __restrict__ tok_seq, const u32* __restrict__ seq_tbl, \
     const u32* __restrict__ tables, \
-    const u16* __restrict__ k_cache, const u16* __restrict__ v_cache, int block_size, int is_bf16, \
+    u16* k_cache, u16* v_cache, int block_size, int is_bf16, \
     int n_splits, float* __restrict__ part_ml, float* __restrict__ part_acc, \
-    u32* __restrict__ counters, float* __restrict__ out, u16* __restrict__ out_bf16, int prefetch
+    u32* __restrict__ counters, float* __restrict__ out, u16* __restrict__ out_bf16, int prefetch, \
+    const float* __restrict__ inv_freq, int n_pairs, int half_split, \
+    const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps, int has_norm, \
+    int fused
 #define ATTN_ARGS qkv, width, n_heads, n_kv, d_rt, scale, tok_pos, tok_seq, seq_tbl, tables, \
     k_cache, v_cache, block_size, is_bf16, n_splits, part_ml, part_acc, counters, out, out_bf16, \
-    prefetch
+    prefetch, inv_freq, n_pairs, half_split, q_norm, k_norm, eps, has_norm, fused
 
 // 16 bytes / 4 bytes from L2, bypassing L1: partials written by other blocks of the launch.
 __device__ __forceinline__ float4 ld_cg4(const float* p) {
@@ -332,16 +335,22 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 // STAGES - 1 tiles in flight, so loads never wait for the math (3 stages; 5 for splits of
 // at most 4 tiles, which then load everything up front: decode of one or two sequences).
 // `prefetch` (a decode launch, one new row per sequence, launched as a programmatic
-// dependent of the KV write): the first tiles are requested before `griddepcontrol.wait`, so
-// the cache streams in while the write finishes; only the newest key (the one being
-// written) and q (roped by the write) are read after the wait. In a tile, warp w takes keys
+// dependent of the kernel that produces its input): the first tiles are requested before
+// `griddepcontrol.wait`, so the cache streams in while that kernel finishes; the newest key
+// (the one written this step) is never fetched with the others but put into its stage row
+// after the wait, and q is read after the wait.
+// `fused` (decode; replaces `write_kv`, see write_kv.cu, whose arithmetic it repeats): the
+// block applies the q/k norm and RoPE to its row's g query heads and its kv head's new key
+// itself, from the raw qkv row, and the block whose split holds the newest position stores
+// that key and value into the cache; qkv is left as it is (unroped). In a tile, warp w takes keys
 // 8w .. 8w+7; a group of LPK = D/DPL lanes owns one key at a time and DPL of its dims
 // (chunks of 8 dims interleaved across the group, so shared reads are conflict-free); a
 // warp covers KPW = 32/LPK keys per pass, U = 8/KPW passes per tile. Every lane keeps the
 // online-softmax state (log2 units) of the g <= MAXG query heads of its kv head for its
 // dims, rescaled once per tile; the NW*KPW partial states are merged through shared
 // memory at the end.
-// dynamic smem: max(STAGES*2*TILE*D halves, NW*KPW*g*(D+2) floats, merge's g*(n_splits+1)).
+// dynamic smem: max(STAGES*2*TILE*D halves [+ (g+2)*D floats when fused], NW*KPW*g*(D+2)
+// floats, merge's g*(2*n_splits+1) floats).
 // Requires 16-bit KV, d == D, g <= MAXG.
 template <int D, int MAXG, int DPL, bool BF16, int STAGES>
 __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
@@ -370,7 +379,9 @@ __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
         const int slot = p - lb * block_size;
         return (((u64)tbl[lb] * n_kv + kh) * block_size + slot) * D;
     };
-    // `early`: before the wait, the newest key is left out (its stage row is filled after).
+    // The newest key is left out of the fetches when it is being written by this launch or by
+    // the kernel ahead (`fill_newest` puts it into its stage row).
+    const bool skip_newest = prefetch || fused;
     auto issue = [&](int t, bool early) {
         if (t < ntiles) {
             const int t0 = k0 + t * TILE;
@@ -399,24 +410,78 @@ __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
         if constexpr (BF16) return __uint_as_float((i & 1) ? (word & 0xffff0000u) : (word << 16));
         else return f16_to_f32((u16)((i & 1) ? (word >> 16) : (word & 0xffffu)));
     };
-    if (!prefetch) pdl_wait();
-#pragma unroll
-    for (int t = 0; t < STAGES - 1; t++) issue(t, prefetch);
-    if (prefetch) {
-        pdl_wait();   // the KV write ahead is complete and visible
-        const int tn = ((int)pos - k0) / TILE;
-        if ((int)pos >= k0 && (int)pos < k1 && tn < STAGES - 1) {
-            u16* ks = stage + (u64)(tn % STAGES) * 2 * TILE * D + ((int)pos - k0 - tn * TILE) * D;
-            u16* vs = ks + TILE * D;
+    // Fused: the row's g roped query heads, then the kv head's new key and value (f32).
+    float* rq = (float*)(stage + (u64)STAGES * 2 * TILE * D);
+    const bool holds_newest = (int)pos >= k0 && (int)pos < k1;
+    const int tn = ((int)pos - k0) / TILE;   // the tile of the newest key (if held)
+    // Writes the newest key's K and V into the stage row of tile t (if t holds it).
+    auto fill_newest = [&](int t) {
+        if (!skip_newest || !holds_newest || t != tn || t >= ntiles) return;
+        u16* ks = stage + (u64)(t % STAGES) * 2 * TILE * D + ((int)pos - k0 - t * TILE) * D;
+        u16* vs = ks + TILE * D;
+        if (fused) {
+            for (int c = tid; c < D; c += NT) {
+                ks[c] = kv_store(rq[g * D + c], BF16);
+                vs[c] = kv_store(rq[(g + 1) * D + c], BF16);
+            }
+        } else {
             const u64 off = cache_off((int)pos);
             for (int c = tid; c < CH; c += NT) {
                 *(uint4*)(ks + c * 8) = ld_cg_u4(k_cache + off + c * 8);
                 *(uint4*)(vs + c * 8) = ld_cg_u4(v_cache + off + c * 8);
             }
         }
+    };
+    if (!prefetch) pdl_wait();
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; t++) issue(t, skip_newest);
+    if (prefetch) pdl_wait();   // the kernel ahead is complete and its writes visible
+    if (fused) {
+        const float* xr = qkv + (u64)r * width;
+        for (int i = tid; i < (g + 2) * D; i += NT) {
+            const int hh = i / D, c = i - hh * D;
+            const int col = hh < g ? (kh * g + hh) * D : (n_heads + (hh - g) * n_kv + kh) * D;
+            rq[i] = xr[col + c];
+        }
+        __syncthreads();
+        // q/k norm, one warp per head (the g query heads and the key).
+        if (has_norm) {
+            for (int hh = warp; hh <= g; hh += NW) {
+                float* x = rq + hh * D;
+                float ss = 0.0f;
+                for (int c = lane; c < D; c += 32) ss += x[c] * x[c];
+                for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+                const float inv = 1.0f / sqrtf(ss / (float)D + eps);
+                const float* w = hh < g ? q_norm : k_norm;
+                for (int c = lane; c < D; c += 32) x[c] *= inv * w[c];
+            }
+            __syncthreads();
+        }
+        const float p = (float)pos;
+        for (int i = tid; i < (g + 1) * n_pairs; i += NT) {
+            const int hh = i / n_pairs, pi = i - hh * n_pairs;
+            float sn, cs;
+            sincosf(p * inv_freq[pi], &sn, &cs);
+            const int a = half_split ? pi : 2 * pi;
+            const int b = half_split ? pi + n_pairs : 2 * pi + 1;
+            float* x = rq + hh * D;
+            const float x0 = x[a], x1 = x[b];
+            x[a] = x0 * cs - x1 * sn;
+            x[b] = x0 * sn + x1 * cs;
+        }
+        __syncthreads();
+        if (holds_newest) {   // exactly one split of each (row, kv head) holds it
+            const u64 off = cache_off((int)pos);
+            for (int c = tid; c < D; c += NT) {
+                k_cache[off + c] = kv_store(rq[g * D + c], BF16);
+                v_cache[off + c] = kv_store(rq[(g + 1) * D + c], BF16);
+            }
+        }
     }
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; t++) fill_newest(t);
     float q[MAXG][DPL], acc[MAXG][DPL], m[MAXG], l[MAXG];
-    const float* qrow = qkv + (u64)r * width + (u64)kh * g * D;
+    const float* qrow = fused ? rq : qkv + (u64)r * width + (u64)kh * g * D;
 #pragma unroll
     for (int h = 0; h < MAXG; h++) {
 #pragma unroll
@@ -436,7 +501,8 @@ __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
     for (int t = 0; t < ntiles; t++) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();          // tile t landed for all; tile t-1's stage is free
-        issue(t + STAGES - 1, false);
+        issue(t + STAGES - 1, skip_newest);
+        fill_newest(t + STAGES - 1);
         const int t0 = k0 + t * TILE;
         const u16* ks = stage + (u64)(t % STAGES) * 2 * TILE * D;
         const u16* vs = ks + TILE * D;
