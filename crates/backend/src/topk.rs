@@ -114,7 +114,7 @@ fn better_first(a: &(f32, u32), b: &(f32, u32)) -> Ordering {
 /// kernel is tested against, and the CPU backend's implementation).
 pub fn select_top_k(data: &[f32], cols: usize, k: usize, out: &mut TopK) -> Result<(), Error> {
     check_k(k)?;
-    if cols == 0 || data.len() % cols != 0 {
+    if cols == 0 || !data.len().is_multiple_of(cols) {
         return Err(crate::cpu::shape(
             "to_host_top_k",
             format!("{} values are not rows of {cols}", data.len()),
