@@ -7,7 +7,7 @@
 use turbokv_cache::KvLayout;
 use turbokv_codec::KvDtype;
 
-use crate::{Error, WeightMatrix};
+use crate::{Error, TopK, WeightMatrix};
 
 /// How RoPE pairs the coordinates of a head vector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,6 +102,19 @@ pub trait Backend: Send + Sync {
     fn set_rows(&self, t: &mut Self::Tensor, rows: usize) -> Result<(), Error>;
     /// Copies a tensor to host memory (row-major).
     fn to_host(&self, t: &Self::Tensor, out: &mut Vec<f32>) -> Result<(), Error>;
+    /// Ends a step like [`Backend::to_host`], but copies back only, per row of the logits
+    /// tensor `t`, its `k` (`1..=`[`TOPK_MAX`](crate::TOPK_MAX)) best logits with their ids
+    /// and the row's max and log-sum-exp (see [`TopK`] for the order and what counts).
+    /// Default: the whole tensor to the host, then [`select_top_k`](crate::select_top_k).
+    fn to_host_top_k(&self, t: &Self::Tensor, k: usize, out: &mut TopK) -> Result<(), Error> {
+        crate::topk::check_k(k)?;
+        let cols = self.cols(t);
+        let mut host = Vec::new();
+        self.to_host(t, &mut host)?;
+        crate::select_top_k(&host, cols, k, out)
+    }
+    /// Columns of a tensor.
+    fn cols(&self, t: &Self::Tensor) -> usize;
     /// Makes a weight resident.
     fn matrix(&self, w: &WeightMatrix) -> Result<Self::Matrix, Error>;
     /// Makes an f32 vector resident.

@@ -8,9 +8,11 @@ mod backend;
 pub mod cpu;
 pub mod cuda;
 pub mod quant;
+mod topk;
 
 pub use backend::{AttnGeometry, Backend, QkNorm, Rope, RopeStyle, SeqSpan};
 pub use quant::{GgmlType, WeightBytes, WeightMatrix};
+pub use topk::{TOPK_MAX, TopK, TopKRow, select_top_k};
 
 /// Errors of the backend crate.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +67,14 @@ pub enum Error {
     /// The KV codec refused an operation.
     #[error(transparent)]
     Codec(#[from] turbokv_codec::Error),
+    /// A top-k copy asked for a `k` outside `1..=max`.
+    #[error("top-k of {k} candidates per row is out of range (1..={max})")]
+    TopKOutOfRange {
+        /// The `k` asked for.
+        k: usize,
+        /// The largest supported.
+        max: usize,
+    },
     /// Two operands whose shapes do not fit together.
     #[error("shape mismatch in {op}: {detail}")]
     Shape {

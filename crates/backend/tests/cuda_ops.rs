@@ -11,6 +11,8 @@
 //!   of outputs: `0.03·rms(ref)`;
 //! - write_kv: f32 math, sin/cos of different libms: 1e-4 absolute on O(1) values; the
 //!   stored K/V within one 16-bit ulp (a value near a rounding boundary may round either way);
+//! - top-k: ids, logits and max exact (a total order on values the kernel only compares);
+//!   log-sum-exp 1e-5 relative (f32 sums of up to 256K terms in different orders);
 //! - attention: K and V stored in 16 bits on both sides, f32 accumulation in different orders:
 //!   2e-3 absolute + 1e-2 relative on outputs of size ≈ rms(V) ≈ 0.5.
 
@@ -20,7 +22,8 @@ use half::{bf16, f16};
 use turbokv_backend::cpu::{CpuBackend, CpuTensor};
 use turbokv_backend::cuda::{CudaBackend, CudaOptions, CudaTensor};
 use turbokv_backend::{
-    AttnGeometry, Backend, Error, QkNorm, Rope, RopeStyle, SeqSpan, WeightMatrix,
+    AttnGeometry, Backend, Error, QkNorm, Rope, RopeStyle, SeqSpan, TOPK_MAX, TopK, WeightMatrix,
+    select_top_k,
 };
 use turbokv_cache::KvLayout;
 use turbokv_codec::KvDtype;
@@ -883,4 +886,163 @@ fn graphed_steps_match_eager_steps() {
     let f = |v: &[u16]| -> Vec<f32> { v.iter().map(|&u| bf16::from_bits(u).to_f32()).collect() };
     close("graph K cache", &f(&kb), &f(&ka), 1e-2, 1e-2);
     close("graph V cache", &f(&vb), &f(&va), 1e-2, 1e-2);
+}
+
+/// Asserts the device top-k equals the host reference: ids, logits and counts exactly (the
+/// order is a total order), max exactly, log-sum-exp to f32 rounding of a long sum.
+fn same_top_k(what: &str, got: &TopK, want: &TopK) {
+    assert_eq!(got.rows(), want.rows(), "{what}: rows");
+    assert_eq!((got.k, got.cols), (want.k, want.cols), "{what}: shape");
+    for r in 0..want.rows() {
+        let (a, b) = (got.row(r).unwrap(), want.row(r).unwrap());
+        assert_eq!(a.ids, b.ids, "{what}: row {r} ids");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(a.logits), bits(b.logits), "{what}: row {r} logits");
+        // `==`: a maximum of 0 may come out as -0 or +0 from either side.
+        assert_eq!(a.max, b.max, "{what}: row {r} max");
+        if b.lse.is_finite() {
+            assert!(
+                (a.lse - b.lse).abs() <= 1e-5 + 1e-5 * b.lse.abs(),
+                "{what}: row {r} lse {} vs {}",
+                a.lse,
+                b.lse
+            );
+        } else {
+            assert_eq!(a.lse, b.lse, "{what}: row {r} lse");
+        }
+    }
+}
+
+/// A TopK full of garbage, so a field the device path forgets to set fails the comparison.
+fn poisoned_top_k() -> TopK {
+    TopK {
+        k: 7,
+        cols: 3,
+        ids: vec![u32::MAX; 999],
+        logits: vec![f32::NAN; 999],
+        counts: vec![u32::MAX; 5],
+        max: vec![f32::NAN; 5],
+        lse: vec![f32::NAN; 5],
+    }
+}
+
+/// `to_host_top_k` against `select_top_k` on random rows with the hard cases mixed in: heavy
+/// ties (integer logits: the k-th value is shared by thousands of ids, the lowest must win),
+/// NaN, ±inf, ±0, rows with fewer eligible logits than k, rows with none.
+#[test]
+fn top_k_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let mut r = Rng(31);
+    let cases: [(usize, usize, usize); 9] = [
+        (1, 128_256, 1),
+        (3, 128_256, 40),
+        (2, 151_936, 256),
+        (5, 1000, 7),
+        (4, 50, 256),
+        (6, 4096, 2),
+        (2, 262_144, 64),
+        (33, 3000, 1),
+        (1, 1, 1),
+    ];
+    for (case, &(rows, cols, k)) in cases.iter().enumerate() {
+        for variant in 0..4 {
+            let mut x = r.vec(rows * cols, 8.0);
+            if variant == 1 {
+                // Integer logits in [-3, 3]: massive ties at every threshold.
+                for v in &mut x {
+                    *v = v.round().clamp(-3.0, 3.0);
+                }
+            }
+            if variant >= 2 {
+                for _ in 0..(rows * cols / 5).max(1) {
+                    let i = r.below(rows * cols);
+                    x[i] = [f32::NAN, f32::NEG_INFINITY, -0.0, 0.0, 8.0][r.below(5)];
+                }
+                if variant == 3 {
+                    x[r.below(rows * cols)] = f32::INFINITY;
+                }
+                // Row 0 entirely ineligible, the last row with only a few eligible values.
+                x[..cols].fill(f32::NAN);
+                if rows > 1 {
+                    let last = &mut x[(rows - 1) * cols..];
+                    last.fill(f32::NEG_INFINITY);
+                    for j in 0..k.min(cols) / 2 {
+                        last[(j * 7) % cols] = j as f32 - 2.0;
+                    }
+                }
+            }
+            let what = format!("case {case} variant {variant} ({rows}x{cols}, k {k})");
+            let mut want = TopK::default();
+            select_top_k(&x, cols, k, &mut want).unwrap();
+            let mut got = poisoned_top_k();
+            g.to_host_top_k(&gpu_t(g, &x, rows, cols), k, &mut got)
+                .unwrap();
+            same_top_k(&what, &got, &want);
+            // The CPU backend's override agrees with the reference too.
+            let mut cpu = poisoned_top_k();
+            CpuBackend::new()
+                .to_host_top_k(&cpu_t(x.clone(), rows, cols), k, &mut cpu)
+                .unwrap();
+            assert_eq!(cpu, want, "{what}: cpu backend");
+        }
+    }
+    let t = gpu_t(g, &[1.0; 8], 2, 4);
+    let mut out = TopK::default();
+    for k in [0, TOPK_MAX + 1] {
+        assert!(matches!(
+            g.to_host_top_k(&t, k, &mut out),
+            Err(Error::TopKOutOfRange { .. })
+        ));
+    }
+}
+
+/// Steps through `run_graphed` that end alternately in `to_host` and `to_host_top_k` (k 1 and
+/// 40) share one graph (the selection runs after the graph launch, outside it) and give what
+/// the same step gives eagerly.
+#[test]
+fn graphed_top_k_steps_share_the_graph() {
+    if gpu().is_none() {
+        return;
+    }
+    // A backend of its own: graph mode is backend-wide and other tests run concurrently.
+    let g = CudaBackend::new(0).unwrap();
+    let (hidden, vocab, rows) = (64, 5000, 3);
+    let embed = g.random_matrix(vocab, hidden, 1, 1.0).unwrap();
+    let lm = g.random_matrix(vocab, hidden, 2, 0.5).unwrap();
+    let (mut x, mut logits) = (g.tensor(0, hidden).unwrap(), g.tensor(0, vocab).unwrap());
+    let mut run = |ids: &[u32], end: usize, full: &mut Vec<f32>, top: &mut TopK| {
+        g.embed(&embed, ids, &mut x)?;
+        g.matmul(&x, &lm, &mut logits)?;
+        match end {
+            0 => g.to_host(&logits, full),
+            1 => g.to_host_top_k(&logits, 1, top),
+            _ => g.to_host_top_k(&logits, 40, top),
+        }
+    };
+    let (mut full, mut top) = (Vec::new(), poisoned_top_k());
+    for i in 0..12u32 {
+        let ids: Vec<u32> = (0..rows as u32)
+            .map(|s| (i * 37 + s * 11) % vocab as u32)
+            .collect();
+        let end = (i % 3) as usize;
+        g.run_graphed(|| run(&ids, end, &mut full, &mut top))
+            .unwrap();
+        let (mut eager_full, mut eager_top) = (Vec::new(), TopK::default());
+        run(&ids, 0, &mut eager_full, &mut eager_top).unwrap();
+        match end {
+            0 => {
+                close(&format!("graph step {i}"), &full, &eager_full, 0.0, 0.0);
+            }
+            _ => {
+                let mut want = TopK::default();
+                select_top_k(&eager_full, vocab, if end == 1 { 1 } else { 40 }, &mut want).unwrap();
+                same_top_k(&format!("graph step {i}"), &top, &want);
+                top = poisoned_top_k();
+            }
+        };
+    }
+    let st = g.graph_stats().unwrap();
+    eprintln!("graph stats {st:?}");
+    assert_eq!(st.captured, 1, "{st:?}");
+    assert!(st.replayed >= 9, "{st:?}");
 }

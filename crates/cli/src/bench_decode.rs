@@ -4,8 +4,10 @@
 //! vs the bf16 GEMM rate.
 //!
 //! The step is the engine's own: `Transformer::forward` over a batch of sequences in a paged
-//! cache. On CUDA the decode steps are timed twice: eager (one launch per op) and through a
-//! CUDA graph ([`CudaBackend::run_graphed`]).
+//! cache. On CUDA the decode steps are timed three times: eager (one launch per op, full
+//! logits copied back), and through a CUDA graph ([`CudaBackend::run_graphed`]) ending in a
+//! device greedy pick (`to_host_top_k` with k = 1: what generation copies back) — the main
+//! "graph" figure — and ending in the full logits copy (the figure before device sampling).
 
 use std::time::Instant;
 
@@ -13,12 +15,13 @@ use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use turbokv_backend::cpu::CpuBackend;
 use turbokv_backend::cuda::CudaBackend;
-use turbokv_backend::{Backend, GgmlType, RopeStyle, WeightBytes, WeightMatrix};
+use turbokv_backend::{Backend, GgmlType, RopeStyle, TopK, WeightBytes, WeightMatrix};
 use turbokv_codec::KvDtype;
 use turbokv_model::config::RopeScaling;
 use turbokv_model::loader::{LayerWeights, Weights};
 use turbokv_model::{
-    Family, KvCache, LoadOptions, LogitsFor, Model, ModelConfig, Scratch, SeqInput, Transformer,
+    Family, KvCache, LoadOptions, LogitsFor, Model, ModelConfig, Scratch, SeqInput, StepOutput,
+    Transformer,
 };
 
 use crate::args::BenchDecodeArgs;
@@ -71,12 +74,18 @@ pub struct DecodeReport {
     pub roofline_ms: f64,
     /// Eager step time / roofline (1 = at the roofline).
     pub ratio_to_roofline: f64,
-    /// Graph decode (CUDA; equal to the eager figures elsewhere): median ms per step.
+    /// Graph decode ending in a device greedy pick (top-1 copied back; CUDA: one graph plus
+    /// the selection kernel; elsewhere the eager step with a host pick): median ms per step.
     pub graph_ms_step: f64,
     /// Graph decode tokens per second.
     pub graph_tok_s: f64,
     /// Graph step time / roofline.
     pub graph_ratio_to_roofline: f64,
+    /// Graph decode ending in the full logits copy (`vocab × 4` bytes per sequence, the
+    /// previous `graph_ms_step`): median ms per step.
+    pub graph_full_logits_ms_step: f64,
+    /// Its tokens per second.
+    pub graph_full_logits_tok_s: f64,
     /// Steps that ran as a replayed graph (0 without CUDA graphs).
     pub graph_replays: u64,
     /// Mean host time of a replayed step before its graph is launched, in µs (part of the
@@ -373,6 +382,10 @@ fn print_report(r: &DecodeReport) {
         r.ratio_to_roofline,
         r.graph_ratio_to_roofline
     );
+    println!(
+        "graph with full logits copied back {:.3} ms/step ({:.1} tok/s)",
+        r.graph_full_logits_ms_step, r.graph_full_logits_tok_s
+    );
     if r.graph_replays > 0 {
         println!(
             "graph steps: {} replayed, host time before each launch {:.0} µs",
@@ -417,8 +430,8 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
     };
     let cfg = tm.config().clone();
     let steps = args.steps.max(1);
-    // Eager + graph decode passes, each with warm-up, plus one comparison step.
-    let per_seq = args.ctx + 2 * (steps + WARMUP) + 4;
+    // Eager + two graph decode passes, each with warm-up, plus one comparison step.
+    let per_seq = args.ctx + 3 * (steps + WARMUP) + 4;
     let blocks = args.batch * per_seq.div_ceil(BLOCK) + per_seq.div_ceil(BLOCK);
     let mut cache = tm
         .new_cache(kv_dtype, BLOCK, blocks * BLOCK, per_seq)
@@ -429,6 +442,7 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
         .map(|i| (1 + i.wrapping_mul(7919)) % vocab)
         .collect();
     let mut logits = Vec::new();
+    let mut top = TopK::default();
 
     // Warm-up prefill on a throwaway sequence (first cuBLAS plans, scratch growth).
     let warm = args.batch as u64;
@@ -462,12 +476,21 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
         .map(|i| (7 + 13 * i) % vocab)
         .collect();
     // Median step time after a warm-up (for graphs: eager on the graph's buffers, capture).
-    let mut time_steps = |graphs: bool| -> Result<f64> {
+    // `greedy`: the step ends in a device top-1 instead of the full logits copy.
+    let mut time_steps = |graphs: bool, greedy: bool| -> Result<f64> {
         tm.set_step_graphs(graphs);
         let mut times = Vec::with_capacity(steps);
         for i in 0..WARMUP + steps {
             let t = Instant::now();
-            decode(&tm, &mut cache, &mut scratch, &next, &mut logits)?;
+            let out = if greedy {
+                StepOutput::TopK {
+                    k: 1,
+                    out: &mut top,
+                }
+            } else {
+                StepOutput::Logits(&mut logits)
+            };
+            decode(&tm, &mut cache, &mut scratch, &next, out)?;
             if i >= WARMUP {
                 times.push(t.elapsed().as_secs_f64());
             }
@@ -475,11 +498,12 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
         }
         Ok(median(&mut times))
     };
-    let eager_s = time_steps(false)?;
-    let graph_s = if b_has_graphs(&tm) {
-        time_steps(true)?
+    let eager_s = time_steps(false, false)?;
+    let (graph_s, graph_full_s) = if b_has_graphs(&tm) {
+        let full = time_steps(true, false)?;
+        (time_steps(true, true)?, full)
     } else {
-        eager_s
+        (time_steps(false, true)?, eager_s)
     };
     let replays = tm.backend().graph_replays();
     let kv_bytes = args.batch as f64 * (args.ctx + steps) as f64 * cache.bytes_per_token();
@@ -510,6 +534,8 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
         graph_ms_step: graph_s * 1e3,
         graph_tok_s: batch / graph_s,
         graph_ratio_to_roofline: graph_s / roofline,
+        graph_full_logits_ms_step: graph_full_s * 1e3,
+        graph_full_logits_tok_s: batch / graph_full_s,
         graph_replays: replays,
         graph_host_us_step: 1e6 * tm.backend().graph_host_s() / replays.max(1) as f64,
     })
@@ -545,12 +571,19 @@ fn decode<B: Backend>(
     cache: &mut KvCache<B>,
     scratch: &mut Scratch<B>,
     next: &[u32],
-    logits: &mut Vec<f32>,
+    out: StepOutput<'_>,
 ) -> Result<()> {
-    let seqs: Vec<(u64, &[u32])> = next
+    let inputs: Vec<SeqInput<'_>> = next
         .iter()
         .enumerate()
-        .map(|(s, t)| (s as u64, std::slice::from_ref(t)))
+        .map(|(s, t)| SeqInput {
+            seq: s as u64,
+            tokens: std::slice::from_ref(t),
+        })
         .collect();
-    fwd(tm, cache, scratch, &seqs, logits)
+    match out {
+        StepOutput::Logits(v) => tm.forward(&inputs, cache, scratch, LogitsFor::LastToken, v)?,
+        StepOutput::TopK { k, out } => tm.forward_top_k(&inputs, cache, scratch, k, out)?,
+    }
+    Ok(())
 }

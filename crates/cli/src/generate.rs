@@ -263,12 +263,12 @@ fn generate_ids<B: Backend>(
     let mut stops = StopChecker::new(&params.stop);
     let mut decoder = loaded.tokenizer.decode_stream(true);
     let mut history: Vec<u32> = ids.to_vec();
-    let mut logits = session.prefill(ids)?.to_vec();
+    let mut logits = Vec::new();
+    let mut next = step_and_sample(session, &mut sampler, &history, ids, true, &mut logits)?;
     let mut generated = Vec::new();
     let mut text = String::new();
     let mut stop = "max_tokens";
     while generated.len() < s.max_tokens {
-        let next = sampler.sample(&mut logits, &history)?;
         if loaded.tokenizer.is_eos(next) {
             stop = "eos";
             break;
@@ -289,8 +289,7 @@ fn generate_ids<B: Backend>(
             stop = "context_full";
             break;
         }
-        logits.clear();
-        logits.extend_from_slice(session.step(next)?);
+        next = step_and_sample(session, &mut sampler, &history, &[next], false, &mut logits)?;
     }
     if stop != "stop_string" {
         let tail = format!("{}{}", decoder.finish().unwrap_or(""), stops.finish());
@@ -303,6 +302,35 @@ fn generate_ids<B: Backend>(
         text,
         stop,
     })
+}
+
+/// Feeds `tokens` (the prompt when `prefill`, else the last token) and draws the next token. When the
+/// sampling parameters allow, the step copies back only the top candidates the draw needs
+/// (`Sampler::candidates_needed`) instead of the vocabulary's logits; the token is the same
+/// either way. `logits` is scratch for the full-logits path.
+fn step_and_sample<B: Backend>(
+    session: &mut Session<'_, B>,
+    sampler: &mut turbokv_model::sampling::Sampler,
+    history: &[u32],
+    tokens: &[u32],
+    prefill: bool,
+    logits: &mut Vec<f32>,
+) -> Result<u32> {
+    if let Some(k) = sampler.candidates_needed(history) {
+        let top = match tokens {
+            [t] if !prefill => session.step_top_k(*t, k)?,
+            _ => session.prefill_top_k(tokens, k)?,
+        };
+        let row = top.row(0).context("the step returned no logits")?;
+        return Ok(sampler.sample_candidates(row, history)?);
+    }
+    let full = match tokens {
+        [t] if !prefill => session.step(*t)?,
+        _ => session.prefill(tokens)?,
+    };
+    logits.clear();
+    logits.extend_from_slice(full);
+    Ok(sampler.sample(logits, history)?)
 }
 
 fn print_stats<B: Backend>(loaded: &Loaded<B>, session: &Session<'_, B>, stats: &GenStats) {

@@ -8,8 +8,15 @@
 //! Work per token is linear in the vocabulary: the candidates are partitioned with
 //! `select_nth_unstable` for top-k, and top-p sorts only a growing prefix that holds the
 //! requested mass, never the whole vocabulary.
+//!
+//! Candidates are ordered by descending logit (−0.0 equal to +0.0), then ascending id; after
+//! top-k they are sorted in that order, so the draw depends only on the set kept, not on how
+//! it was found. That is what lets [`Sampler::sample_candidates`] draw from a backend's
+//! per-row top-k copy ([`TopKRow`]) exactly what [`Sampler::sample`] draws from the full row.
 
 use std::hash::{BuildHasher, Hasher};
+
+use turbokv_backend::{TOPK_MAX, TopKRow};
 
 /// Errors of sampling parameters and of sampling itself.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -34,6 +41,18 @@ pub enum SamplingError {
     /// `sample` was given no logits.
     #[error("no logits to sample from (vocabulary size 0)")]
     EmptyLogits,
+    /// [`Sampler::sample_candidates`] with these parameters needs the full logits
+    /// ([`Sampler::candidates_needed`] is `None`).
+    #[error("these sampling parameters need the full logits, not top candidates")]
+    NeedsFullLogits,
+    /// [`Sampler::sample_candidates`] was given a row of fewer candidate slots than needed.
+    #[error("{needed} top candidates are needed for an exact draw but {got} were copied")]
+    TooFewCandidates {
+        /// [`Sampler::candidates_needed`].
+        needed: usize,
+        /// The row's `k`.
+        got: usize,
+    },
     /// Every logit is NaN or -inf: the forward pass produced garbage.
     #[error("all {n} logits are NaN or -inf; the model output is invalid")]
     NoFiniteLogits {
@@ -193,10 +212,18 @@ fn entropy_seed() -> u64 {
 /// A token still in the running.
 #[derive(Clone, Copy, Debug)]
 struct Candidate {
+    /// The (penalised) logit, −0.0 stored as +0.0 (see [`canon`]); may be +inf.
     logit: f32,
     id: u32,
     /// `exp(logit - max)`: the unnormalised temperature-1 probability (set after top-k).
     weight: f32,
+}
+
+/// `l` with −0.0 replaced by +0.0, so that the total order of [`by_logit_desc`] agrees with
+/// `>` (which [`argmax`] uses) on every non-NaN value.
+#[inline]
+fn canon(l: f32) -> f32 {
+    if l == 0.0 { 0.0 } else { l }
 }
 
 /// Descending logit, then ascending id: a total order, so ties resolve like argmax.
@@ -266,14 +293,96 @@ impl Sampler {
             return argmax(logits).ok_or(SamplingError::NoFiniteLogits { n: logits.len() });
         }
         let k = self.params.top_k;
-        if k > 0 && k < logits.len() {
+        if k > 0 {
             self.collect_top_k(logits, k);
+            // A canonical order: the draw walks the candidates in it.
+            self.cand.sort_unstable_by(by_logit_desc);
         } else {
             self.collect_candidates(logits);
         }
         if self.cand.is_empty() {
             return Err(SamplingError::NoFiniteLogits { n: logits.len() });
         }
+        Ok(self.filter_and_draw())
+    }
+
+    /// How many of a row's best logits (before the repetition penalty, in [`TopKRow`]'s
+    /// order) [`Self::sample_candidates`] needs to draw exactly what [`Self::sample`] would,
+    /// given the sequence so far; `None` when the full logits are needed.
+    ///
+    /// Greedy needs 1 and top-k needs `top_k`, plus, with a repetition penalty `> 1`, one per
+    /// token in the penalty window: the penalty only lowers logits, so the best `n` after it
+    /// lie among the best `n + window` before it. A penalty `< 1` raises logits anywhere in
+    /// the vocabulary, and sampling without top-k sees every logit: both need the full row,
+    /// as does a count above [`TOPK_MAX`].
+    pub fn candidates_needed(&self, recent_tokens: &[u32]) -> Option<usize> {
+        let p = &self.params;
+        let penalised = if p.repetition_penalty == 1.0 || p.repetition_window == 0 {
+            0
+        } else if p.repetition_penalty > 1.0 {
+            p.repetition_window.min(recent_tokens.len())
+        } else {
+            return None;
+        };
+        let base = if p.temperature == 0.0 {
+            1
+        } else if p.top_k > 0 {
+            p.top_k
+        } else {
+            return None;
+        };
+        base.checked_add(penalised).filter(|&n| n <= TOPK_MAX)
+    }
+
+    /// [`Self::sample`] from a row's top candidates instead of the full logits: the same
+    /// token for the same PRNG state and `recent_tokens`, and the same PRNG use. `row` must
+    /// hold at least [`Self::candidates_needed`] slots (fewer candidates are fine when the
+    /// row had no more eligible logits).
+    pub fn sample_candidates(
+        &mut self,
+        row: TopKRow<'_>,
+        recent_tokens: &[u32],
+    ) -> Result<u32, SamplingError> {
+        let needed = self
+            .candidates_needed(recent_tokens)
+            .ok_or(SamplingError::NeedsFullLogits)?;
+        if row.k < needed {
+            return Err(SamplingError::TooFewCandidates { needed, got: row.k });
+        }
+        if row.cols == 0 {
+            return Err(SamplingError::EmptyLogits);
+        }
+        let penalty = self.recent_window(recent_tokens);
+        self.cand.clear();
+        for (&id, &l) in row.ids.iter().zip(row.logits) {
+            let l = match penalty {
+                Some(p) if self.recent.binary_search(&id).is_ok() => penalise(l, p),
+                _ => l,
+            };
+            // The penalty may push a huge negative logit to −inf: no longer drawable.
+            if l > f32::NEG_INFINITY {
+                self.cand.push(Candidate {
+                    logit: canon(l),
+                    id,
+                    weight: 0.0,
+                });
+            }
+        }
+        self.cand.sort_unstable_by(by_logit_desc);
+        let n = row.cols;
+        let best = self
+            .cand
+            .first()
+            .ok_or(SamplingError::NoFiniteLogits { n })?;
+        if self.params.temperature == 0.0 {
+            return Ok(best.id);
+        }
+        self.cand.truncate(self.params.top_k);
+        Ok(self.filter_and_draw())
+    }
+
+    /// Top-p, min-p, temperature and the draw over `self.cand` (non-empty).
+    fn filter_and_draw(&mut self) -> u32 {
         let filtered = self.params.top_p < 1.0 || self.params.min_p > 0.0;
         if filtered {
             self.set_weights(1.0);
@@ -283,37 +392,46 @@ impl Sampler {
         if !filtered || self.params.temperature != 1.0 {
             self.set_weights(self.params.temperature);
         }
-        Ok(self.draw())
+        self.draw()
     }
 
-    fn apply_repetition_penalty(&mut self, logits: &mut [f32], recent_tokens: &[u32]) {
+    /// With a repetition penalty on: fills `self.recent` with the distinct ids of the window
+    /// (sorted) and returns the penalty.
+    fn recent_window(&mut self, recent_tokens: &[u32]) -> Option<f32> {
         let (penalty, window) = (
             self.params.repetition_penalty,
             self.params.repetition_window,
         );
         if penalty == 1.0 || window == 0 {
-            return;
+            return None;
         }
         self.recent.clear();
         self.recent
             .extend_from_slice(&recent_tokens[recent_tokens.len().saturating_sub(window)..]);
         self.recent.sort_unstable();
         self.recent.dedup();
+        Some(penalty)
+    }
+
+    fn apply_repetition_penalty(&mut self, logits: &mut [f32], recent_tokens: &[u32]) {
+        let Some(penalty) = self.recent_window(recent_tokens) else {
+            return;
+        };
         for &id in &self.recent {
             if let Some(l) = logits.get_mut(id as usize) {
-                *l = if *l > 0.0 { *l / penalty } else { *l * penalty };
+                *l = penalise(*l, penalty);
             }
         }
     }
 
-    /// Every logit that can be drawn; +inf is clamped to `f32::MAX` so softmax stays finite.
+    /// Every logit that can be drawn (not NaN, not −inf), in id order.
     fn collect_candidates(&mut self, logits: &[f32]) {
         self.cand.clear();
         self.cand.reserve(logits.len());
         for (id, &l) in logits.iter().enumerate() {
             if l > f32::NEG_INFINITY {
                 self.cand.push(Candidate {
-                    logit: l.min(f32::MAX),
+                    logit: canon(l),
                     id: id as u32,
                     weight: 0.0,
                 });
@@ -332,7 +450,7 @@ impl Sampler {
             .filter(|(_, l)| **l > f32::NEG_INFINITY);
         for (id, &l) in rest.by_ref() {
             self.cand.push(Candidate {
-                logit: l.min(f32::MAX),
+                logit: canon(l),
                 id: id as u32,
                 weight: 0.0,
             });
@@ -351,7 +469,7 @@ impl Sampler {
             // Later ids lose ties, so only a strictly larger logit enters.
             if l > worst {
                 self.cand[0] = Candidate {
-                    logit: l.min(f32::MAX),
+                    logit: canon(l),
                     id: id as u32,
                     weight: 0.0,
                 };
@@ -361,15 +479,16 @@ impl Sampler {
         }
     }
 
-    /// `weight = exp((logit - max) / t)`: the top candidate gets 1.
+    /// `weight = exp((logit - max) / t)`: the top candidate gets 1. +inf is taken as
+    /// `f32::MAX` here (only here: the order keeps it above `f32::MAX`) so softmax stays finite.
     fn set_weights(&mut self, t: f32) {
         let max = self
             .cand
             .iter()
-            .fold(f32::NEG_INFINITY, |m, c| m.max(c.logit));
+            .fold(f32::NEG_INFINITY, |m, c| m.max(c.logit.min(f32::MAX)));
         let inv_t = 1.0 / t;
         for c in &mut self.cand {
-            c.weight = ((c.logit - max) * inv_t).exp();
+            c.weight = ((c.logit.min(f32::MAX) - max) * inv_t).exp();
         }
     }
 
@@ -431,6 +550,13 @@ impl Sampler {
         let last_positive = self.cand.iter().rev().find(|c| c.weight > 0.0);
         last_positive.or(self.cand.first()).map_or(0, |c| c.id)
     }
+}
+
+/// The repetition penalty of one logit (llama.cpp / HF): a positive one is divided by it, a
+/// negative one multiplied.
+#[inline]
+fn penalise(l: f32, penalty: f32) -> f32 {
+    if l > 0.0 { l / penalty } else { l * penalty }
 }
 
 /// Restores the heap property below `i` in a heap whose root is its worst candidate.

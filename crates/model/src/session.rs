@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use turbokv_backend::Backend;
+use turbokv_backend::{Backend, TopK};
 use turbokv_cache::{KvPolicy, SeqId};
 use turbokv_codec::KvDtype;
 
@@ -38,6 +38,7 @@ pub struct Session<'m, B: Backend> {
     cache: KvCache<B>,
     scratch: Scratch<B>,
     logits: Vec<f32>,
+    top: TopK,
     /// Accumulated timings.
     pub times: SessionTimes,
 }
@@ -63,6 +64,7 @@ impl<'m, B: Backend> Session<'m, B> {
             cache,
             scratch: model.new_scratch()?,
             logits: Vec::new(),
+            top: TopK::default(),
             times: SessionTimes::default(),
         })
     }
@@ -93,6 +95,18 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(&self.logits)
     }
 
+    /// [`Self::prefill`] that copies back only the `k` best next-token logits (for
+    /// [`Sampler::sample_candidates`](crate::sampling::Sampler::sample_candidates)).
+    pub fn prefill_top_k(&mut self, tokens: &[u32], k: usize) -> Result<&TopK, ModelError> {
+        let start = Instant::now();
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            self.run_top_k(chunk, k)?;
+        }
+        self.times.prefill += start.elapsed();
+        self.times.prefill_tokens += tokens.len();
+        Ok(&self.top)
+    }
+
     /// Appends `tokens` and returns logits for every one of them (`[n, vocab]`), for
     /// perplexity and reference comparisons.
     pub fn prefill_all_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
@@ -113,6 +127,15 @@ impl<'m, B: Backend> Session<'m, B> {
         Ok(&self.logits)
     }
 
+    /// [`Self::step`] that copies back only the `k` best next-token logits.
+    pub fn step_top_k(&mut self, token: u32, k: usize) -> Result<&TopK, ModelError> {
+        let start = Instant::now();
+        self.run_top_k(&[token], k)?;
+        self.times.decode += start.elapsed();
+        self.times.decode_tokens += 1;
+        Ok(&self.top)
+    }
+
     /// Forgets every cached token.
     pub fn reset(&mut self) -> Result<(), ModelError> {
         self.cache.remove_sequence(SEQ)?;
@@ -129,5 +152,11 @@ impl<'m, B: Backend> Session<'m, B> {
             want,
             &mut self.logits,
         )
+    }
+
+    fn run_top_k(&mut self, tokens: &[u32], k: usize) -> Result<(), ModelError> {
+        let input = [SeqInput { seq: SEQ, tokens }];
+        self.model
+            .forward_top_k(&input, &mut self.cache, &mut self.scratch, k, &mut self.top)
     }
 }

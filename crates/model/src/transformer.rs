@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use turbokv_backend::{AttnGeometry, Backend, QkNorm, Rope, SeqSpan};
+use turbokv_backend::{AttnGeometry, Backend, QkNorm, Rope, SeqSpan, TopK};
 use turbokv_cache::{BlockAllocator, KvLayout, KvPolicy, SeqId};
 use turbokv_codec::KvDtype;
 
@@ -67,6 +67,21 @@ pub enum LogitsFor {
     LastToken,
     /// Every new token (perplexity evaluation).
     AllTokens,
+}
+
+/// Where a step's logits go: its last op.
+#[derive(Debug)]
+pub enum StepOutput<'a> {
+    /// The full rows, row-major `[rows, vocab]` ([`Backend::to_host`]).
+    Logits(&'a mut Vec<f32>),
+    /// Each row's `k` best logits, max and log-sum-exp ([`Backend::to_host_top_k`]): what
+    /// sampling needs, without copying the vocabulary back.
+    TopK {
+        /// Candidates per row.
+        k: usize,
+        /// The result.
+        out: &'a mut TopK,
+    },
 }
 
 /// New tokens of one sequence for a step.
@@ -217,7 +232,23 @@ impl<B: Backend> Transformer<B> {
         want: LogitsFor,
         logits_out: &mut Vec<f32>,
     ) -> Result<(), ModelError> {
-        self.forward_inner(inputs, cache, scratch, want, logits_out, None)
+        let mut out = StepOutput::Logits(logits_out);
+        self.forward_inner(inputs, cache, scratch, want, &mut out, None)
+    }
+
+    /// [`Self::forward`] for the last token of each sequence, ending in
+    /// [`Backend::to_host_top_k`]: `out` gets each sequence's `k` best logits (in input
+    /// order) instead of its whole row. Decode steps still replay as graphs.
+    pub fn forward_top_k(
+        &self,
+        inputs: &[SeqInput<'_>],
+        cache: &mut KvCache<B>,
+        scratch: &mut Scratch<B>,
+        k: usize,
+        out: &mut TopK,
+    ) -> Result<(), ModelError> {
+        let mut out = StepOutput::TopK { k, out };
+        self.forward_inner(inputs, cache, scratch, LogitsFor::LastToken, &mut out, None)
     }
 
     /// [`Self::forward`], calling `observe(layer, rows)` after each layer's KV write with the
@@ -235,7 +266,8 @@ impl<B: Backend> Transformer<B> {
         logits_out: &mut Vec<f32>,
         observe: KvObserver<'_>,
     ) -> Result<(), ModelError> {
-        self.forward_inner(inputs, cache, scratch, want, logits_out, Some(observe))
+        let mut out = StepOutput::Logits(logits_out);
+        self.forward_inner(inputs, cache, scratch, want, &mut out, Some(observe))
     }
 
     fn forward_inner(
@@ -244,7 +276,7 @@ impl<B: Backend> Transformer<B> {
         cache: &mut KvCache<B>,
         scratch: &mut Scratch<B>,
         want: LogitsFor,
-        logits_out: &mut Vec<f32>,
+        out: &mut StepOutput<'_>,
         observe: Option<KvObserver<'_>>,
     ) -> Result<(), ModelError> {
         let (tables, starts) = reserve(inputs, cache)?;
@@ -256,15 +288,10 @@ impl<B: Backend> Transformer<B> {
             && inputs.iter().all(|i| i.tokens.len() == 1)
             && self.step_graphs.load(Ordering::Relaxed);
         let result = if decode_step {
-            self.backend.run_step(|| {
-                self.run(
-                    inputs, &tables, &starts, cache, scratch, want, logits_out, None,
-                )
-            })
+            self.backend
+                .run_step(|| self.run(inputs, &tables, &starts, cache, scratch, want, out, None))
         } else {
-            self.run(
-                inputs, &tables, &starts, cache, scratch, want, logits_out, observe,
-            )
+            self.run(inputs, &tables, &starts, cache, scratch, want, out, observe)
         };
         if result.is_err() {
             for (inp, &start) in inputs.iter().zip(&starts) {
@@ -283,7 +310,7 @@ impl<B: Backend> Transformer<B> {
         cache: &mut KvCache<B>,
         s: &mut Scratch<B>,
         want: LogitsFor,
-        logits_out: &mut Vec<f32>,
+        out: &mut StepOutput<'_>,
         mut observe: Option<KvObserver<'_>>,
     ) -> Result<(), ModelError> {
         let b = &self.backend;
@@ -367,7 +394,10 @@ impl<B: Backend> Transformer<B> {
             &mut s.picked_n,
             &mut s.logits,
         )?;
-        b.to_host(&s.logits, logits_out)?;
+        match out {
+            StepOutput::Logits(v) => b.to_host(&s.logits, v)?,
+            StepOutput::TopK { k, out } => b.to_host_top_k(&s.logits, *k, out)?,
+        }
         Ok(())
     }
 }

@@ -336,3 +336,109 @@ proptest! {
         prop_assert_eq!(stopped, first.map(|f| f.1));
     }
 }
+
+/// `sample_candidates` over a host top-k copy draws exactly what `sample` draws from the full
+/// logits, for the same seed and history, over many random rows (with ties, NaN, ±inf, ±0)
+/// and every combination of the parameters; the PRNG streams stay in step across draws.
+#[test]
+fn candidates_draw_exactly_what_full_logits_draw() {
+    use turbokv_backend::{TopK, select_top_k};
+    let mut state = 0x5eed_u64;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) as u32
+    };
+    let mut checked = 0;
+    for temperature in [0.0, 0.7, 1.0] {
+        for top_k in [1, 5, 40] {
+            for top_p in [1.0, 0.9] {
+                for min_p in [0.0, 0.05] {
+                    for repetition_penalty in [1.0, 1.3] {
+                        let params = SamplingParams {
+                            temperature,
+                            top_k,
+                            top_p,
+                            min_p,
+                            repetition_penalty,
+                            repetition_window: 16,
+                            seed: Some(u64::from(next())),
+                            ..SamplingParams::default()
+                        };
+                        let mut full = Sampler::new(params.clone()).unwrap();
+                        let mut cand = Sampler::new(params).unwrap();
+                        for _ in 0..40 {
+                            let vocab = 50 + (next() % 400) as usize;
+                            let coarse = next() % 2 == 0;
+                            let mut l: Vec<f32> = (0..vocab)
+                                .map(|_| {
+                                    let u = next() as f32 / u32::MAX as f32 * 8.0 - 4.0;
+                                    // Coarse rows are full of exact ties.
+                                    if coarse { u.round() } else { u }
+                                })
+                                .collect();
+                            for _ in 0..next() % 6 {
+                                let i = next() as usize % vocab;
+                                l[i] = [f32::NAN, f32::NEG_INFINITY, -0.0, 0.0, f32::INFINITY]
+                                    [next() as usize % 5];
+                            }
+                            // History drawn mostly from the best ids, so the penalty bites.
+                            let mut order: Vec<u32> = (0..vocab as u32).collect();
+                            order.sort_by(|&a, &b| l[b as usize].total_cmp(&l[a as usize]));
+                            let history: Vec<u32> = (0..next() % 30)
+                                .map(|_| order[next() as usize % 12.min(vocab)])
+                                .collect();
+                            let k = cand.candidates_needed(&history).unwrap();
+                            let mut top = TopK::default();
+                            select_top_k(&l, vocab, k, &mut top).unwrap();
+                            let want = full.sample(&mut l.clone(), &history);
+                            let got = cand.sample_candidates(top.row(0).unwrap(), &history);
+                            assert_eq!(got, want, "{:?}, history {history:?}", full.params());
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 3 * 3 * 2 * 2 * 2 * 40);
+}
+
+#[test]
+fn candidates_needed_and_refusals() {
+    let s = |f: fn(&mut SamplingParams)| Sampler::new(params(f)).unwrap();
+    assert_eq!(
+        Sampler::new(SamplingParams::greedy())
+            .unwrap()
+            .candidates_needed(&[1, 2]),
+        Some(1)
+    );
+    assert_eq!(s(|p| p.top_k = 0).candidates_needed(&[]), None);
+    assert_eq!(s(|p| p.top_k = 40).candidates_needed(&[]), Some(40));
+    let pen = s(|p| {
+        p.top_k = 40;
+        p.repetition_penalty = 1.1;
+        p.repetition_window = 64;
+    });
+    assert_eq!(pen.candidates_needed(&[3; 10]), Some(50));
+    assert_eq!(pen.candidates_needed(&[3; 100]), Some(104));
+    assert_eq!(
+        s(|p| p.repetition_penalty = 0.9).candidates_needed(&[1]),
+        None,
+        "a penalty below 1 raises logits anywhere"
+    );
+    assert_eq!(s(|p| p.top_k = 300).candidates_needed(&[]), None);
+    let mut top = turbokv_backend::TopK::default();
+    turbokv_backend::select_top_k(&[1.0, 2.0, 3.0], 3, 2, &mut top).unwrap();
+    let mut wide = s(|p| p.top_k = 3);
+    assert_eq!(
+        wide.sample_candidates(top.row(0).unwrap(), &[]),
+        Err(SamplingError::TooFewCandidates { needed: 3, got: 2 })
+    );
+    let mut all = s(|p| p.top_k = 0);
+    assert_eq!(
+        all.sample_candidates(top.row(0).unwrap(), &[]),
+        Err(SamplingError::NeedsFullLogits)
+    );
+}

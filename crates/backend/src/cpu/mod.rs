@@ -145,6 +145,15 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn cols(&self, t: &CpuTensor) -> usize {
+        t.cols
+    }
+
+    /// Selects straight from the tensor (no copy of the logits).
+    fn to_host_top_k(&self, t: &CpuTensor, k: usize, out: &mut crate::TopK) -> Result<(), Error> {
+        crate::select_top_k(t.as_slice(), t.cols, k, out)
+    }
+
     fn to_host(&self, t: &CpuTensor, out: &mut Vec<f32>) -> Result<(), Error> {
         out.clear();
         out.extend_from_slice(t.as_slice());

@@ -15,6 +15,7 @@ const ELEMENTWISE: &str = include_str!("kernels/elementwise.cu");
 const WRITE_KV: &str = include_str!("kernels/write_kv.cu");
 const ATTENTION: &str = include_str!("kernels/attention.cu");
 const GEMV: &str = include_str!("kernels/gemv.cu");
+const SAMPLE: &str = include_str!("kernels/sample.cu");
 
 /// Every kernel function the backend launches.
 #[derive(Debug)]
@@ -42,7 +43,12 @@ pub(crate) struct Kernels {
     /// The same two with the RMSNorm of x fused in front.
     pub gemv_norm: [CudaFunction; GEMV_MAX_ROWS],
     pub gemv_norm_silu: [CudaFunction; GEMV_MAX_ROWS],
+    /// Per-row top-k candidates, max and log-sum-exp of logits (sample.cu).
+    pub topk_rows: CudaFunction,
 }
+
+/// Threads per block of `topk_rows` (`TOPK_THREADS` in sample.cu).
+pub(crate) const TOPK_THREADS: u32 = 1024;
 
 /// Most activation rows the GEMV kernels are instantiated for.
 pub(crate) const GEMV_MAX_ROWS: usize = 8;
@@ -140,6 +146,7 @@ impl Kernels {
         let kv = module(ctx, "write_kv", WRITE_KV, arch, cache_dir)?;
         let at = module(ctx, "attention", ATTENTION, arch, cache_dir)?;
         let gv = module(ctx, "gemv", GEMV, arch, cache_dir)?;
+        let sm = module(ctx, "sample", SAMPLE, arch, cache_dir)?;
         let f =
             |m: &Arc<CudaModule>, n: &str| m.load_function(n).map_err(cuda_err("load function"));
         let per_rows = |prefix: &str| -> Result<[CudaFunction; GEMV_MAX_ROWS], Error> {
@@ -165,6 +172,7 @@ impl Kernels {
             f32_to_bf16: f(&ew, "f32_to_bf16_kernel")?,
             fill_random_bf16: f(&ew, "fill_random_bf16")?,
             write_kv: f(&kv, "write_kv")?,
+            topk_rows: f(&sm, "topk_rows")?,
             attn_partial: [
                 f(&at, "attn_partial_64")?,
                 f(&at, "attn_partial_128")?,

@@ -17,7 +17,8 @@ use super::{
 };
 use crate::backend::{AttnGeometry, Backend, QkNorm, Rope, RopeStyle, SeqSpan};
 use crate::cpu::shape;
-use crate::{Error, WeightMatrix};
+use crate::topk::check_k;
+use crate::{Error, TopK, WeightMatrix};
 
 /// Keys per attention tile and threads per attention block (see attention.cu).
 const ATTN_TILE: usize = 32;
@@ -687,6 +688,67 @@ impl Backend for CudaBackend {
                 .map_err(cuda_err("download"))?;
         }
         self.synchronize()
+    }
+
+    fn cols(&self, t: &CudaTensor) -> usize {
+        t.cols
+    }
+
+    /// Ends the step like `to_host`, then selects on the device and copies back
+    /// `rows · (2k + 3)` words instead of `rows · cols` floats.
+    ///
+    /// The selection kernel is launched *after* `finish_graph_step`, directly on the stream and
+    /// without `admit`: it is not part of a captured graph, so one graph serves steps ending
+    /// in `to_host` and in this call alike (for any `k`), and switching between them never
+    /// recaptures. Stream order puts it after the graph launch, whose logits it reads. The
+    /// price is one ordinary launch per step.
+    fn to_host_top_k(&self, t: &CudaTensor, k: usize, out: &mut TopK) -> Result<(), Error> {
+        check_k(k)?;
+        let cols = int("to_host_top_k", t.cols)?;
+        let kk = int("to_host_top_k", k)?;
+        let stride = 2 * k + 3;
+        {
+            let mut st = self.lock_state("to_host_top_k")?;
+            self.finish_graph_step(&mut st)?;
+            out.reset(t.rows, t.cols, k);
+            if t.rows == 0 || t.cols == 0 {
+                drop(st);
+                return self.synchronize();
+            }
+            // Not admitted, so clear what `admit` would: the next launch must not take this one
+            // for a GEMV or KV write it may overlap with.
+            st.last_gemv = false;
+            st.last_write_kv = false;
+            let dev = self
+                .stream
+                .alloc_zeros::<u32>(t.rows * stride)
+                .map_err(cuda_err("alloc top-k"))?;
+            let (xp, op) = (addr(&t.buf, &self.stream), addr(&dev, &self.stream));
+            let mut b = self.stream.launch_builder(&self.k.topk_rows);
+            b.arg(&xp).arg(&op).arg(&cols).arg(&kk);
+            // SAFETY: x holds rows · cols floats; `dev` holds rows · (2k + 3) words, the
+            // kernel's output; 1 ≤ k ≤ TOPK_MAX (checked above), as the kernel's shared
+            // candidate array requires; one block of TOPK_THREADS threads per row.
+            unsafe { b.launch(rows_cfg(t.rows, kernels::TOPK_THREADS, 0)) }
+                .map_err(cuda_err("topk_rows"))?;
+            let mut words = vec![0u32; t.rows * stride];
+            self.stream
+                .memcpy_dtoh(&dev, words.as_mut_slice())
+                .map_err(cuda_err("download top-k"))?;
+            drop(st);
+            self.synchronize()?;
+            for (r, w) in words.chunks_exact(stride).enumerate() {
+                let n = (w[2 * k] as usize).min(k);
+                out.ids[r * k..r * k + n].copy_from_slice(&w[..n]);
+                for (l, &bits) in out.logits[r * k..r * k + n].iter_mut().zip(&w[k..k + n]) {
+                    *l = f32::from_bits(bits);
+                }
+                out.counts[r] = n as u32;
+                out.max[r] = f32::from_bits(w[2 * k + 1]);
+                out.lse[r] = f32::from_bits(w[2 * k + 2]);
+            }
+        }
+        Ok(())
     }
 
     fn matrix(&self, w: &WeightMatrix) -> Result<CudaMatrix, Error> {
