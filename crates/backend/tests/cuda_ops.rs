@@ -28,9 +28,19 @@ use turbokv_backend::{
 use turbokv_cache::KvLayout;
 use turbokv_codec::KvDtype;
 
+/// The backend options of these tests: the defaults plus the paths that are off by default
+/// (the fused decode KV write, the device top-k), so that they are checked too.
+fn test_options() -> CudaOptions {
+    CudaOptions {
+        fuse_write_kv: true,
+        device_top_k: true,
+        ..CudaOptions::default()
+    }
+}
+
 fn gpu() -> Option<&'static CudaBackend> {
     static B: OnceLock<Option<CudaBackend>> = OnceLock::new();
-    B.get_or_init(|| match CudaBackend::new(0) {
+    B.get_or_init(|| match CudaBackend::with_options(0, &test_options()) {
         Ok(b) => {
             eprintln!("CUDA tests on {}", b.describe());
             Some(b)
@@ -778,7 +788,7 @@ fn graphed_steps_match_eager_steps() {
         return;
     }
     // A backend of its own: graph mode is backend-wide and other tests run concurrently.
-    let g = CudaBackend::new(0).unwrap();
+    let g = CudaBackend::with_options(0, &test_options()).unwrap();
     let (hidden, vocab, bs) = (128, 64, 16);
     let geo = AttnGeometry {
         n_heads: 8,
@@ -1005,7 +1015,7 @@ fn graphed_top_k_steps_share_the_graph() {
         return;
     }
     // A backend of its own: graph mode is backend-wide and other tests run concurrently.
-    let g = CudaBackend::new(0).unwrap();
+    let g = CudaBackend::with_options(0, &test_options()).unwrap();
     let (hidden, vocab, rows) = (64, 5000, 3);
     let embed = g.random_matrix(vocab, hidden, 1, 1.0).unwrap();
     let lm = g.random_matrix(vocab, hidden, 2, 0.5).unwrap();

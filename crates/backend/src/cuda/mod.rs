@@ -155,9 +155,16 @@ pub struct CudaOptions {
     /// `TURBOKV_PDL=0` turns it off.
     pub pdl: bool,
     /// Decode steps run the KV write inside the attention launch
-    /// ([`Backend::write_kv_attention`](crate::Backend::write_kv_attention)). Default on; the
-    /// environment variable `TURBOKV_FUSED_KV_WRITE=0` turns it off (for A/B measurements).
+    /// ([`Backend::write_kv_attention`](crate::Backend::write_kv_attention)). Passes the GPU
+    /// tests on an H200 but measured no faster there (llama3-8b batch 1: 4.80 vs 4.79 ms per
+    /// step), so off by default; the environment variable `TURBOKV_FUSED_KV_WRITE=1` turns
+    /// it on.
     pub fuse_write_kv: bool,
+    /// `to_host_top_k` selects on the device (`kernels/sample.cu`) and copies back only the
+    /// candidates. The kernel has not yet run on a GPU (its tests are in `cuda_ops.rs`), so
+    /// off by default: the full rows are copied and selected on the host. The environment
+    /// variable `TURBOKV_DEVICE_TOPK=1` turns it on.
+    pub device_top_k: bool,
 }
 
 /// See [`CudaOptions::gemv_max_rows`]. On an H200 (llama3-8b shapes) the GEMV kernel beat
@@ -171,8 +178,9 @@ impl Default for CudaOptions {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(DEFAULT_GEMV_MAX_ROWS);
         let pdl = std::env::var("TURBOKV_PDL").map_or(true, |v| v.trim() != "0");
-        let fuse_write_kv =
-            std::env::var("TURBOKV_FUSED_KV_WRITE").map_or(true, |v| v.trim() != "0");
+        let env_on = |name: &str| std::env::var(name).is_ok_and(|v| v.trim() == "1");
+        let fuse_write_kv = env_on("TURBOKV_FUSED_KV_WRITE");
+        let device_top_k = env_on("TURBOKV_DEVICE_TOPK");
         Self {
             ptx_cache: Some(std::env::temp_dir().join("turbokv-ptx")),
             attention_blocks_per_sm: std::env::var("TURBOKV_ATTN_BLOCKS_PER_SM")
@@ -182,6 +190,7 @@ impl Default for CudaOptions {
             gemv_max_rows,
             pdl,
             fuse_write_kv,
+            device_top_k,
         }
     }
 }
@@ -206,6 +215,8 @@ pub struct CudaBackend {
     pdl: bool,
     /// See [`CudaOptions::fuse_write_kv`].
     pub(crate) fuse_write_kv: bool,
+    /// See [`CudaOptions::device_top_k`].
+    pub(crate) device_top_k: bool,
     state: Mutex<State>,
     /// cuBLAS workspace set on the handle (so that captured GEMMs allocate nothing).
     _blas_workspace: CudaSlice<u8>,
@@ -355,6 +366,7 @@ impl CudaBackend {
             gemv_max_rows: opts.gemv_max_rows.min(kernels::GEMV_MAX_ROWS),
             pdl: opts.pdl && major >= 9,
             fuse_write_kv: opts.fuse_write_kv,
+            device_top_k: opts.device_top_k,
             state: Mutex::new(State::default()),
             _blas_workspace: blas_workspace,
         })

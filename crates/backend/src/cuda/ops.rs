@@ -17,7 +17,7 @@ use super::{
 };
 use crate::backend::{AttnGeometry, Backend, QkNorm, Rope, RopeStyle, SeqSpan};
 use crate::cpu::shape;
-use crate::topk::check_k;
+use crate::topk::{check_k, select_top_k};
 use crate::{Error, TopK, WeightMatrix};
 
 /// Keys per attention tile and threads per attention block (see attention.cu).
@@ -704,6 +704,11 @@ impl Backend for CudaBackend {
     /// price is one ordinary launch per step.
     fn to_host_top_k(&self, t: &CudaTensor, k: usize, out: &mut TopK) -> Result<(), Error> {
         check_k(k)?;
+        if !self.device_top_k {
+            let mut host = Vec::new();
+            self.to_host(t, &mut host)?;
+            return select_top_k(&host, t.cols, k, out);
+        }
         let cols = int("to_host_top_k", t.cols)?;
         let kk = int("to_host_top_k", k)?;
         let stride = 2 * k + 3;
