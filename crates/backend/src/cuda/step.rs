@@ -188,8 +188,8 @@ impl Scratch {
     /// Checks the spans' block tables against `pool` and uploads the step metadata — unless
     /// this step (`epoch`, bumped at every `to_host`) already did so for the same spans: the
     /// KV write and attention of every layer get the same spans, and re-encoding and
-    /// re-checking every table per call cost the host ~25 µs per sequence per decode step
-    /// (GPU idle time under graph replay). "The same" is by identity (slice addresses,
+    /// re-checking every table per call cost the host ~25 µs per sequence per llama3-8b
+    /// decode step (GPU idle time under graph replay: 900 µs per step at batch 32, 110 after). "The same" is by identity (slice addresses,
     /// lengths, rows and positions): block tables only change between steps.
     pub(crate) fn prepare_spans(
         &mut self,
