@@ -1131,15 +1131,7 @@ impl Backend for CudaBackend {
             addr(&m.seq_tbl, &self.stream),
             addr(&m.tables, &self.stream),
         ];
-        let (qn, kn, eps, has_norm) = match &qk_norm {
-            Some(n) => (
-                addr(&n.q.data, &self.stream),
-                addr(&n.k.data, &self.stream),
-                n.eps,
-                1i32,
-            ),
-            None => (inv_freq, inv_freq, 0f32, 0i32),
-        };
+        let (qn, kn, eps, has_norm) = self.norm_args(qk_norm.as_ref());
         let [width, nh, nkv, d, pairs, bs] = ints(
             "write_kv",
             [
@@ -1242,6 +1234,20 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
+    /// The q/k norm kernel arguments: weight addresses, eps, and the on flag (zeros when off:
+    /// the kernels then never read them).
+    fn norm_args(&self, qk_norm: Option<&QkNorm<'_, CudaVector>>) -> (u64, u64, f32, i32) {
+        match qk_norm {
+            Some(n) => (
+                addr(&n.q.data, &self.stream),
+                addr(&n.k.data, &self.stream),
+                n.eps,
+                1,
+            ),
+            None => (0, 0, 0.0, 0),
+        }
+    }
+
     /// Attention; with `fuse`, the fused decode KV write too (the caller checked that the row
     /// kernel applies, every span is one token, and the write's arguments).
     fn attention_impl(
@@ -1373,15 +1379,7 @@ impl CudaBackend {
                 let sc = st.sc();
                 sc.rope(&self.stream, &rope.inv_freq)?;
                 let inv_freq = addr(sc.rope_buf()?, &self.stream);
-                let (qn, kn, eps, has_norm) = match qk_norm {
-                    Some(n) => (
-                        addr(&n.q.data, &self.stream),
-                        addr(&n.k.data, &self.stream),
-                        n.eps,
-                        1i32,
-                    ),
-                    None => (0, 0, 0f32, 0i32),
-                };
+                let (qn, kn, eps, has_norm) = self.norm_args(qk_norm.as_ref());
                 (
                     inv_freq,
                     int("attention", rope.inv_freq.len())?,
