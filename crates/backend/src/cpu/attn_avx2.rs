@@ -161,6 +161,69 @@ pub(super) unsafe fn exp_shift_sum(x: &mut [f32], m: f32) -> f32 {
     hsum(sum)
 }
 
+/// The largest value of `x` that is not NaN (−∞ when there is none, +∞ if one is +∞).
+///
+/// # Safety
+/// AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn max_non_nan(x: &[f32]) -> f32 {
+    // `maxps a, b` returns `b` when either is NaN: the loaded values go first, so a NaN
+    // lane keeps the running maximum (which is never NaN) instead of replacing it.
+    let mut m = [_mm256_set1_ps(f32::NEG_INFINITY); 4];
+    let mut chunks = x.chunks_exact(32);
+    for c in &mut chunks {
+        for (r, mr) in m.iter_mut().enumerate() {
+            // SAFETY: `c` holds exactly 32 floats, so `8r..8r + 8` is inside it.
+            *mr = _mm256_max_ps(unsafe { _mm256_loadu_ps(c.as_ptr().add(8 * r)) }, *mr);
+        }
+    }
+    let v = _mm256_max_ps(_mm256_max_ps(m[0], m[1]), _mm256_max_ps(m[2], m[3]));
+    let h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    let h = _mm_max_ss(h, _mm_shuffle_ps::<0b01>(h, h));
+    chunks
+        .remainder()
+        .iter()
+        .fold(_mm_cvtss_f32(h), |a, &b| if b > a { b } else { a })
+}
+
+/// `Σ_j e^(x[j] − m)` without writing `x`: 8-lane f32 partial sums over 64 values at a
+/// time, each block's sum added into an f64 total, so a row of 10⁵–10⁶ values keeps ~1e-7
+/// relative accuracy. NaN and −∞ entries (clamped to −87.33 by `exp`) add ~1e-38 each.
+///
+/// # Safety
+/// AVX2 and FMA; `m` finite.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn exp_sum(x: &[f32], m: f32) -> f64 {
+    let mv = _mm256_set1_ps(m);
+    let mut total = 0f64;
+    let mut blocks = x.chunks_exact(64);
+    for b in &mut blocks {
+        let mut s = [_mm256_setzero_ps(); 2];
+        for j in 0..8 {
+            // SAFETY: `b` holds exactly 64 floats, so `8j..8j + 8` is inside it.
+            let v = unsafe { _mm256_loadu_ps(b.as_ptr().add(8 * j)) };
+            s[j % 2] = _mm256_add_ps(s[j % 2], exp(_mm256_sub_ps(v, mv)));
+        }
+        total += f64::from(hsum(_mm256_add_ps(s[0], s[1])));
+    }
+    let mut chunks = blocks.remainder().chunks_exact(8);
+    let mut s = _mm256_setzero_ps();
+    for c in &mut chunks {
+        // SAFETY: `c` holds exactly 8 floats.
+        let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+        s = _mm256_add_ps(s, exp(_mm256_sub_ps(v, mv)));
+    }
+    total += f64::from(hsum(s));
+    total
+        + chunks
+            .remainder()
+            .iter()
+            .filter(|v| !v.is_nan())
+            .map(|&v| f64::from((v - m).exp()))
+            .sum::<f64>()
+}
+
 /// `acc = acc·corr + Σ_j p_j·v_j`, the accumulator held in registers 32 floats at a time
 /// while every value row streams past.
 ///
@@ -284,6 +347,62 @@ mod tests {
             assert!(
                 (f64::from(sum) - total).abs() < 1e-6 * total,
                 "sum {sum} vs {total}"
+            );
+        }
+    }
+
+    /// `max_non_nan` and `exp_sum` (the log-sum-exp of a row of logits) against their
+    /// portable versions and f64, with NaN and ±inf lanes and every tail length.
+    #[test]
+    fn row_max_and_exp_sum_skip_nan() {
+        if !ops::has_avx2_fma() {
+            eprintln!("skipped: no AVX2/FMA on this CPU");
+            return;
+        }
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        for n in [
+            0, 1, 7, 8, 31, 32, 33, 63, 64, 65, 100, 1000, 49_152, 262_144,
+        ] {
+            let mut x: Vec<f32> = (0..n).map(|_| 30.0 * rng(&mut s)).collect();
+            for i in (0..n).step_by(5) {
+                x[i] = if i % 2 == 0 {
+                    f32::NAN
+                } else {
+                    f32::NEG_INFINITY
+                };
+            }
+            // SAFETY: AVX2/FMA checked above.
+            let m = unsafe { super::max_non_nan(&x) };
+            assert_eq!(m, ops::max_non_nan_scalar(&x), "max of {n}");
+            let want_m = x
+                .iter()
+                .filter(|v| !v.is_nan())
+                .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            assert_eq!(m, want_m, "max of {n}");
+            if n > 1 {
+                // SAFETY: as above.
+                let all_nan = unsafe { super::max_non_nan(&vec![f32::NAN; n]) };
+                assert_eq!(all_nan, f32::NEG_INFINITY);
+                let mut inf = x.clone();
+                inf[n / 2] = f32::INFINITY;
+                // SAFETY: as above.
+                assert_eq!(unsafe { super::max_non_nan(&inf) }, f32::INFINITY);
+            }
+            if !m.is_finite() {
+                continue;
+            }
+            let want: f64 = x
+                .iter()
+                .filter(|v| v.is_finite())
+                .map(|&v| (f64::from(v) - f64::from(m)).exp())
+                .sum();
+            // SAFETY: as above; `m` is finite.
+            let got = unsafe { super::exp_sum(&x, m) };
+            assert!((got - want).abs() <= 3e-7 * want, "n {n}: {got} vs {want}");
+            let scalar = ops::exp_sum_scalar(&x, m);
+            assert!(
+                (scalar - want).abs() <= 3e-7 * want,
+                "n {n}: {scalar} vs {want}"
             );
         }
     }

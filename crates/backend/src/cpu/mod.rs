@@ -10,7 +10,7 @@ mod direct;
 #[cfg(target_arch = "x86_64")]
 mod direct_avx2;
 mod kv;
-mod ops;
+pub(crate) mod ops;
 
 pub use kv::{CpuKvPool, KvStorage};
 

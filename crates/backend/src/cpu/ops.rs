@@ -161,6 +161,44 @@ pub(crate) fn exp_shift_sum(x: &mut [f32], m: f32) -> f32 {
     sum
 }
 
+/// The largest value of `x` that is not NaN (−∞ when there is none, +∞ if one is +∞).
+#[inline]
+pub(crate) fn max_non_nan(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: AVX2 and FMA were detected.
+        return unsafe { super::attn_avx2::max_non_nan(x) };
+    }
+    max_non_nan_scalar(x)
+}
+
+/// The portable [`max_non_nan`].
+pub(crate) fn max_non_nan_scalar(x: &[f32]) -> f32 {
+    x.iter()
+        .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a })
+}
+
+/// `Σ_j e^(x[j] − m)` accumulated in f64, leaving `x` alone (a log-sum-exp over a whole row
+/// of logits). NaN and −∞ entries add nothing (the SIMD path: ~1e-38 each). `m` must be
+/// finite and at least every `x[j]`; the result is within ~3e-7 relative of the f64 sum.
+#[inline]
+pub(crate) fn exp_sum(x: &[f32], m: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() && m.is_finite() {
+        // SAFETY: AVX2 and FMA were detected; `m` is finite.
+        return unsafe { super::attn_avx2::exp_sum(x, m) };
+    }
+    exp_sum_scalar(x, m)
+}
+
+/// The portable [`exp_sum`]: f32 `exp`, f64 sum.
+pub(crate) fn exp_sum_scalar(x: &[f32], m: f32) -> f64 {
+    x.iter()
+        .filter(|v| !v.is_nan())
+        .map(|&v| f64::from((v - m).exp()))
+        .sum()
+}
+
 /// `out = x / sqrt(mean(x²) + eps) · w`.
 pub(crate) fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let inv = 1.0 / (sum_sq(x) / x.len() as f32 + eps).sqrt();
