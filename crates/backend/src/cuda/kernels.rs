@@ -36,6 +36,9 @@ pub(crate) struct Kernels {
     pub attn_rows: [CudaFunction; 12],
     /// Tensor-core prefill attention for head_dim 64 and 128 (bf16 KV).
     pub attn_mma: [CudaFunction; 2],
+    /// Tensor-core split-K decode attention for head_dim 64 and 128 (bf16 KV, ≤ 16 query
+    /// heads per kv head).
+    pub attn_dec: [CudaFunction; 2],
     /// Skinny matmul `y (+)= x · Wᵀ` for 1..=8 activation rows (index M - 1).
     pub gemv: [CudaFunction; GEMV_MAX_ROWS],
     /// The same with the gated epilogue `silu(g) · u` (the FFN input).
@@ -180,6 +183,7 @@ impl Kernels {
                 f(&at, "attn_partial_any")?,
             ],
             attn_mma: [f(&at, "attn_mma_64")?, f(&at, "attn_mma_128")?],
+            attn_dec: [f(&at, "attn_dec_mma_64")?, f(&at, "attn_dec_mma_128")?],
             attn_rows: {
                 let fs = [64, 128, 256]
                     .iter()

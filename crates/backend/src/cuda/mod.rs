@@ -165,6 +165,11 @@ pub struct CudaOptions {
     /// off by default: the full rows are copied and selected on the host. The environment
     /// variable `TURBOKV_DEVICE_TOPK=1` turns it on.
     pub device_top_k: bool,
+    /// Attention over bf16 KV with head_dim 64 or 128 and at most 16 query heads per kv
+    /// head runs the tensor-core split-K kernel (`attn_dec_mma_*`) where the SIMT row
+    /// kernel would otherwise run (decode, short spans). Default on; the environment
+    /// variable `TURBOKV_DEC_MMA=0` turns it off (A/B measurements).
+    pub dec_mma: bool,
 }
 
 /// See [`CudaOptions::gemv_max_rows`]. On an H200 (llama3-8b shapes) the GEMV kernel beat
@@ -179,8 +184,10 @@ impl Default for CudaOptions {
             .unwrap_or(DEFAULT_GEMV_MAX_ROWS);
         let pdl = std::env::var("TURBOKV_PDL").map_or(true, |v| v.trim() != "0");
         let env_on = |name: &str| std::env::var(name).is_ok_and(|v| v.trim() == "1");
+        let env_off = |name: &str| std::env::var(name).is_ok_and(|v| v.trim() == "0");
         let fuse_write_kv = env_on("TURBOKV_FUSED_KV_WRITE");
         let device_top_k = env_on("TURBOKV_DEVICE_TOPK");
+        let dec_mma = !env_off("TURBOKV_DEC_MMA");
         Self {
             ptx_cache: Some(std::env::temp_dir().join("turbokv-ptx")),
             attention_blocks_per_sm: std::env::var("TURBOKV_ATTN_BLOCKS_PER_SM")
@@ -191,6 +198,7 @@ impl Default for CudaOptions {
             pdl,
             fuse_write_kv,
             device_top_k,
+            dec_mma,
         }
     }
 }
@@ -217,6 +225,8 @@ pub struct CudaBackend {
     pub(crate) fuse_write_kv: bool,
     /// See [`CudaOptions::device_top_k`].
     pub(crate) device_top_k: bool,
+    /// See [`CudaOptions::dec_mma`].
+    dec_mma: bool,
     state: Mutex<State>,
     /// cuBLAS workspace set on the handle (so that captured GEMMs allocate nothing).
     _blas_workspace: CudaSlice<u8>,
@@ -341,7 +351,13 @@ impl CudaBackend {
             .map_err(cuda_err("cublas workspace"))?;
         }
         let k = Kernels::load(&ctx, arch, opts.ptx_cache.as_deref())?;
-        for f in k.attn_partial.iter().chain(&k.attn_rows).chain(&k.attn_mma) {
+        for f in k
+            .attn_partial
+            .iter()
+            .chain(&k.attn_rows)
+            .chain(&k.attn_mma)
+            .chain(&k.attn_dec)
+        {
             // The opt-in limit covers static and dynamic shared memory together.
             let fixed = f
                 .shared_size_bytes()
@@ -367,6 +383,7 @@ impl CudaBackend {
             pdl: opts.pdl && major >= 9,
             fuse_write_kv: opts.fuse_write_kv,
             device_top_k: opts.device_top_k,
+            dec_mma: opts.dec_mma,
             state: Mutex::new(State::default()),
             _blas_workspace: blas_workspace,
         })

@@ -27,6 +27,11 @@ const ATTN_THREADS: usize = 128;
 const ATTN_MAX_ELEMS: usize = ATTN_THREADS * 16;
 /// Spans of at least this many new tokens (prefill) send a step to the tensor-core kernel.
 const MMA_MIN_ROWS: usize = 16;
+/// Keys per tile, pipeline stages and most query heads per kv head (the MMAs' 16 rows) of
+/// the tensor-core decode kernel (`DEC_TK`, `DEC_STAGES` in attention.cu).
+const DEC_TILE: usize = 64;
+const DEC_STAGES: usize = 3;
+const DEC_MAX_GROUP: usize = 16;
 /// Keys per K/V tile of the tensor-core kernel (see attention.cu).
 const MMA_TK: usize = 32;
 /// Fewest keys a decode split covers.
@@ -1301,8 +1306,20 @@ impl CudaBackend {
             .map(|s| s.first_pos + s.n_tokens)
             .max()
             .unwrap_or(1);
+        let hd = g.head_dim;
+        let fused = fuse.is_some();
+        // The tensor-core split kernel for bf16 KV (not the fused KV write), else the
+        // row-parallel kernel where it is instantiated, else the tiled one.
+        let dec_kernel = (self.dec_mma
+            && !fused
+            && pool.is_bf16
+            && matches!(hd, 64 | 128)
+            && grp <= DEC_MAX_GROUP)
+            .then_some(usize::from(hd == 128));
+        let rows_kernel = rows_kernel_index(hd, grp).filter(|_| dec_kernel.is_none());
         let splits = self.split_count(rows, g.n_kv_heads, max_ctx);
-        // A split short enough to be requested in one go gets the deeper pipeline.
+        // A split short enough to be requested in one go gets the row kernel's deeper
+        // pipeline (the decode kernel's 3 stages of 64-key tiles keep 2 tiles in flight).
         let deep = max_ctx.div_ceil(splits).div_ceil(ATTN_TILE) < ATTN_DEEP_STAGES;
         let parts = rows * g.n_heads * splits;
         let may_alloc = !sc.defer;
@@ -1357,13 +1374,10 @@ impl CudaBackend {
             ],
         )?;
         let is_bf16 = i32::from(pool.is_bf16);
-        let hd = g.head_dim;
-        // The row-parallel kernel where it is instantiated, else the tiled one.
-        let rows_kernel = rows_kernel_index(hd, grp);
         // Decode right behind the kernel that produced its input (the KV write, or for the
         // fused form the qkv GEMV, both of which trigger at their start): the kernel starts
         // as its programmatic dependent and fetches the older keys meanwhile (attention.cu).
-        let prefetch = rows_kernel.is_some()
+        let prefetch = (rows_kernel.is_some() || dec_kernel.is_some())
             && self.pdl
             && if fuse.is_some() {
                 st.last_gemv
@@ -1373,7 +1387,6 @@ impl CudaBackend {
             && spans.iter().all(|s| s.n_tokens == 1);
         let prefetch_i = i32::from(prefetch);
         // The fused KV write's RoPE and norm arguments (unused placeholders otherwise).
-        let fused = fuse.is_some();
         let (inv_freq, pairs, half_split, qn, kn, eps, has_norm) = match &fuse {
             Some((rope, qk_norm)) => {
                 let sc = st.sc();
@@ -1393,10 +1406,13 @@ impl CudaBackend {
             None => (0u64, 0i32, 0i32, 0u64, 0u64, 0f32, 0i32),
         };
         let fused_i = i32::from(fused);
-        let kernel_smem = match rows_kernel {
+        let kernel_smem = match (dec_kernel, rows_kernel) {
+            // The pipeline's stages of a 64-key K tile and V tile (rows padded by 8 halves),
+            // then the 4 warps' states of 16 × (hd + 2) floats.
+            (Some(_), _) => (DEC_STAGES * 2 * DEC_TILE * (hd + 8) * 2).max(4 * 16 * (hd + 2) * 4),
             // 4 warps × (32 / (hd / dims per lane)) keys per warp partial states of
             // grp × (hd + 2) floats; 16 dims per lane for up to 4 heads per kv head, else 8.
-            Some(i) => {
+            (None, Some(i)) => {
                 let partials = 4 * (32 * (16 >> (i % 2)) / hd) * grp * (hd + 2) * 4;
                 // The pipeline's stages of a 32-key K tile and V tile of 16-bit values, then
                 // (fused) the roped query heads and the new key and value in f32.
@@ -1404,7 +1420,7 @@ impl CudaBackend {
                 let roped = if fused { (grp + 2) * hd * 4 } else { 0 };
                 partials.max(stages * 2 * ATTN_TILE * hd * 2 + roped)
             }
-            None => {
+            (None, None) => {
                 (grp * hd + ATTN_TILE * (hd + 4) + ATTN_TILE * hd + grp * ATTN_TILE + 3 * grp) * 4
             }
         };
@@ -1448,7 +1464,7 @@ impl CudaBackend {
             counters,
             op,
             ob,
-            rows_kernel.unwrap_or(9) as u64,
+            dec_kernel.map_or(rows_kernel.unwrap_or(99), |i| 100 + i) as u64,
             u64::from(deep),
             u64::from(prefetch),
             u64::from(fused),
@@ -1465,9 +1481,10 @@ impl CudaBackend {
         if !launch {
             return Ok(());
         }
-        let f = match rows_kernel {
-            Some(i) => &self.k.attn_rows[2 * i + usize::from(deep)],
-            None => {
+        let f = match (dec_kernel, rows_kernel) {
+            (Some(i), _) => &self.k.attn_dec[i],
+            (None, Some(i)) => &self.k.attn_rows[2 * i + usize::from(deep)],
+            (None, None) => {
                 &self.k.attn_partial[match hd {
                     64 => 0,
                     128 => 1,
@@ -1492,7 +1509,8 @@ impl CudaBackend {
         // out holds rows·n_heads·head_dim floats and the bf16 scratch as many halves; smem
         // was checked against the opt-in limit set at load; head_dim % 4 == 0 keeps the
         // 8-byte K/V loads of the tiled kernel and the merge's 16-byte partial loads aligned,
-        // head_dim ∈ {64, 128, 256} the 16-byte ones of the row kernel.
+        // head_dim ∈ {64, 128, 256} the 16-byte ones of the row kernel and the decode
+        // kernel (64 / 128; its fragment reads stay inside the padded rows).
         // with `prefetch`, the kernel reads nothing the kernel ahead of it writes (the newest
         // key, qkv) before `griddepcontrol.wait`; fused, it writes the newest key's slot
         // (inside the pool, checked above; the caller holds the pool mutably) and reads the

@@ -809,3 +809,211 @@ __device__ __forceinline__ void attn_mma_impl(u16* sh,
     }
 ATTN_MMA(64)
 ATTN_MMA(128)
+
+// ---- Tensor-core split-K attention for decode rows (bf16 KV) ----------------------------
+// Same grid, arguments, splits and merge as the row kernels (grid = (rows, n_kv, n_splits),
+// NT threads), for rows of any span; one (row, kv head, split) per block. The g ≤ 16 query
+// heads of the row's kv head are the M = 16 rows of m16n8k16 MMAs (queries pre-scaled by
+// scale·log2 e and rounded to bf16, as in the prefill kernel; rows g..15 are zero). Tiles of
+// DEC_TK = 64 keys stream through shared memory with cp.async (DEC_STAGES - 1 tiles in
+// flight, rows padded to D + 8 halves: conflict-free fragment reads); warp w takes keys
+// 16w .. 16w+15 of every tile: S = Q·Kᵀ (2 × D/16 MMAs), its own online softmax (rows in
+// lane quads), O += P·V (P re-packed as bf16, V by ldmatrix.trans; D/8 MMAs). At the end the
+// 4 warps' states are merged through shared memory into the split's partial, and the splits
+// by `attn_merge_last`. Why: the SIMT row kernel spends ~70 warp instructions per key on
+// unpacking, FMAs and shuffles at batch 1 (ncu: issue-latency bound, 2 warps per scheduler,
+// SMs active half the launch); the MMAs need ~1.
+// `prefetch` as in the row kernels (the newest key is filled after `griddepcontrol.wait`).
+// dynamic smem: max(DEC_STAGES * 2 * DEC_TK * (D + 8) halves, 4 * 16 * (D + 2) floats,
+// merge's g * (2 * n_splits + 1) floats). Requires bf16 KV, d == D, g <= 16.
+#define DEC_TK 64
+#define DEC_STAGES 3
+template <int D>
+__device__ __forceinline__ void attn_dec_mma_impl(float* sh, ATTN_PARAMS)
+{
+    constexpr int KS = D / 16, NTD = D / 8, RS = D + 8, CH = D / 8;
+    const int g = n_heads / n_kv;
+    const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const u32 pos = tok_pos[r];
+    const int kend = (int)pos + 1;
+    const int chunk = ((kend + n_splits - 1) / n_splits + DEC_TK - 1) / DEC_TK * DEC_TK;
+    const int k0 = sp * chunk;
+    const int k1 = min(k0 + chunk, kend);
+    const int ntiles = k1 > k0 ? (k1 - k0 + DEC_TK - 1) / DEC_TK : 0;
+    const u32* tbl = tables + seq_tbl[tok_seq[r]];
+    int bs_log = 0;
+    while ((1 << bs_log) < block_size) bs_log++;
+    const bool bs_pow2 = (1 << bs_log) == block_size;
+    u16* stage = (u16*)sh;   // [DEC_STAGES][2][DEC_TK][RS]
+    auto cache_off = [&](int p) -> u64 {
+        const int lb = bs_pow2 ? p >> bs_log : p / block_size;
+        const int slot = p - lb * block_size;
+        return (((u64)tbl[lb] * n_kv + kh) * block_size + slot) * D;
+    };
+    auto issue = [&](int t) {
+        if (t < ntiles) {
+            const int t0 = k0 + t * DEC_TK;
+            u16* ks = stage + (u64)(t % DEC_STAGES) * 2 * DEC_TK * RS;
+            u16* vs = ks + DEC_TK * RS;
+            for (int i = tid; i < DEC_TK * CH; i += NT) {
+                const int j = i / CH, c = i - j * CH, p = t0 + j;
+                if (prefetch && p == (int)pos) continue;   // fill_newest puts it there
+                const u16* kg = k_cache;
+                const u16* vg = v_cache;
+                int bytes = 0;
+                if (p < k1) {
+                    const u64 off = cache_off(p) + c * 8;
+                    kg += off; vg += off; bytes = 16;
+                }
+                cp_async16(smem_addr(ks + j * RS + c * 8), kg, bytes);
+                cp_async16(smem_addr(vs + j * RS + c * 8), vg, bytes);
+            }
+        }
+        cp_async_commit();
+    };
+    const bool holds_newest = (int)pos >= k0 && (int)pos < k1;
+    const int tn = ((int)pos - k0) / DEC_TK;
+    // With `prefetch`, the newest key (written by the kernel ahead) into its stage row.
+    auto fill_newest = [&](int t) {
+        if (!prefetch || !holds_newest || t != tn || t >= ntiles) return;
+        u16* ks = stage + (u64)(t % DEC_STAGES) * 2 * DEC_TK * RS + ((int)pos - k0 - t * DEC_TK) * RS;
+        u16* vs = ks + DEC_TK * RS;
+        const u64 off = cache_off((int)pos);
+        for (int c = tid; c < CH; c += NT) {
+            *(uint4*)(ks + c * 8) = ld_cg_u4(k_cache + off + c * 8);
+            *(uint4*)(vs + c * 8) = ld_cg_u4(v_cache + off + c * 8);
+        }
+    };
+    if (!prefetch) pdl_wait();
+#pragma unroll
+    for (int t = 0; t < DEC_STAGES - 1; t++) issue(t);
+    if (prefetch) pdl_wait();   // the kernel ahead is complete and its writes visible
+#pragma unroll
+    for (int t = 0; t < DEC_STAGES - 1; t++) fill_newest(t);
+
+    // Query fragments: M row v = lane / 4 (+ 8) is query head v of the kv head.
+    const int v0 = lane >> 2, v1 = v0 + 8;
+    const bool ok0 = v0 < g, ok1 = v1 < g;
+    const float qs = scale * 1.4426950408889634f;
+    const float* q0 = qkv + (u64)r * width + (u64)(kh * g + v0) * D;
+    const float* q1 = qkv + (u64)r * width + (u64)(kh * g + v1) * D;
+    u32 qa[KS][4];
+#pragma unroll
+    for (int kk = 0; kk < KS; kk++) {
+        const int c = kk * 16 + (lane & 3) * 2;
+        float2 x00 = make_float2(0.f, 0.f), x01 = x00, x10 = x00, x11 = x00;
+        if (ok0) { x00 = *(const float2*)(q0 + c); x01 = *(const float2*)(q0 + c + 8); }
+        if (ok1) { x10 = *(const float2*)(q1 + c); x11 = *(const float2*)(q1 + c + 8); }
+        qa[kk][0] = pack_bf16(x00.x * qs, x00.y * qs);
+        qa[kk][1] = pack_bf16(x10.x * qs, x10.y * qs);
+        qa[kk][2] = pack_bf16(x01.x * qs, x01.y * qs);
+        qa[kk][3] = pack_bf16(x11.x * qs, x11.y * qs);
+    }
+    float o[NTD][4];
+#pragma unroll
+    for (int nd = 0; nd < NTD; nd++) { o[nd][0] = 0.f; o[nd][1] = 0.f; o[nd][2] = 0.f; o[nd][3] = 0.f; }
+    float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;
+    for (int t = 0; t < ntiles; t++) {
+        cp_async_wait<DEC_STAGES - 2>();
+        __syncthreads();          // tile t landed for all; tile t-1's stage is free
+        issue(t + DEC_STAGES - 1);
+        fill_newest(t + DEC_STAGES - 1);
+        const u16* ks = stage + (u64)(t % DEC_STAGES) * 2 * DEC_TK * RS + warp * 16 * RS;
+        const u16* vs = ks + DEC_TK * RS;
+        const int key0 = k0 + t * DEC_TK + warp * 16;
+        float s[2][4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            s[nt][0] = 0.f; s[nt][1] = 0.f; s[nt][2] = 0.f; s[nt][3] = 0.f;
+            const u16* kp = ks + (nt * 8 + (lane >> 2)) * RS + (lane & 3) * 2;
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                const u32 b0 = *(const u32*)(kp + kk * 16), b1 = *(const u32*)(kp + kk * 16 + 8);
+                mma_bf16(s[nt], qa[kk], b0, b1);
+            }
+        }
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int key = key0 + nt * 8 + (lane & 3) * 2 + e;
+                if (key >= k1) { s[nt][e] = -INFINITY; s[nt][2 + e] = -INFINITY; }
+                mx0 = fmaxf(mx0, s[nt][e]);
+                mx1 = fmaxf(mx1, s[nt][2 + e]);
+            }
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);
+        m0 = mx0; m1 = mx1;
+        l0 *= c0; l1 *= c1;
+#pragma unroll
+        for (int nd = 0; nd < NTD; nd++) { o[nd][0] *= c0; o[nd][1] *= c0; o[nd][2] *= c1; o[nd][3] *= c1; }
+        u32 pa[4];
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            const float e0 = exp2f(s[nt][0] - m0), e1 = exp2f(s[nt][1] - m0);
+            const float e2 = exp2f(s[nt][2] - m1), e3 = exp2f(s[nt][3] - m1);
+            l0 += e0 + e1;
+            l1 += e2 + e3;
+            pa[nt * 2] = pack_bf16(e0, e1);
+            pa[nt * 2 + 1] = pack_bf16(e2, e3);
+        }
+        const u16* vp = vs + (lane & 15) * RS;
+#pragma unroll
+        for (int nd = 0; nd < NTD; nd++) {
+            u32 b0, b1;
+            ldmatrix_x2_trans(b0, b1, smem_addr(vp + nd * 8));
+            mma_bf16(o[nd], pa, b0, b1);
+        }
+    }
+    cp_async_wait<0>();
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    __syncthreads();              // stages are reused for the warps' states
+    // Per warp: m[16], l[16], acc[16][D] (log2 units).
+    float* ws = sh + (u64)warp * 16 * (D + 2);
+    if ((lane & 3) == 0) { ws[v0] = m0; ws[16 + v0] = l0; ws[v1] = m1; ws[16 + v1] = l1; }
+#pragma unroll
+    for (int nd = 0; nd < NTD; nd++) {
+        const int dim = nd * 8 + (lane & 3) * 2;
+        *(float2*)(ws + 32 + v0 * D + dim) = make_float2(o[nd][0], o[nd][1]);
+        *(float2*)(ws + 32 + v1 * D + dim) = make_float2(o[nd][2], o[nd][3]);
+    }
+    __syncthreads();
+    for (int e = tid; e < g * D; e += NT) {
+        const int h = e / D, c = e - h * D;
+        float mx = -1e30f;
+#pragma unroll
+        for (int w = 0; w < 4; w++) mx = fmaxf(mx, sh[w * 16 * (D + 2) + h]);
+        float lt = 0.0f, at = 0.0f;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const float* pw = sh + w * 16 * (D + 2);
+            const float wt = exp2f(pw[h] - mx);
+            lt = fmaf(pw[16 + h], wt, lt);
+            at = fmaf(pw[32 + h * D + c], wt, at);
+        }
+        const u64 b = ((u64)r * n_heads + kh * g + h) * n_splits + sp;
+        part_acc[b * D + c] = at;
+        if (c == 0) {
+            part_ml[2 * b] = lt > 0.0f ? mx * 0.6931471805599453f : -INFINITY;
+            part_ml[2 * b + 1] = lt;
+        }
+    }
+    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16);
+}
+
+#define ATTN_DEC_MMA(D) \
+    extern "C" __global__ void __launch_bounds__(NT) attn_dec_mma_##D(ATTN_PARAMS) { \
+        extern __shared__ float sh[]; \
+        attn_dec_mma_impl<D>(sh, ATTN_ARGS); \
+    }
+ATTN_DEC_MMA(64)
+ATTN_DEC_MMA(128)
