@@ -28,8 +28,8 @@ use turbokv_backend::{
 use turbokv_cache::KvLayout;
 use turbokv_codec::KvDtype;
 
-/// The backend options of these tests: the defaults plus the paths that are off by default
-/// (the fused decode KV write, the device top-k), so that they are checked too.
+/// The backend options of these tests: the defaults plus the path that is off by default
+/// (the fused decode KV write), so that it is checked too; the device top-k explicitly on.
 fn test_options() -> CudaOptions {
     CudaOptions {
         fuse_write_kv: true,
