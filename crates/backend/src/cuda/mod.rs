@@ -15,7 +15,7 @@
 //!   16-bit values (f16 or bf16), the same layout as the CPU pool.
 //!
 //! All work runs on one stream in submission order; host-visible results appear at
-//! [`Backend::to_host`], which synchronises.
+//! [`Backend::to_host`](crate::Backend::to_host), which synchronises.
 //!
 //! [`CudaBackend::run_graphed`] replays whole steps (decode) as CUDA graphs; see `graph.rs`.
 //! Matmuls of few activation rows (decode; ≤ 2 by default, see [`CudaOptions::gemv_max_rows`])
@@ -26,7 +26,7 @@
 //! 64/128, up to 16 query heads per kv head), a SIMT row-parallel split-K kernel for the other
 //! decode rows (f16 KV, head_dim 256, the fused KV write; up to 8 query heads per kv head), and
 //! the original tiled kernel for everything else. Sampling ends a step with
-//! [`Backend::to_host_top_k`]: a device selection (`kernels/sample.cu`) that copies back only
+//! [`Backend::to_host_top_k`](crate::Backend::to_host_top_k): a device selection (`kernels/sample.cu`) that copies back only
 //! each row's candidates, max and log-sum-exp.
 
 mod graph;
