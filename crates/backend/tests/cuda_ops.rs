@@ -631,13 +631,12 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) {
         if step != 2 {
             g.attention(&gq, &geo, &spans, &gpool, &mut go).unwrap();
         }
-        // Over bf16 KV with head_dim 64/128 the tensor-core kernels run (prefill tiles, or the
-        // decode kernel), whose queries and softmax weights are rounded to bf16 (2⁻⁹
-        // relative) for the MMAs; the fused decode step (step 2, where the row kernel
-        // applies: ≤ 8 query heads per kv head) keeps f32.
+        // With head_dim 64/128 the tensor-core kernels run (prefill tiles over bf16 KV, else
+        // the decode kernel), whose queries and softmax weights are rounded to the cache's
+        // 16-bit type (bf16: 2⁻⁹ relative) for the MMAs; the fused decode step (step 2, where
+        // the row kernel applies: ≤ 8 query heads per kv head) keeps f32.
         let group = case.heads / case.kv_heads;
-        let mma =
-            case.dtype == KvDtype::Bf16 && matches!(case.d, 64 | 128) && !(step == 2 && group <= 8);
+        let mma = matches!(case.d, 64 | 128) && !(step == 2 && group <= 8);
         let (atol, rtol) = if mma { (1e-2, 2e-2) } else { (2e-3, 1e-2) };
         let e = close(
             &what.replace("write_kv", "attention"),
@@ -649,8 +648,8 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) {
         eprintln!("{}: max err {e:.2e}", what.replace("write_kv", "attention"));
         if step == 2 {
             // The same decode step through the two ops (the fused form above runs the row
-            // kernel): the tensor-core decode kernel for bf16 KV with head_dim 64/128, whose
-            // queries and softmax weights are rounded to bf16 like the prefill kernel's.
+            // kernel): the tensor-core decode kernel for head_dim 64/128, whose queries and
+            // softmax weights are rounded to the cache's type like the prefill kernel's.
             let mut gq = gpu_t(g, &qkv, row, w);
             let gnorm = case.norm.then_some(QkNorm {
                 q: &gqn,
@@ -661,7 +660,7 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) {
                 .unwrap();
             let mut go = poison(g, row, cols);
             g.attention(&gq, &geo, &spans, &gpool, &mut go).unwrap();
-            let dec = case.dtype == KvDtype::Bf16 && matches!(case.d, 64 | 128);
+            let dec = matches!(case.d, 64 | 128);
             let (atol, rtol) = if dec { (1e-2, 2e-2) } else { (2e-3, 1e-2) };
             let what = what.replace("write_kv", "unfused decode attention");
             let e = close(&what, &host(g, &go), co.as_slice(), atol, rtol);
@@ -726,8 +725,8 @@ fn check_pool(
 fn write_kv_and_attention_match_cpu() {
     let Some(g) = gpu() else { return };
     let mut seed = 100;
-    // Decode rows: bf16 KV with head_dim 64/128 takes the tensor-core decode kernel (in the
-    // unfused form), 96 and group 12 otherwise the tiled kernel, the rest the row-parallel one.
+    // Decode rows: head_dim 64/128 takes the tensor-core decode kernel (in the unfused form),
+    // 96 and group 12 otherwise the tiled kernel, the rest the row-parallel one.
     for d in [64, 96, 128, 256] {
         for (group, dtype) in [1, 4, 8, 12]
             .into_iter()

@@ -36,7 +36,7 @@ pub(crate) struct Kernels {
     pub attn_rows: [CudaFunction; 12],
     /// Tensor-core prefill attention for head_dim 64 and 128 (bf16 KV).
     pub attn_mma: [CudaFunction; 2],
-    /// Tensor-core split-K decode attention for head_dim 64 and 128 (bf16 KV, ≤ 16 query
+    /// Tensor-core split-K decode attention for head_dim 64 and 128 (16-bit KV, ≤ 16 query
     /// heads per kv head).
     pub attn_dec: [CudaFunction; 2],
     /// Skinny matmul `y (+)= x · Wᵀ` for 1..=8 activation rows (index M - 1).

@@ -22,9 +22,9 @@
 //! run on a hand-written GEMV kernel with fused epilogues (residual add, `silu(g)·u`, RMSNorm
 //! in front), larger ones on cuBLAS (`CudaBackend::use_gemv` in `ops.rs` decides).
 //! Attention has four kernels: a tensor-core tile kernel for prefill spans over bf16 KV
-//! (head_dim 64/128), a tensor-core split-K kernel for decode rows over bf16 KV (head_dim
+//! (head_dim 64/128), a tensor-core split-K kernel for decode rows (bf16 or f16 KV, head_dim
 //! 64/128, up to 16 query heads per kv head), a SIMT row-parallel split-K kernel for the other
-//! decode rows (f16 KV, head_dim 256, the fused KV write; up to 8 query heads per kv head), and
+//! decode rows (head_dim 256, the fused KV write; up to 8 query heads per kv head), and
 //! the original tiled kernel for everything else. Sampling ends a step with
 //! [`Backend::to_host_top_k`](crate::Backend::to_host_top_k): a device selection (`kernels/sample.cu`) that copies back only
 //! each row's candidates, max and log-sum-exp.
@@ -170,9 +170,9 @@ pub struct CudaOptions {
     /// the environment variable `TURBOKV_DEVICE_TOPK=0` turns it off (the rows are then
     /// copied and selected on the host).
     pub device_top_k: bool,
-    /// Attention over bf16 KV with head_dim 64 or 128 and at most 16 query heads per kv
-    /// head runs the tensor-core split-K kernel (`attn_dec_mma_*`) where the SIMT row
-    /// kernel would otherwise run (decode, short spans). Default on; the environment
+    /// Attention with head_dim 64 or 128 and at most 16 query heads per kv head runs the
+    /// tensor-core split-K kernel (`attn_dec_mma_*`, MMAs in the cache's bf16 or f16) where
+    /// the SIMT row kernel would otherwise run (decode, short spans). Default on; the environment
     /// variable `TURBOKV_DEC_MMA=0` turns it off (A/B measurements).
     pub dec_mma: bool,
 }

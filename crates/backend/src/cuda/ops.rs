@@ -1308,13 +1308,9 @@ impl CudaBackend {
             .unwrap_or(1);
         let hd = g.head_dim;
         let fused = fuse.is_some();
-        // The tensor-core split kernel for bf16 KV (not the fused KV write), else the
-        // row-parallel kernel where it is instantiated, else the tiled one.
-        let dec_kernel = (self.dec_mma
-            && !fused
-            && pool.is_bf16
-            && matches!(hd, 64 | 128)
-            && grp <= DEC_MAX_GROUP)
+        // The tensor-core split kernel (not the fused KV write), else the row-parallel
+        // kernel where it is instantiated, else the tiled one.
+        let dec_kernel = (self.dec_mma && !fused && matches!(hd, 64 | 128) && grp <= DEC_MAX_GROUP)
             .then_some(usize::from(hd == 128));
         let rows_kernel = rows_kernel_index(hd, grp).filter(|_| dec_kernel.is_none());
         let splits = self.split_count(rows, g.n_kv_heads, max_ctx);

@@ -810,25 +810,47 @@ __device__ __forceinline__ void attn_mma_impl(u16* sh,
 ATTN_MMA(64)
 ATTN_MMA(128)
 
-// ---- Tensor-core split-K attention for decode rows (bf16 KV) ----------------------------
+// ---- Tensor-core split-K attention for decode rows (16-bit KV) --------------------------
 // Same grid, arguments, splits and merge as the row kernels (grid = (rows, n_kv, n_splits),
 // NT threads), for rows of any span; one (row, kv head, split) per block. The g ≤ 16 query
-// heads of the row's kv head are the M = 16 rows of m16n8k16 MMAs (queries pre-scaled by
-// scale·log2 e and rounded to bf16, as in the prefill kernel; rows g..15 are zero). Tiles of
+// heads of the row's kv head are the M = 16 rows of m16n8k16 MMAs in the cache's type (bf16
+// or f16; queries pre-scaled by scale·log2 e and rounded to it, as in the prefill kernel;
+// rows g..15 are zero). Tiles of
 // DEC_TK = 64 keys stream through shared memory with cp.async (DEC_STAGES - 1 tiles in
 // flight, rows padded to D + 8 halves: conflict-free fragment reads); warp w takes keys
 // 16w .. 16w+15 of every tile: S = Q·Kᵀ (2 × D/16 MMAs), its own online softmax (rows in
-// lane quads), O += P·V (P re-packed as bf16, V by ldmatrix.trans; D/8 MMAs). At the end the
+// lane quads), O += P·V (P re-packed in the cache's type, V by ldmatrix.trans; D/8 MMAs). At the end the
 // 4 warps' states are merged through shared memory into the split's partial, and the splits
 // by `attn_merge_last`. Why: the SIMT row kernel spends ~70 warp instructions per key on
 // unpacking, FMAs and shuffles at batch 1 (ncu: issue-latency bound, 2 warps per scheduler,
 // SMs active half the launch); the MMAs need ~1.
 // `prefetch` as in the row kernels (the newest key is filled after `griddepcontrol.wait`).
 // dynamic smem: max(DEC_STAGES * 2 * DEC_TK * (D + 8) halves, 4 * 16 * (D + 2) floats,
-// merge's g * (2 * n_splits + 1) floats). Requires bf16 KV, d == D, g <= 16.
+// merge's g * (2 * n_splits + 1) floats). Requires d == D, g <= 16.
 #define DEC_TK 64
 #define DEC_STAGES 3
-template <int D>
+// m16n8k16 with f16 inputs and f32 accumulate: c += a·b.
+__device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two floats as f16x2, `lo` in the low half.
+__device__ __forceinline__ u32 pack_f16(float lo, float hi) {
+    u32 d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+template <bool BF16> __device__ __forceinline__ u32 pack16(float lo, float hi) {
+    return BF16 ? pack_bf16(lo, hi) : pack_f16(lo, hi);
+}
+template <bool BF16> __device__ __forceinline__ void mma16(float* c, const u32* a, u32 b0, u32 b1) {
+    if (BF16) mma_bf16(c, a, b0, b1);
+    else mma_f16(c, a, b0, b1);
+}
+
+template <int D, bool BF16>
 __device__ __forceinline__ void attn_dec_mma_impl(float* sh, ATTN_PARAMS)
 {
     constexpr int KS = D / 16, NTD = D / 8, RS = D + 8, CH = D / 8;
@@ -905,10 +927,10 @@ __device__ __forceinline__ void attn_dec_mma_impl(float* sh, ATTN_PARAMS)
         float2 x00 = make_float2(0.f, 0.f), x01 = x00, x10 = x00, x11 = x00;
         if (ok0) { x00 = *(const float2*)(q0 + c); x01 = *(const float2*)(q0 + c + 8); }
         if (ok1) { x10 = *(const float2*)(q1 + c); x11 = *(const float2*)(q1 + c + 8); }
-        qa[kk][0] = pack_bf16(x00.x * qs, x00.y * qs);
-        qa[kk][1] = pack_bf16(x10.x * qs, x10.y * qs);
-        qa[kk][2] = pack_bf16(x01.x * qs, x01.y * qs);
-        qa[kk][3] = pack_bf16(x11.x * qs, x11.y * qs);
+        qa[kk][0] = pack16<BF16>(x00.x * qs, x00.y * qs);
+        qa[kk][1] = pack16<BF16>(x10.x * qs, x10.y * qs);
+        qa[kk][2] = pack16<BF16>(x01.x * qs, x01.y * qs);
+        qa[kk][3] = pack16<BF16>(x11.x * qs, x11.y * qs);
     }
     float o[NTD][4];
 #pragma unroll
@@ -930,7 +952,7 @@ __device__ __forceinline__ void attn_dec_mma_impl(float* sh, ATTN_PARAMS)
 #pragma unroll
             for (int kk = 0; kk < KS; kk++) {
                 const u32 b0 = *(const u32*)(kp + kk * 16), b1 = *(const u32*)(kp + kk * 16 + 8);
-                mma_bf16(s[nt], qa[kk], b0, b1);
+                mma16<BF16>(s[nt], qa[kk], b0, b1);
             }
         }
         float mx0 = m0, mx1 = m1;
@@ -960,15 +982,15 @@ __device__ __forceinline__ void attn_dec_mma_impl(float* sh, ATTN_PARAMS)
             const float e2 = exp2f(s[nt][2] - m1), e3 = exp2f(s[nt][3] - m1);
             l0 += e0 + e1;
             l1 += e2 + e3;
-            pa[nt * 2] = pack_bf16(e0, e1);
-            pa[nt * 2 + 1] = pack_bf16(e2, e3);
+            pa[nt * 2] = pack16<BF16>(e0, e1);
+            pa[nt * 2 + 1] = pack16<BF16>(e2, e3);
         }
         const u16* vp = vs + (lane & 15) * RS;
 #pragma unroll
         for (int nd = 0; nd < NTD; nd++) {
             u32 b0, b1;
             ldmatrix_x2_trans(b0, b1, smem_addr(vp + nd * 8));
-            mma_bf16(o[nd], pa, b0, b1);
+            mma16<BF16>(o[nd], pa, b0, b1);
         }
     }
     cp_async_wait<0>();
@@ -1013,7 +1035,8 @@ __device__ __forceinline__ void attn_dec_mma_impl(float* sh, ATTN_PARAMS)
 #define ATTN_DEC_MMA(D) \
     extern "C" __global__ void __launch_bounds__(NT) attn_dec_mma_##D(ATTN_PARAMS) { \
         extern __shared__ float sh[]; \
-        attn_dec_mma_impl<D>(sh, ATTN_ARGS); \
+        if (is_bf16) attn_dec_mma_impl<D, true>(sh, ATTN_ARGS); \
+        else attn_dec_mma_impl<D, false>(sh, ATTN_ARGS); \
     }
 ATTN_DEC_MMA(64)
 ATTN_DEC_MMA(128)
