@@ -631,8 +631,8 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) {
         if step != 2 {
             g.attention(&gq, &geo, &spans, &gpool, &mut go).unwrap();
         }
-        // With head_dim 64/128 the tensor-core kernels run (prefill tiles over bf16 KV, else
-        // the decode kernel), whose queries and softmax weights are rounded to the cache's
+        // With head_dim 64/128 the tensor-core kernels run (prefill tiles, or the decode
+        // kernel), whose queries and softmax weights are rounded to the cache's
         // 16-bit type (bf16: 2⁻⁹ relative) for the MMAs; the fused decode step (step 2, where
         // the row kernel applies: ≤ 8 query heads per kv head) keeps f32.
         let group = case.heads / case.kv_heads;

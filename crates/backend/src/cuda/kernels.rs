@@ -34,7 +34,7 @@ pub(crate) struct Kernels {
     /// Row-parallel attention for head_dim 64/128/256 × up to 4/8 query heads per kv head ×
     /// a 3- or 5-stage K/V pipeline (index `4·(head_dim index) + 2·(group index) + deep`).
     pub attn_rows: [CudaFunction; 12],
-    /// Tensor-core prefill attention for head_dim 64 and 128 (bf16 KV).
+    /// Tensor-core prefill attention for head_dim 64 and 128 (16-bit KV).
     pub attn_mma: [CudaFunction; 2],
     /// Tensor-core split-K decode attention for head_dim 64 and 128 (16-bit KV, ≤ 16 query
     /// heads per kv head).

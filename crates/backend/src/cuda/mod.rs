@@ -21,13 +21,13 @@
 //! Matmuls of few activation rows (decode; ≤ 2 by default, see [`CudaOptions::gemv_max_rows`])
 //! run on a hand-written GEMV kernel with fused epilogues (residual add, `silu(g)·u`, RMSNorm
 //! in front), larger ones on cuBLAS (`CudaBackend::use_gemv` in `ops.rs` decides).
-//! Attention has four kernels: a tensor-core tile kernel for prefill spans over bf16 KV
-//! (head_dim 64/128), a tensor-core split-K kernel for decode rows (bf16 or f16 KV, head_dim
-//! 64/128, up to 16 query heads per kv head), a SIMT row-parallel split-K kernel for the other
-//! decode rows (head_dim 256, the fused KV write; up to 8 query heads per kv head), and
-//! the original tiled kernel for everything else. Sampling ends a step with
-//! [`Backend::to_host_top_k`](crate::Backend::to_host_top_k): a device selection (`kernels/sample.cu`) that copies back only
-//! each row's candidates, max and log-sum-exp.
+//! Attention has four kernels, all over bf16 or f16 KV: a tensor-core tile kernel for prefill
+//! spans (head_dim 64/128), a tensor-core split-K kernel for decode rows (head_dim 64/128, up
+//! to 16 query heads per kv head), a SIMT row-parallel split-K kernel for the other decode rows
+//! (head_dim 256, the fused KV write; up to 8 query heads per kv head), and the original tiled
+//! kernel for everything else. Sampling ends a step with
+//! [`Backend::to_host_top_k`](crate::Backend::to_host_top_k): a device selection
+//! (`kernels/sample.cu`) that copies back only each row's candidates, max and log-sum-exp.
 
 mod graph;
 mod kernels;

@@ -498,24 +498,32 @@ impl CudaBackend {
             n_tiles as u64,
             op,
             ob,
+            u64::from(pool.is_bf16),
         ]);
         let launch = st.admit(s)?;
         st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
         if !launch {
             return Ok(());
         }
+        let is_bf16 = i32::from(pool.is_bf16);
         let f = &self.k.attn_mma[usize::from(hd == 128)];
         let mut b = self.stream.launch_builder(f);
         b.arg(&qp).arg(&width).arg(&nh).arg(&nkv).arg(&g.scale);
         b.arg(&meta[0]).arg(&meta[1]).arg(&meta[2]).arg(&meta[3]);
-        b.arg(&kp).arg(&vp).arg(&bs).arg(&tp).arg(&op).arg(&ob);
+        b.arg(&kp)
+            .arg(&vp)
+            .arg(&bs)
+            .arg(&tp)
+            .arg(&op)
+            .arg(&ob)
+            .arg(&is_bf16);
         let cfg = LaunchConfig {
             grid_dim: (n_tiles as u32, g.n_kv_heads as u32, 1),
             block_dim: (ATTN_THREADS as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
         // SAFETY: every tile lies inside one span (rows first..first+n of one sequence, whose
-        // blocks were checked against the pool); the pool is bf16 with head_dim 64 or 128;
+        // blocks were checked against the pool); the pool is 16-bit with head_dim 64 or 128;
         // out and the bf16 scratch hold rows·n_heads·head_dim values; smem (≤ 35 KiB) is below
         // the opt-in limit set at load.
         unsafe { b.launch(cfg) }.map_err(cuda_err("attn_mma"))?;
@@ -1293,8 +1301,7 @@ impl CudaBackend {
             return Ok(());
         }
         let grp = g.group();
-        if pool.is_bf16
-            && matches!(g.head_dim, 64 | 128)
+        if matches!(g.head_dim, 64 | 128)
             && 64 % grp == 0
             && spans.iter().any(|s| s.n_tokens >= MMA_MIN_ROWS)
         {

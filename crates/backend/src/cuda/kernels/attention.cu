@@ -330,6 +330,62 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
 }
 
+// The paged rows of one kv head in the K and V pools (`[num_blocks, kv_heads, block_size,
+// head_dim]`): position p lives in physical block tbl[p / block_size] at slot
+// p % block_size, mapped with shifts for power-of-two block sizes (the usual 16).
+struct PagedKv {
+    const u32* tbl;
+    int n_kv, kh, block_size, bs_log;
+    bool bs_pow2;
+    __device__ __forceinline__ PagedKv(const u32* t, int nkv, int h, int bs)
+        : tbl(t), n_kv(nkv), kh(h), block_size(bs), bs_log(0) {
+        while ((1 << bs_log) < block_size) bs_log++;
+        bs_pow2 = (1 << bs_log) == block_size;
+    }
+    // Element offset of position p's row of d values (the same in both pools).
+    __device__ __forceinline__ u64 row(int p, int d) const {
+        const int lb = bs_pow2 ? p >> bs_log : p / block_size;
+        const int slot = p - lb * block_size;
+        return (((u64)tbl[lb] * n_kv + kh) * block_size + slot) * d;
+    }
+};
+
+// Requests (cp.async, 16-byte chunks, NT threads) the K and V rows of positions t0 .. t0+TK-1
+// into shared rows of RS halves at ks and vs: zeros from k1 on, nothing for position `skip`
+// (its row is filled later by `copy_kv_row`). The caller commits the group.
+template <int D, int TK, int RS>
+__device__ __forceinline__ void stage_kv_tile(u16* ks, u16* vs, int t0, int k1, int skip,
+    const PagedKv& kv, const u16* k_cache, const u16* v_cache, int tid)
+{
+    constexpr int CH = D / 8;
+    for (int i = tid; i < TK * CH; i += NT) {
+        const int j = i / CH, c = i - j * CH, p = t0 + j;
+        if (p == skip) continue;
+        const u16* kg = k_cache;
+        const u16* vg = v_cache;
+        int bytes = 0;
+        if (p < k1) {
+            const u64 off = kv.row(p, D) + c * 8;
+            kg += off; vg += off; bytes = 16;
+        }
+        cp_async16(smem_addr(ks + j * RS + c * 8), kg, bytes);
+        cp_async16(smem_addr(vs + j * RS + c * 8), vg, bytes);
+    }
+}
+
+// Copies position p's K and V rows into shared rows at ks and vs with L2 loads (the row was
+// written by the kernel ahead, after `griddepcontrol.wait`).
+template <int D>
+__device__ __forceinline__ void copy_kv_row(u16* ks, u16* vs, int p, const PagedKv& kv,
+    const u16* k_cache, const u16* v_cache, int tid)
+{
+    const u64 off = kv.row(p, D);
+    for (int c = tid; c < D / 8; c += NT) {
+        *(uint4*)(ks + c * 8) = ld_cg_u4(k_cache + off + c * 8);
+        *(uint4*)(vs + c * 8) = ld_cg_u4(v_cache + off + c * 8);
+    }
+}
+
 // Paged attention, one query row per block: grid = (rows, n_kv, n_splits), NT threads
 // (4 warps). Tiles of TILE keys of K and V are streamed into shared memory with cp.async,
 // STAGES - 1 tiles in flight, so loads never wait for the math (3 stages; 5 for splits of
@@ -356,7 +412,7 @@ template <int D, int MAXG, int DPL, bool BF16, int STAGES>
 __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
 {
     constexpr int LPK = D / DPL, KPW = 32 / LPK, NW = NT / 32, NP = NW * KPW;
-    constexpr int LD = DPL / 8, U = 8 / KPW, CH = D / 8;   // CH: 16-byte chunks per key row
+    constexpr int LD = DPL / 8, U = 8 / KPW;
     static_assert(NW * KPW * U == TILE, "a tile is one pass of every warp");
     const int g = n_heads / n_kv;
     const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
@@ -367,39 +423,17 @@ __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
     const int k0 = sp * chunk;
     const int k1 = min(k0 + chunk, kend);
     const int ntiles = k1 > k0 ? (k1 - k0 + TILE - 1) / TILE : 0;
-    const u32* tbl = tables + seq_tbl[tok_seq[r]];
-    // Power-of-two block sizes (the usual 16) map positions with shifts, not divisions.
-    int bs_log = 0;
-    while ((1 << bs_log) < block_size) bs_log++;
-    const bool bs_pow2 = (1 << bs_log) == block_size;
+    const PagedKv kv(tables + seq_tbl[tok_seq[r]], n_kv, kh, block_size);
     u16* stage = (u16*)sh;   // [STAGES][2][TILE][D]
     const float qs = scale * 1.4426950408889634f;
-    auto cache_off = [&](int p) -> u64 {
-        const int lb = bs_pow2 ? p >> bs_log : p / block_size;
-        const int slot = p - lb * block_size;
-        return (((u64)tbl[lb] * n_kv + kh) * block_size + slot) * D;
-    };
     // The newest key is left out of the fetches when it is being written by this launch or by
     // the kernel ahead (`fill_newest` puts it into its stage row).
     const bool skip_newest = prefetch || fused;
     auto issue = [&](int t, bool early) {
         if (t < ntiles) {
-            const int t0 = k0 + t * TILE;
             u16* ks = stage + (u64)(t % STAGES) * 2 * TILE * D;
-            u16* vs = ks + TILE * D;
-            for (int i = tid; i < TILE * CH; i += NT) {
-                const int j = i / CH, c = i - j * CH, p = t0 + j;
-                if (early && p == (int)pos) continue;
-                const u16* kg = k_cache;
-                const u16* vg = v_cache;
-                int bytes = 0;
-                if (p < k1) {
-                    const u64 off = cache_off(p) + c * 8;
-                    kg += off; vg += off; bytes = 16;
-                }
-                cp_async16(smem_addr(ks + j * D + c * 8), kg, bytes);
-                cp_async16(smem_addr(vs + j * D + c * 8), vg, bytes);
-            }
+            stage_kv_tile<D, TILE, D>(ks, ks + TILE * D, k0 + t * TILE, k1, early ? (int)pos : -1,
+                                      kv, k_cache, v_cache, tid);
         }
         cp_async_commit();
     };
@@ -425,11 +459,7 @@ __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
                 vs[c] = kv_store(rq[(g + 1) * D + c], BF16);
             }
         } else {
-            const u64 off = cache_off((int)pos);
-            for (int c = tid; c < CH; c += NT) {
-                *(uint4*)(ks + c * 8) = ld_cg_u4(k_cache + off + c * 8);
-                *(uint4*)(vs + c * 8) = ld_cg_u4(v_cache + off + c * 8);
-            }
+            copy_kv_row<D>(ks, vs, (int)pos, kv, k_cache, v_cache, tid);
         }
     };
     if (!prefetch) pdl_wait();
@@ -471,7 +501,7 @@ __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
         }
         __syncthreads();
         if (holds_newest) {   // exactly one split of each (row, kv head) holds it
-            const u64 off = cache_off((int)pos);
+            const u64 off = kv.row((int)pos, D);
             for (int c = tid; c < D; c += NT) {
                 k_cache[off + c] = kv_store(rq[g * D + c], BF16);
                 v_cache[off + c] = kv_store(rq[(g + 1) * D + c], BF16);
@@ -639,76 +669,169 @@ __device__ __forceinline__ void ldmatrix_x2_trans(u32& r0, u32& r1, u32 addr) {
                  : "=r"(r0), "=r"(r1) : "r"(addr));
 }
 
+// m16n8k16 with f16 inputs and f32 accumulate: c += a·b.
+__device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two floats as f16x2, `lo` in the low half.
+__device__ __forceinline__ u32 pack_f16(float lo, float hi) {
+    u32 d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+template <bool BF16> __device__ __forceinline__ u32 pack16(float lo, float hi) {
+    return BF16 ? pack_bf16(lo, hi) : pack_f16(lo, hi);
+}
+template <bool BF16> __device__ __forceinline__ void mma16(float* c, const u32* a, u32 b0, u32 b1) {
+    if (BF16) mma_bf16(c, a, b0, b1);
+    else mma_f16(c, a, b0, b1);
+}
+
+
+// One warp's 16 query vectors in tensor-core flash attention: MMA rows lane/4 and lane/4 + 8
+// of each lane quad. Queries are held as A fragments (pre-scaled, in the KV cache's 16-bit
+// type), the output as D/8 C fragments, the online softmax in log2 units. K and V tiles are
+// read from shared memory rows of D + 8 halves (conflict-free fragment reads). A tile of
+// 8·NK keys: `scores` (S = Q·Kᵀ), the caller masks S with -inf, `softmax` (rescale, P as A
+// fragments), `accumulate` (O += P·V, V by ldmatrix.trans).
+template <int D, bool BF16>
+struct MmaRows {
+    static constexpr int KS = D / 16, NTD = D / 8, RS = D + 8;
+    u32 qa[KS][4];
+    float o[NTD][4];
+    float m0, m1, l0, l1;
+
+    // q0 / q1: the f32 query vectors of this lane's two rows (null: a zero row); qs: the
+    // score scale (scale·log2 e).
+    __device__ __forceinline__ void init(const float* q0, const float* q1, float qs, int lane) {
+#pragma unroll
+        for (int kk = 0; kk < KS; kk++) {
+            const int c = kk * 16 + (lane & 3) * 2;
+            float2 x00 = make_float2(0.f, 0.f), x01 = x00, x10 = x00, x11 = x00;
+            if (q0) { x00 = *(const float2*)(q0 + c); x01 = *(const float2*)(q0 + c + 8); }
+            if (q1) { x10 = *(const float2*)(q1 + c); x11 = *(const float2*)(q1 + c + 8); }
+            qa[kk][0] = pack16<BF16>(x00.x * qs, x00.y * qs);
+            qa[kk][1] = pack16<BF16>(x10.x * qs, x10.y * qs);
+            qa[kk][2] = pack16<BF16>(x01.x * qs, x01.y * qs);
+            qa[kk][3] = pack16<BF16>(x11.x * qs, x11.y * qs);
+        }
+#pragma unroll
+        for (int nd = 0; nd < NTD; nd++) { o[nd][0] = 0.f; o[nd][1] = 0.f; o[nd][2] = 0.f; o[nd][3] = 0.f; }
+        m0 = -1e30f; m1 = -1e30f; l0 = 0.f; l1 = 0.f;
+    }
+
+    // s[nt] = the scores of keys 8nt .. 8nt+7 of the K rows at `ks`: s[nt][e] for row lane/4
+    // and key 8nt + 2(lane % 4) + e, s[nt][2 + e] for row lane/4 + 8.
+    template <int NK>
+    __device__ __forceinline__ void scores(float (&s)[NK][4], const u16* ks, int lane) const {
+#pragma unroll
+        for (int nt = 0; nt < NK; nt++) {
+            s[nt][0] = 0.f; s[nt][1] = 0.f; s[nt][2] = 0.f; s[nt][3] = 0.f;
+            const u16* kp = ks + (nt * 8 + (lane >> 2)) * RS + (lane & 3) * 2;
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++) {
+                const u32 b0 = *(const u32*)(kp + kk * 16), b1 = *(const u32*)(kp + kk * 16 + 8);
+                mma16<BF16>(s[nt], qa[kk], b0, b1);
+            }
+        }
+    }
+
+    // The online-softmax update by the (masked) scores; pa: their weights as A fragments of
+    // NK / 2 16-key steps.
+    template <int NK>
+    __device__ __forceinline__ void softmax(const float (&s)[NK][4], u32 (&pa)[NK / 2][4]) {
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int nt = 0; nt < NK; nt++) {
+            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);
+        m0 = mx0; m1 = mx1;
+        l0 *= c0; l1 *= c1;
+#pragma unroll
+        for (int nd = 0; nd < NTD; nd++) { o[nd][0] *= c0; o[nd][1] *= c0; o[nd][2] *= c1; o[nd][3] *= c1; }
+#pragma unroll
+        for (int nt = 0; nt < NK; nt++) {
+            const float e0 = exp2f(s[nt][0] - m0), e1 = exp2f(s[nt][1] - m0);
+            const float e2 = exp2f(s[nt][2] - m1), e3 = exp2f(s[nt][3] - m1);
+            l0 += e0 + e1;
+            l1 += e2 + e3;
+            pa[nt >> 1][(nt & 1) * 2] = pack16<BF16>(e0, e1);
+            pa[nt >> 1][(nt & 1) * 2 + 1] = pack16<BF16>(e2, e3);
+        }
+    }
+
+    // O += P·V over the V rows at `vs` (NK / 2 steps of 16 keys).
+    template <int NK>
+    __device__ __forceinline__ void accumulate(const u32 (&pa)[NK / 2][4], const u16* vs, int lane) {
+#pragma unroll
+        for (int ks = 0; ks < NK / 2; ks++) {
+            const u16* vp = vs + (ks * 16 + (lane & 15)) * RS;
+#pragma unroll
+            for (int nd = 0; nd < NTD; nd++) {
+                u32 b0, b1;
+                ldmatrix_x2_trans(b0, b1, smem_addr(vp + nd * 8));
+                mma16<BF16>(o[nd], pa[ks], b0, b1);
+            }
+        }
+    }
+
+    // Sums each row's l over its lane quad (once, after the last tile).
+    __device__ __forceinline__ void reduce_l() {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+        l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    }
+};
+
 #define MMA_TK 32
 // One block per (tile of consecutive query rows of one sequence, kv head): the tile's
 // 64 query vectors (64/g rows × the g query heads of the kv head; vector v = row·g + head)
-// are split over 4 warps, 16 each, held as bf16 MMA fragments (pre-scaled by
-// scale·log2 e). K/V tiles of MMA_TK keys stream through shared memory (2 stages, cp.async,
+// are split over 4 warps, 16 each, held as MMA fragments in the cache's 16-bit type (bf16 or
+// f16; pre-scaled by scale·log2 e). K/V tiles of MMA_TK keys stream through shared memory (2 stages, cp.async,
 // rows padded to D + 8 halves so fragment reads are conflict-free); per tile each warp
 // computes S = Q·Kᵀ (m16n8k16 MMAs), masks causally, updates its online softmax (rows live
-// in lane quads), and accumulates O += P·V with P re-packed as bf16 A fragments and V read
-// by ldmatrix.trans. Writes the normalised rows straight to `out` (and their bf16 copy).
+// in lane quads), and accumulates O += P·V with P re-packed as A fragments and V read
+// by ldmatrix.trans (see `MmaRows`). Writes the normalised rows straight to `out` (and their bf16 copy).
 // tiles[2i] = first row, tiles[2i+1] = rows (≤ 64/g). grid = (tiles, n_kv), NT threads.
-// dynamic smem: 2 * 2 * MMA_TK * (D + 8) halves. Requires bf16 KV, 64 % g == 0.
-template <int D>
+// dynamic smem: 2 * 2 * MMA_TK * (D + 8) halves. Requires 64 % g == 0.
+template <int D, bool BF16>
 __device__ __forceinline__ void attn_mma_impl(u16* sh,
     const float* __restrict__ qkv, int width, int n_heads, int n_kv, float scale,
     const u32* __restrict__ tok_pos, const u32* __restrict__ tok_seq, const u32* __restrict__ seq_tbl,
     const u32* __restrict__ tables, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,
     int block_size, const u32* __restrict__ tiles, float* __restrict__ out, u16* __restrict__ out_bf16)
 {
-    constexpr int KS = D / 16, NTD = D / 8, RS = D + 8, CH = D / 8;
+    constexpr int NTD = D / 8, RS = D + 8;
     const int g = n_heads / n_kv;
     const int kh = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const u32 first_row = tiles[2 * blockIdx.x], n_rows = tiles[2 * blockIdx.x + 1];
     const int pos0 = (int)tok_pos[first_row];
-    const u32* tbl = tables + seq_tbl[tok_seq[first_row]];
+    const PagedKv kv(tables + seq_tbl[tok_seq[first_row]], n_kv, kh, block_size);
     const int kmax = pos0 + (int)n_rows;
     const int ntiles = (kmax + MMA_TK - 1) / MMA_TK;
-    int bs_log = 0;
-    while ((1 << bs_log) < block_size) bs_log++;
-    const bool bs_pow2 = (1 << bs_log) == block_size;
     const int v0 = 16 * warp + (lane >> 2), v1 = v0 + 8;
     const int r0 = v0 / g, h0 = v0 - r0 * g, r1 = v1 / g, h1 = v1 - r1 * g;
     const bool ok0 = r0 < (int)n_rows, ok1 = r1 < (int)n_rows;
     const int p0 = pos0 + r0, p1 = pos0 + r1;
     const float qs = scale * 1.4426950408889634f;
-    const float* q0 = qkv + (u64)(first_row + r0) * width + (u64)(kh * g + h0) * D;
-    const float* q1 = qkv + (u64)(first_row + r1) * width + (u64)(kh * g + h1) * D;
-    u32 qa[KS][4];
-#pragma unroll
-    for (int kk = 0; kk < KS; kk++) {
-        const int c = kk * 16 + (lane & 3) * 2;
-        float2 x00 = make_float2(0.f, 0.f), x01 = x00, x10 = x00, x11 = x00;
-        if (ok0) { x00 = *(const float2*)(q0 + c); x01 = *(const float2*)(q0 + c + 8); }
-        if (ok1) { x10 = *(const float2*)(q1 + c); x11 = *(const float2*)(q1 + c + 8); }
-        qa[kk][0] = pack_bf16(x00.x * qs, x00.y * qs);
-        qa[kk][1] = pack_bf16(x10.x * qs, x10.y * qs);
-        qa[kk][2] = pack_bf16(x01.x * qs, x01.y * qs);
-        qa[kk][3] = pack_bf16(x11.x * qs, x11.y * qs);
-    }
-    float o[NTD][4];
-#pragma unroll
-    for (int nd = 0; nd < NTD; nd++) { o[nd][0] = 0.f; o[nd][1] = 0.f; o[nd][2] = 0.f; o[nd][3] = 0.f; }
-    float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;
+    MmaRows<D, BF16> w;
+    w.init(ok0 ? qkv + (u64)(first_row + r0) * width + (u64)(kh * g + h0) * D : nullptr,
+           ok1 ? qkv + (u64)(first_row + r1) * width + (u64)(kh * g + h1) * D : nullptr, qs, lane);
     auto issue = [&](int t) {
         if (t < ntiles) {
             u16* kst = sh + (t & 1) * 2 * MMA_TK * RS;
-            u16* vst = kst + MMA_TK * RS;
-            for (int i = tid; i < MMA_TK * CH; i += NT) {
-                const int j = i / CH, c = i - j * CH, p = t * MMA_TK + j;
-                const u16* kg = k_cache;
-                const u16* vg = v_cache;
-                int bytes = 0;
-                if (p < kmax) {
-                    const int lb = bs_pow2 ? p >> bs_log : p / block_size;
-                    const int slot = p - lb * block_size;
-                    const u64 off = (((u64)tbl[lb] * n_kv + kh) * block_size + slot) * D + c * 8;
-                    kg += off; vg += off; bytes = 16;
-                }
-                cp_async16(smem_addr(kst + j * RS + c * 8), kg, bytes);
-                cp_async16(smem_addr(vst + j * RS + c * 8), vg, bytes);
-            }
+            stage_kv_tile<D, MMA_TK, RS>(kst, kst + MMA_TK * RS, t * MMA_TK, kmax, -1, kv,
+                                         k_cache, v_cache, tid);
         }
         cp_async_commit();
     };
@@ -720,17 +843,7 @@ __device__ __forceinline__ void attn_mma_impl(u16* sh,
         const u16* kst = sh + (t & 1) * 2 * MMA_TK * RS;
         const u16* vst = kst + MMA_TK * RS;
         float s[4][4];
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-            s[nt][0] = 0.f; s[nt][1] = 0.f; s[nt][2] = 0.f; s[nt][3] = 0.f;
-            const u16* kp = kst + (nt * 8 + (lane >> 2)) * RS + (lane & 3) * 2;
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) {
-                const u32 b0 = *(const u32*)(kp + kk * 16), b1 = *(const u32*)(kp + kk * 16 + 8);
-                mma_bf16(s[nt], qa[kk], b0, b1);
-            }
-        }
-        float mx0 = m0, mx1 = m1;
+        w.template scores<4>(s, kst, lane);
 #pragma unroll
         for (int nt = 0; nt < 4; nt++) {
 #pragma unroll
@@ -738,60 +851,29 @@ __device__ __forceinline__ void attn_mma_impl(u16* sh,
                 const int key = t * MMA_TK + nt * 8 + (lane & 3) * 2 + e;
                 if (!ok0 || key > p0) s[nt][e] = -INFINITY;
                 if (!ok1 || key > p1) s[nt][2 + e] = -INFINITY;
-                mx0 = fmaxf(mx0, s[nt][e]);
-                mx1 = fmaxf(mx1, s[nt][2 + e]);
             }
         }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);
-        m0 = mx0; m1 = mx1;
-        l0 *= c0; l1 *= c1;
-#pragma unroll
-        for (int nd = 0; nd < NTD; nd++) { o[nd][0] *= c0; o[nd][1] *= c0; o[nd][2] *= c1; o[nd][3] *= c1; }
         u32 pa[2][4];
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-            const float e0 = exp2f(s[nt][0] - m0), e1 = exp2f(s[nt][1] - m0);
-            const float e2 = exp2f(s[nt][2] - m1), e3 = exp2f(s[nt][3] - m1);
-            l0 += e0 + e1;
-            l1 += e2 + e3;
-            pa[nt >> 1][(nt & 1) * 2] = pack_bf16(e0, e1);
-            pa[nt >> 1][(nt & 1) * 2 + 1] = pack_bf16(e2, e3);
-        }
-#pragma unroll
-        for (int ks = 0; ks < 2; ks++) {
-            const u16* vp = vst + (ks * 16 + (lane & 15)) * RS;
-#pragma unroll
-            for (int nd = 0; nd < NTD; nd++) {
-                u32 b0, b1;
-                ldmatrix_x2_trans(b0, b1, smem_addr(vp + nd * 8));
-                mma_bf16(o[nd], pa[ks], b0, b1);
-            }
-        }
+        w.template softmax<4>(s, pa);
+        w.template accumulate<4>(pa, vst, lane);
         __syncthreads();
     }
     cp_async_wait<0>();
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float i0 = l0 > 0.f ? 1.0f / l0 : 0.f, i1 = l1 > 0.f ? 1.0f / l1 : 0.f;
+    w.reduce_l();
+    const float i0 = w.l0 > 0.f ? 1.0f / w.l0 : 0.f, i1 = w.l1 > 0.f ? 1.0f / w.l1 : 0.f;
     const u64 ow = (u64)n_heads * D;
 #pragma unroll
     for (int nd = 0; nd < NTD; nd++) {
         const int dim = nd * 8 + (lane & 3) * 2;
         if (ok0) {
             const u64 at = (u64)(first_row + r0) * ow + (u64)(kh * g + h0) * D + dim;
-            const float a = o[nd][0] * i0, b = o[nd][1] * i0;
+            const float a = w.o[nd][0] * i0, b = w.o[nd][1] * i0;
             *(float2*)(out + at) = make_float2(a, b);
             *(u32*)(out_bf16 + at) = pack_bf16(a, b);
         }
         if (ok1) {
             const u64 at = (u64)(first_row + r1) * ow + (u64)(kh * g + h1) * D + dim;
-            const float a = o[nd][2] * i1, b = o[nd][3] * i1;
+            const float a = w.o[nd][2] * i1, b = w.o[nd][3] * i1;
             *(float2*)(out + at) = make_float2(a, b);
             *(u32*)(out_bf16 + at) = pack_bf16(a, b);
         }
@@ -802,10 +884,15 @@ __device__ __forceinline__ void attn_mma_impl(u16* sh,
     extern "C" __global__ void __launch_bounds__(NT) attn_mma_##D( \
         const float* qkv, int width, int n_heads, int n_kv, float scale, const u32* tok_pos, \
         const u32* tok_seq, const u32* seq_tbl, const u32* tables, const u16* k_cache, \
-        const u16* v_cache, int block_size, const u32* tiles, float* out, u16* out_bf16) { \
+        const u16* v_cache, int block_size, const u32* tiles, float* out, u16* out_bf16, \
+        int is_bf16) { \
         extern __shared__ float shf[]; \
-        attn_mma_impl<D>((u16*)shf, qkv, width, n_heads, n_kv, scale, tok_pos, tok_seq, seq_tbl, \
-                         tables, k_cache, v_cache, block_size, tiles, out, out_bf16); \
+        if (is_bf16) \
+            attn_mma_impl<D, true>((u16*)shf, qkv, width, n_heads, n_kv, scale, tok_pos, tok_seq, \
+                                   seq_tbl, tables, k_cache, v_cache, block_size, tiles, out, out_bf16); \
+        else \
+            attn_mma_impl<D, false>((u16*)shf, qkv, width, n_heads, n_kv, scale, tok_pos, tok_seq, \
+                                    seq_tbl, tables, k_cache, v_cache, block_size, tiles, out, out_bf16); \
     }
 ATTN_MMA(64)
 ATTN_MMA(128)
@@ -830,31 +917,10 @@ ATTN_MMA(128)
 // merge's g * (2 * n_splits + 1) floats). Requires d == D, g <= 16.
 #define DEC_TK 64
 #define DEC_STAGES 3
-// m16n8k16 with f16 inputs and f32 accumulate: c += a·b.
-__device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-// Two floats as f16x2, `lo` in the low half.
-__device__ __forceinline__ u32 pack_f16(float lo, float hi) {
-    u32 d;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-}
-template <bool BF16> __device__ __forceinline__ u32 pack16(float lo, float hi) {
-    return BF16 ? pack_bf16(lo, hi) : pack_f16(lo, hi);
-}
-template <bool BF16> __device__ __forceinline__ void mma16(float* c, const u32* a, u32 b0, u32 b1) {
-    if (BF16) mma_bf16(c, a, b0, b1);
-    else mma_f16(c, a, b0, b1);
-}
-
 template <int D, bool BF16>
 __device__ __forceinline__ void attn_dec_mma_impl(float* sh, ATTN_PARAMS)
 {
-    constexpr int KS = D / 16, NTD = D / 8, RS = D + 8, CH = D / 8;
+    constexpr int RS = D + 8;
     const int g = n_heads / n_kv;
     const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
@@ -864,34 +930,14 @@ __device__ __forceinline__ void attn_dec_mma_impl(float* sh, ATTN_PARAMS)
     const int k0 = sp * chunk;
     const int k1 = min(k0 + chunk, kend);
     const int ntiles = k1 > k0 ? (k1 - k0 + DEC_TK - 1) / DEC_TK : 0;
-    const u32* tbl = tables + seq_tbl[tok_seq[r]];
-    int bs_log = 0;
-    while ((1 << bs_log) < block_size) bs_log++;
-    const bool bs_pow2 = (1 << bs_log) == block_size;
+    const PagedKv kv(tables + seq_tbl[tok_seq[r]], n_kv, kh, block_size);
     u16* stage = (u16*)sh;   // [DEC_STAGES][2][DEC_TK][RS]
-    auto cache_off = [&](int p) -> u64 {
-        const int lb = bs_pow2 ? p >> bs_log : p / block_size;
-        const int slot = p - lb * block_size;
-        return (((u64)tbl[lb] * n_kv + kh) * block_size + slot) * D;
-    };
     auto issue = [&](int t) {
         if (t < ntiles) {
-            const int t0 = k0 + t * DEC_TK;
             u16* ks = stage + (u64)(t % DEC_STAGES) * 2 * DEC_TK * RS;
-            u16* vs = ks + DEC_TK * RS;
-            for (int i = tid; i < DEC_TK * CH; i += NT) {
-                const int j = i / CH, c = i - j * CH, p = t0 + j;
-                if (prefetch && p == (int)pos) continue;   // fill_newest puts it there
-                const u16* kg = k_cache;
-                const u16* vg = v_cache;
-                int bytes = 0;
-                if (p < k1) {
-                    const u64 off = cache_off(p) + c * 8;
-                    kg += off; vg += off; bytes = 16;
-                }
-                cp_async16(smem_addr(ks + j * RS + c * 8), kg, bytes);
-                cp_async16(smem_addr(vs + j * RS + c * 8), vg, bytes);
-            }
+            // With `prefetch` the newest key comes later (`fill_newest`).
+            stage_kv_tile<D, DEC_TK, RS>(ks, ks + DEC_TK * RS, k0 + t * DEC_TK, k1,
+                                         prefetch ? (int)pos : -1, kv, k_cache, v_cache, tid);
         }
         cp_async_commit();
     };
@@ -901,12 +947,7 @@ __device__ __forceinline__ void attn_dec_mma_impl(float* sh, ATTN_PARAMS)
     auto fill_newest = [&](int t) {
         if (!prefetch || !holds_newest || t != tn || t >= ntiles) return;
         u16* ks = stage + (u64)(t % DEC_STAGES) * 2 * DEC_TK * RS + ((int)pos - k0 - t * DEC_TK) * RS;
-        u16* vs = ks + DEC_TK * RS;
-        const u64 off = cache_off((int)pos);
-        for (int c = tid; c < CH; c += NT) {
-            *(uint4*)(ks + c * 8) = ld_cg_u4(k_cache + off + c * 8);
-            *(uint4*)(vs + c * 8) = ld_cg_u4(v_cache + off + c * 8);
-        }
+        copy_kv_row<D>(ks, ks + DEC_TK * RS, (int)pos, kv, k_cache, v_cache, tid);
     };
     if (!prefetch) pdl_wait();
 #pragma unroll
@@ -915,28 +956,12 @@ __device__ __forceinline__ void attn_dec_mma_impl(float* sh, ATTN_PARAMS)
 #pragma unroll
     for (int t = 0; t < DEC_STAGES - 1; t++) fill_newest(t);
 
-    // Query fragments: M row v = lane / 4 (+ 8) is query head v of the kv head.
+    // MMA row v = lane / 4 (+ 8) is query head v of the kv head.
     const int v0 = lane >> 2, v1 = v0 + 8;
-    const bool ok0 = v0 < g, ok1 = v1 < g;
-    const float qs = scale * 1.4426950408889634f;
-    const float* q0 = qkv + (u64)r * width + (u64)(kh * g + v0) * D;
-    const float* q1 = qkv + (u64)r * width + (u64)(kh * g + v1) * D;
-    u32 qa[KS][4];
-#pragma unroll
-    for (int kk = 0; kk < KS; kk++) {
-        const int c = kk * 16 + (lane & 3) * 2;
-        float2 x00 = make_float2(0.f, 0.f), x01 = x00, x10 = x00, x11 = x00;
-        if (ok0) { x00 = *(const float2*)(q0 + c); x01 = *(const float2*)(q0 + c + 8); }
-        if (ok1) { x10 = *(const float2*)(q1 + c); x11 = *(const float2*)(q1 + c + 8); }
-        qa[kk][0] = pack16<BF16>(x00.x * qs, x00.y * qs);
-        qa[kk][1] = pack16<BF16>(x10.x * qs, x10.y * qs);
-        qa[kk][2] = pack16<BF16>(x01.x * qs, x01.y * qs);
-        qa[kk][3] = pack16<BF16>(x11.x * qs, x11.y * qs);
-    }
-    float o[NTD][4];
-#pragma unroll
-    for (int nd = 0; nd < NTD; nd++) { o[nd][0] = 0.f; o[nd][1] = 0.f; o[nd][2] = 0.f; o[nd][3] = 0.f; }
-    float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;
+    const float* qrow = qkv + (u64)r * width + (u64)kh * g * D;
+    MmaRows<D, BF16> w;
+    w.init(v0 < g ? qrow + v0 * D : nullptr, v1 < g ? qrow + v1 * D : nullptr,
+           scale * 1.4426950408889634f, lane);
     for (int t = 0; t < ntiles; t++) {
         cp_async_wait<DEC_STAGES - 2>();
         __syncthreads();          // tile t landed for all; tile t-1's stage is free
@@ -946,79 +971,43 @@ __device__ __forceinline__ void attn_dec_mma_impl(float* sh, ATTN_PARAMS)
         const u16* vs = ks + DEC_TK * RS;
         const int key0 = k0 + t * DEC_TK + warp * 16;
         float s[2][4];
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            s[nt][0] = 0.f; s[nt][1] = 0.f; s[nt][2] = 0.f; s[nt][3] = 0.f;
-            const u16* kp = ks + (nt * 8 + (lane >> 2)) * RS + (lane & 3) * 2;
-#pragma unroll
-            for (int kk = 0; kk < KS; kk++) {
-                const u32 b0 = *(const u32*)(kp + kk * 16), b1 = *(const u32*)(kp + kk * 16 + 8);
-                mma16<BF16>(s[nt], qa[kk], b0, b1);
-            }
-        }
-        float mx0 = m0, mx1 = m1;
+        w.template scores<2>(s, ks, lane);
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const int key = key0 + nt * 8 + (lane & 3) * 2 + e;
-                if (key >= k1) { s[nt][e] = -INFINITY; s[nt][2 + e] = -INFINITY; }
-                mx0 = fmaxf(mx0, s[nt][e]);
-                mx1 = fmaxf(mx1, s[nt][2 + e]);
+                if (key0 + nt * 8 + (lane & 3) * 2 + e >= k1) {
+                    s[nt][e] = -INFINITY;
+                    s[nt][2 + e] = -INFINITY;
+                }
             }
         }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);
-        m0 = mx0; m1 = mx1;
-        l0 *= c0; l1 *= c1;
-#pragma unroll
-        for (int nd = 0; nd < NTD; nd++) { o[nd][0] *= c0; o[nd][1] *= c0; o[nd][2] *= c1; o[nd][3] *= c1; }
-        u32 pa[4];
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            const float e0 = exp2f(s[nt][0] - m0), e1 = exp2f(s[nt][1] - m0);
-            const float e2 = exp2f(s[nt][2] - m1), e3 = exp2f(s[nt][3] - m1);
-            l0 += e0 + e1;
-            l1 += e2 + e3;
-            pa[nt * 2] = pack16<BF16>(e0, e1);
-            pa[nt * 2 + 1] = pack16<BF16>(e2, e3);
-        }
-        const u16* vp = vs + (lane & 15) * RS;
-#pragma unroll
-        for (int nd = 0; nd < NTD; nd++) {
-            u32 b0, b1;
-            ldmatrix_x2_trans(b0, b1, smem_addr(vp + nd * 8));
-            mma16<BF16>(o[nd], pa, b0, b1);
-        }
+        u32 pa[1][4];
+        w.template softmax<2>(s, pa);
+        w.template accumulate<2>(pa, vs, lane);
     }
     cp_async_wait<0>();
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    w.reduce_l();
     __syncthreads();              // stages are reused for the warps' states
     // Per warp: m[16], l[16], acc[16][D] (log2 units).
     float* ws = sh + (u64)warp * 16 * (D + 2);
-    if ((lane & 3) == 0) { ws[v0] = m0; ws[16 + v0] = l0; ws[v1] = m1; ws[16 + v1] = l1; }
+    if ((lane & 3) == 0) { ws[v0] = w.m0; ws[16 + v0] = w.l0; ws[v1] = w.m1; ws[16 + v1] = w.l1; }
 #pragma unroll
-    for (int nd = 0; nd < NTD; nd++) {
+    for (int nd = 0; nd < D / 8; nd++) {
         const int dim = nd * 8 + (lane & 3) * 2;
-        *(float2*)(ws + 32 + v0 * D + dim) = make_float2(o[nd][0], o[nd][1]);
-        *(float2*)(ws + 32 + v1 * D + dim) = make_float2(o[nd][2], o[nd][3]);
+        *(float2*)(ws + 32 + v0 * D + dim) = make_float2(w.o[nd][0], w.o[nd][1]);
+        *(float2*)(ws + 32 + v1 * D + dim) = make_float2(w.o[nd][2], w.o[nd][3]);
     }
     __syncthreads();
     for (int e = tid; e < g * D; e += NT) {
         const int h = e / D, c = e - h * D;
         float mx = -1e30f;
 #pragma unroll
-        for (int w = 0; w < 4; w++) mx = fmaxf(mx, sh[w * 16 * (D + 2) + h]);
+        for (int wi = 0; wi < 4; wi++) mx = fmaxf(mx, sh[wi * 16 * (D + 2) + h]);
         float lt = 0.0f, at = 0.0f;
 #pragma unroll
-        for (int w = 0; w < 4; w++) {
-            const float* pw = sh + w * 16 * (D + 2);
+        for (int wi = 0; wi < 4; wi++) {
+            const float* pw = sh + wi * 16 * (D + 2);
             const float wt = exp2f(pw[h] - mx);
             lt = fmaf(pw[16 + h], wt, lt);
             at = fmaf(pw[32 + h * D + c], wt, at);
