@@ -15,7 +15,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use turbokv_backend::cpu::CpuBackend;
-use turbokv_backend::cuda::CudaBackend;
+use turbokv_backend::cuda::{CudaBackend, GraphStats};
 use turbokv_backend::{Backend, GgmlType, RopeStyle, TopK, WeightBytes, WeightMatrix};
 use turbokv_codec::KvDtype;
 use turbokv_model::config::RopeScaling;
@@ -92,6 +92,13 @@ pub struct DecodeReport {
     /// Mean host time of a replayed step before its graph is launched, in µs (part of the
     /// graph step time: the GPU waits for it).
     pub graph_host_us_step: f64,
+    /// The part of it that uploads the step's inputs, in µs.
+    pub graph_upload_us_step: f64,
+    /// Mean host time of the graph launch call, in µs.
+    pub graph_launch_us_step: f64,
+    /// The device's part of a graphed step: the last step's graph launched back to back
+    /// (no host code or launch gaps between), ms per launch; 0 without graphs.
+    pub graph_gpu_ms_step: f64,
 }
 
 /// What the benchmark needs from a backend beyond [`Backend`].
@@ -112,13 +119,13 @@ pub trait BenchBackend: Backend + Sized {
     fn has_graphs(&self) -> bool {
         false
     }
-    /// Steps replayed from a graph so far.
-    fn graph_replays(&self) -> u64 {
-        0
+    /// How the graphed steps ran so far (`None` without CUDA graphs).
+    fn graph_stats(&self) -> Option<GraphStats> {
+        None
     }
-    /// Total host time of those steps before their graph launches, in seconds.
-    fn graph_host_s(&self) -> f64 {
-        0.0
+    /// Seconds per launch of the last step's graph launched `reps` times back to back.
+    fn graph_gpu_s(&self, _reps: usize) -> Result<f64> {
+        Ok(0.0)
     }
 }
 
@@ -211,12 +218,12 @@ impl BenchBackend for CudaBackend {
         true
     }
 
-    fn graph_replays(&self) -> u64 {
-        self.graph_stats().map_or(0, |s| s.replayed)
+    fn graph_stats(&self) -> Option<GraphStats> {
+        CudaBackend::graph_stats(self).ok()
     }
 
-    fn graph_host_s(&self) -> f64 {
-        self.graph_stats().map_or(0.0, |s| s.replay_host_s)
+    fn graph_gpu_s(&self, reps: usize) -> Result<f64> {
+        Ok(self.graph_gpu_time(reps)?)
     }
 }
 
@@ -389,8 +396,13 @@ fn print_report(r: &DecodeReport) {
     );
     if r.graph_replays > 0 {
         println!(
-            "graph steps: {} replayed, host time before each launch {:.0} µs",
-            r.graph_replays, r.graph_host_us_step
+            "graph steps: {} replayed, host time before each launch {:.0} µs (uploads {:.0} µs), launch call {:.0} µs",
+            r.graph_replays, r.graph_host_us_step, r.graph_upload_us_step, r.graph_launch_us_step
+        );
+        println!(
+            "the graph alone, launched back to back: {:.3} ms/step ({:.2}x roofline)",
+            r.graph_gpu_ms_step,
+            r.graph_gpu_ms_step / r.roofline_ms
         );
     }
 }
@@ -505,7 +517,14 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
     } else {
         (eager_s, time_steps(false, true)?)
     };
-    let replays = tm.backend().graph_replays();
+    let gpu_s = if b_has_graphs(&tm) {
+        tm.backend().graph_gpu_s(steps)?
+    } else {
+        0.0
+    };
+    let gs = tm.backend().graph_stats().unwrap_or_default();
+    let replays = gs.replayed;
+    let per_replay = |s: f64| 1e6 * s / replays.max(1) as f64;
     let kv_bytes = args.batch as f64 * (args.ctx + steps) as f64 * cache.bytes_per_token();
     let roofline = (weight_bytes as f64 + kv_bytes) / copy_bw;
     let batch = args.batch as f64;
@@ -537,7 +556,10 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
         graph_greedy_ms_step: greedy_s * 1e3,
         graph_greedy_tok_s: batch / greedy_s,
         graph_replays: replays,
-        graph_host_us_step: 1e6 * tm.backend().graph_host_s() / replays.max(1) as f64,
+        graph_host_us_step: per_replay(gs.replay_host_s),
+        graph_upload_us_step: per_replay(gs.replay_upload_s),
+        graph_launch_us_step: per_replay(gs.replay_launch_s),
+        graph_gpu_ms_step: gpu_s * 1e3,
     })
 }
 

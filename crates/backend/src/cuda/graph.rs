@@ -64,6 +64,8 @@ pub(crate) struct State {
     graphs: Vec<Captured>,
     /// Replay: the graph chosen by the first launch, and the next launch's index.
     current: Option<usize>,
+    /// The graph launched last (captured or replayed), for [`CudaBackend::graph_gpu_time`].
+    last_launched: Option<usize>,
     cursor: usize,
     /// Capture: this step's signatures.
     sigs: Vec<u64>,
@@ -100,6 +102,11 @@ pub struct GraphStats {
     /// (the step's host code, signature checks, uploads), in seconds: the GPU has none of
     /// the step's work queued meanwhile.
     pub replay_host_s: f64,
+    /// The part of `replay_host_s` spent uploading the step's inputs (token ids, positions,
+    /// block tables), in seconds.
+    pub replay_upload_s: f64,
+    /// Host time of the replayed steps' graph launch calls, in seconds.
+    pub replay_launch_s: f64,
 }
 
 /// The signature of one launch: a multiply-xorshift hash over its 64-bit words (one round per
@@ -228,6 +235,7 @@ impl CudaBackend {
                         && i < st.graphs.len()
                     {
                         st.graphs.remove(i);
+                        st.last_launched = None;
                     }
                     st.mode = Some(Mode::Eager);
                     st.capture_next = false;
@@ -260,10 +268,30 @@ impl CudaBackend {
         Ok(self.lock_state("graph")?.stats)
     }
 
+    /// The device's part of a graphed step: launches the graph of the last graphed step
+    /// `reps` times back to back (no host code between them, so launch gaps are hidden) and
+    /// returns the mean seconds per launch. Each launch repeats that step on the inputs
+    /// already on the device: it writes the same KV slots with the same values.
+    pub fn graph_gpu_time(&self, reps: usize) -> Result<f64, Error> {
+        let st = self.lock_state("graph")?;
+        let g = st
+            .last_launched
+            .and_then(|i| st.graphs.get(i))
+            .ok_or_else(|| graph_changed("no graph has run yet"))?;
+        self.synchronize()?;
+        let t = std::time::Instant::now();
+        for _ in 0..reps.max(1) {
+            g.graph.launch().map_err(cuda_err("graph launch"))?;
+        }
+        self.synchronize()?;
+        Ok(t.elapsed().as_secs_f64() / reps.max(1) as f64)
+    }
+
     /// Drops every captured graph (the next `run_graphed` runs eagerly, then recaptures).
     pub fn clear_graphs(&self) -> Result<(), Error> {
         let mut st = self.lock_state("graph")?;
         st.graphs.clear();
+        st.last_launched = None;
         st.capture_next = false;
         Ok(())
     }
@@ -289,6 +317,7 @@ impl CudaBackend {
                 }
                 let sigs = std::mem::take(&mut st.sigs);
                 st.graphs.push(Captured { graph, sigs });
+                st.last_launched = Some(st.graphs.len() - 1);
                 st.stats.captured += 1;
                 Ok(())
             }
@@ -297,14 +326,19 @@ impl CudaBackend {
                     .current
                     .filter(|&i| st.graphs.get(i).is_some_and(|g| g.sigs.len() == st.cursor))
                     .ok_or_else(|| graph_changed("fewer launches than the graph"))?;
+                let t_upload = std::time::Instant::now();
                 st.graph_scratch.flush(&self.stream)?;
+                let t_launch = std::time::Instant::now();
+                st.stats.replay_upload_s += (t_launch - t_upload).as_secs_f64();
                 if let Some(t) = st.step_start {
-                    st.stats.replay_host_s += t.elapsed().as_secs_f64();
+                    st.stats.replay_host_s += (t_launch - t).as_secs_f64();
                 }
                 st.graphs[i]
                     .graph
                     .launch()
                     .map_err(cuda_err("graph launch"))?;
+                st.stats.replay_launch_s += t_launch.elapsed().as_secs_f64();
+                st.last_launched = Some(i);
                 st.mode = Some(Mode::Eager);
                 st.stats.replayed += 1;
                 Ok(())

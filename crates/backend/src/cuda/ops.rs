@@ -737,23 +737,36 @@ impl Backend for CudaBackend {
             // for a GEMV or KV write it may overlap with.
             st.last_gemv = false;
             st.last_write_kv = false;
-            let dev = self
-                .stream
-                .alloc_zeros::<u32>(t.rows * stride)
-                .map_err(cuda_err("alloc top-k"))?;
-            let (xp, op) = (addr(&t.buf, &self.stream), addr(&dev, &self.stream));
+            let n = t.rows * stride;
+            let sc = st.sc();
+            let dev = grow(&self.stream, &mut sc.topk_dev, n, true)?;
+            if sc.topk_host.as_ref().is_none_or(|h| h.len() < n) {
+                sc.topk_host = None;
+                // SAFETY: uninitialised until the copy below fills the first n words, the
+                // only ones read. Flags 0: cached page-locked memory, read by the host.
+                let fresh = unsafe {
+                    self.ctx
+                        .alloc_pinned_with_flags::<u32>(n.next_power_of_two(), 0)
+                };
+                sc.topk_host = Some(fresh.map_err(cuda_err("alloc top-k"))?);
+            }
+            let (xp, op) = (addr(&t.buf, &self.stream), addr(&*dev, &self.stream));
             let mut b = self.stream.launch_builder(&self.k.topk_rows);
             b.arg(&xp).arg(&op).arg(&cols).arg(&kk);
-            // SAFETY: x holds rows · cols floats; `dev` holds rows · (2k + 3) words, the
-            // kernel's output; 1 ≤ k ≤ TOPK_MAX (checked above), as the kernel's shared
-            // candidate array requires; one block of TOPK_THREADS threads per row.
+            // SAFETY: x holds rows · cols floats; `dev` holds at least rows · (2k + 3) words,
+            // every one of which the kernel writes; 1 ≤ k ≤ TOPK_MAX (checked above), as the
+            // kernel's shared candidate array requires; one block of TOPK_THREADS per row.
             unsafe { b.launch(rows_cfg(t.rows, kernels::TOPK_THREADS, 0)) }
                 .map_err(cuda_err("topk_rows"))?;
-            let mut words = vec![0u32; t.rows * stride];
+            let host = sc.topk_host.as_mut().ok_or_else(|| Error::Cuda {
+                op: "to_host_top_k",
+                detail: "no host buffer".into(),
+            })?;
+            // As a plain slice: no event of the pinned buffer's own, the stream sync waits.
+            let words = &mut host.as_mut_slice().map_err(cuda_err("download top-k"))?[..n];
             self.stream
-                .memcpy_dtoh(&dev, words.as_mut_slice())
+                .memcpy_dtoh(&dev.slice(..n), words)
                 .map_err(cuda_err("download top-k"))?;
-            drop(st);
             self.synchronize()?;
             for (r, w) in words.chunks_exact(stride).enumerate() {
                 let n = (w[2 * k] as usize).min(k);

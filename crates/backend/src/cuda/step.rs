@@ -12,7 +12,9 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{
+    CudaEvent, CudaSlice, CudaStream, CudaView, DeviceRepr, PinnedHostSlice, ValidAsZeroBits,
+};
 use half::bf16;
 
 use super::{CudaKvPool, cuda_err};
@@ -38,6 +40,15 @@ pub(crate) struct Scratch {
     /// [`Scratch::flush`] (run just before the graph is launched).
     pub defer: bool,
     pending: Vec<(Target, Vec<u32>)>,
+    /// Page-locked staging for the queued uploads: copies from it are asynchronous, where
+    /// from pageable memory the driver stages each one while the host waits.
+    staging: Option<PinnedHostSlice<u32>>,
+    /// Recorded after the copies out of `staging`, waited on before it is rewritten.
+    staging_done: Option<CudaEvent>,
+    /// The device top-k selection's output (`rows · (2k + 3)` words, fully written by each
+    /// launch) and its page-locked host copy.
+    pub topk_dev: Option<CudaSlice<u32>>,
+    pub topk_host: Option<PinnedHostSlice<u32>>,
     meta_valid: bool,
     /// Identity of the spans whose metadata was last checked and uploaded (see
     /// [`Scratch::prepare_spans`]), with the step epoch and pool shape it was checked for.
@@ -350,8 +361,43 @@ impl Scratch {
         Ok(dev)
     }
 
-    /// Performs the queued uploads (graph mode), in order.
+    /// Performs the queued uploads (graph mode), in order, through the page-locked staging
+    /// buffer.
     pub(crate) fn flush(&mut self, stream: &Arc<CudaStream>) -> Result<(), Error> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let total: usize = self.pending.iter().map(|(_, d)| d.len()).sum();
+        if let Some(done) = &self.staging_done {
+            done.synchronize()
+                .map_err(cuda_err("upload graph inputs"))?;
+        }
+        if self.staging.as_ref().is_none_or(|s| s.len() < total) {
+            self.staging = None;
+            // SAFETY: the memory starts uninitialised; every word copied out of it is
+            // written below first. Flags 0: cached (not write-combined) page-locked memory.
+            let fresh = unsafe {
+                stream
+                    .context()
+                    .alloc_pinned_with_flags::<u32>(total.next_power_of_two(), 0)
+            };
+            self.staging = Some(fresh.map_err(cuda_err("alloc staging"))?);
+        }
+        if self.staging_done.is_none() {
+            let e = stream
+                .context()
+                .new_event(None)
+                .map_err(cuda_err("upload graph inputs"))?;
+            self.staging_done = Some(e);
+        }
+        let (Some(staging), Some(done)) = (self.staging.as_mut(), self.staging_done.as_ref())
+        else {
+            return Err(graph_changed("no staging buffer"));
+        };
+        let host = staging
+            .as_mut_slice()
+            .map_err(cuda_err("upload graph inputs"))?;
+        let mut at = 0;
         for (target, data) in self.pending.drain(..) {
             let slot = match target {
                 Target::Idx => &mut self.idx,
@@ -360,11 +406,14 @@ impl Scratch {
                 Target::Meta => &mut self.meta,
             };
             let dev = grow(stream, slot, data.len(), false)?;
+            let chunk = &mut host[at..at + data.len()];
+            chunk.copy_from_slice(&data);
             stream
-                .memcpy_htod(&data, &mut dev.slice_mut(..data.len()))
+                .memcpy_htod(&*chunk, &mut dev.slice_mut(..data.len()))
                 .map_err(cuda_err("upload graph inputs"))?;
+            at += data.len();
         }
-        Ok(())
+        done.record(stream).map_err(cuda_err("upload graph inputs"))
     }
 
     /// Drops queued uploads (a step that did not run) and forgets what the device holds.
