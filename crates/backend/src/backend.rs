@@ -90,6 +90,9 @@ pub trait Backend: Send + Sync {
     type Vector: Send + Sync;
     /// One attention layer's paged K/V storage.
     type KvPool: Send + Sync;
+    /// Greedy picks of decode steps, kept where the next step reads them (see
+    /// [`Backend::pick_greedy`]).
+    type Picks: Send + Sync;
 
     /// A short description, e.g. `cpu (2 threads, avx2)`.
     fn describe(&self) -> String;
@@ -125,6 +128,28 @@ pub trait Backend: Send + Sync {
     /// `out[i] = table[ids[i]]` (rows of the embedding matrix, dequantized).
     fn embed(&self, table: &Self::Matrix, ids: &[u32], out: &mut Self::Tensor)
     -> Result<(), Error>;
+
+    /// An empty set of greedy picks.
+    fn new_picks(&self) -> Result<Self::Picks, Error>;
+    /// Ends a step like [`Backend::to_host_top_k`] with `k = 1`, but without waiting for it:
+    /// each row's greedy pick (its largest logit's id, ranked as `to_host_top_k` ranks) is
+    /// kept in `picks` for the next step's [`Backend::embed_picks`] and is on its way to the
+    /// host for [`Backend::wait_picks`]. So greedy decoding can issue step n + 1 before it
+    /// knows step n's tokens, and the device never waits for the host. At most two picks may
+    /// be pending.
+    fn pick_greedy(&self, logits: &Self::Tensor, picks: &mut Self::Picks) -> Result<(), Error>;
+    /// Waits for the oldest pending pick; `out` gets its ids, one per row. A row whose logits
+    /// were all NaN is [`Error::NothingToPick`].
+    fn wait_picks(&self, picks: &mut Self::Picks, out: &mut Vec<u32>) -> Result<(), Error>;
+    /// [`Backend::embed`] of the ids of the latest [`Backend::pick_greedy`] into `picks`
+    /// without them passing through the host: `rows` rows, which must be that pick's.
+    fn embed_picks(
+        &self,
+        table: &Self::Matrix,
+        picks: &Self::Picks,
+        rows: usize,
+        out: &mut Self::Tensor,
+    ) -> Result<(), Error>;
     /// Row-wise RMSNorm: `out = x / rms(x) · w`.
     fn rms_norm(
         &self,

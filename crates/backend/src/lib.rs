@@ -75,6 +75,12 @@ pub enum Error {
         /// The largest supported.
         max: usize,
     },
+    /// A greedy pick of a row whose logits are all NaN: there is no token to choose.
+    #[error("row {row} of the logits has no token to pick (every logit is NaN)")]
+    NothingToPick {
+        /// The row.
+        row: usize,
+    },
     /// Two operands whose shapes do not fit together.
     #[error("shape mismatch in {op}: {detail}")]
     Shape {

@@ -22,7 +22,7 @@ use turbokv_model::config::RopeScaling;
 use turbokv_model::loader::{LayerWeights, Weights};
 use turbokv_model::{
     Family, KvCache, LoadOptions, LogitsFor, Model, ModelConfig, Scratch, SeqInput, StepOutput,
-    Transformer,
+    StepTokens, Transformer,
 };
 
 use crate::args::BenchDecodeArgs;
@@ -99,6 +99,13 @@ pub struct DecodeReport {
     /// The device's part of a graphed step: the last step's graph launched back to back
     /// (no host code or launch gaps between), ms per launch; 0 without graphs.
     pub graph_gpu_ms_step: f64,
+    /// Greedy decoding with the device a step ahead of the host (each step fed the step
+    /// before's picks on the device, `turbokv run`'s greedy loop): mean ms per step.
+    pub pipelined_ms_step: f64,
+    /// Its tokens per second.
+    pub pipelined_tok_s: f64,
+    /// Its step time / roofline.
+    pub pipelined_ratio_to_roofline: f64,
 }
 
 /// What the benchmark needs from a backend beyond [`Backend`].
@@ -394,6 +401,10 @@ fn print_report(r: &DecodeReport) {
         "graph ending in a greedy pick (top-1) {:.3} ms/step ({:.1} tok/s)",
         r.graph_greedy_ms_step, r.graph_greedy_tok_s
     );
+    println!(
+        "greedy, device a step ahead (pipelined) {:.3} ms/step ({:.1} tok/s) | ratio {:.2}x",
+        r.pipelined_ms_step, r.pipelined_tok_s, r.pipelined_ratio_to_roofline
+    );
     if r.graph_replays > 0 {
         println!(
             "graph steps: {} replayed, host time before each launch {:.0} µs (uploads {:.0} µs), launch call {:.0} µs",
@@ -443,8 +454,8 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
     };
     let cfg = tm.config().clone();
     let steps = args.steps.max(1);
-    // Eager + two graph decode passes, each with warm-up, plus one comparison step.
-    let per_seq = args.ctx + 3 * (steps + WARMUP) + 4;
+    // Eager, two graph and one pipelined decode pass, each with warm-up, plus spare steps.
+    let per_seq = args.ctx + 4 * (steps + WARMUP) + 8;
     let blocks = args.batch * per_seq.div_ceil(BLOCK) + per_seq.div_ceil(BLOCK);
     let mut cache = tm
         .new_cache(kv_dtype, BLOCK, blocks * BLOCK, per_seq)
@@ -517,6 +528,7 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
     } else {
         (eager_s, time_steps(false, true)?)
     };
+    let pipelined_s = time_pipelined(&tm, &mut cache, &mut scratch, &next, steps)?;
     let gpu_s = if b_has_graphs(&tm) {
         tm.backend().graph_gpu_s(steps)?
     } else {
@@ -560,7 +572,48 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
         graph_upload_us_step: per_replay(gs.replay_upload_s),
         graph_launch_us_step: per_replay(gs.replay_launch_s),
         graph_gpu_ms_step: gpu_s * 1e3,
+        pipelined_ms_step: pipelined_s * 1e3,
+        pipelined_tok_s: batch / pipelined_s,
+        pipelined_ratio_to_roofline: pipelined_s / roofline,
     })
+}
+
+/// Mean step time of greedy decoding with the device a step ahead of the host: each step is
+/// fed the picks of the step before on the device ([`Transformer::forward_pick`]) and issued
+/// before those picks are read, as `Session::generate_greedy` and `turbokv run` decode. A
+/// mean over the steps, not a median: with the steps overlapping, only their rate is defined.
+fn time_pipelined<B: Backend>(
+    tm: &Transformer<B>,
+    cache: &mut KvCache<B>,
+    scratch: &mut Scratch<B>,
+    first: &[u32],
+    steps: usize,
+) -> Result<f64> {
+    tm.set_step_graphs(true);
+    let b = tm.backend();
+    let mut picks = b.new_picks()?;
+    let inputs: Vec<SeqInput<'_>> = first
+        .iter()
+        .enumerate()
+        .map(|(s, t)| SeqInput {
+            seq: s as u64,
+            tokens: std::slice::from_ref(t),
+        })
+        .collect();
+    tm.forward_pick(StepTokens::Host(&inputs), cache, scratch, &mut picks)?;
+    let seqs: Vec<u64> = (0..first.len() as u64).collect();
+    let mut ids = Vec::new();
+    let mut start = Instant::now();
+    for i in 0..WARMUP + steps {
+        if i == WARMUP {
+            start = Instant::now();
+        }
+        tm.forward_pick(StepTokens::Picked(&seqs), cache, scratch, &mut picks)?;
+        b.wait_picks(&mut picks, &mut ids)?;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    b.wait_picks(&mut picks, &mut ids)?;
+    Ok(elapsed / steps as f64)
 }
 
 fn b_has_graphs<B: BenchBackend>(tm: &Transformer<B>) -> bool {

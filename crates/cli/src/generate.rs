@@ -192,8 +192,11 @@ fn chat_on<B: Backend>(backend: B, args: &ChatArgs) -> Result<()> {
             &mut out,
         )?;
         writeln!(out)?;
+        // What the session holds: a prefix of the prompt and the reply (a reply's last token
+        // is not always fed back).
         cached = ids;
         cached.extend(&stats.generated);
+        cached.truncate(session.len());
         messages.push(("assistant".into(), stats.text.clone()));
         print_stats(&loaded, &session, &stats);
     }
@@ -262,34 +265,65 @@ fn generate_ids<B: Backend>(
     let mut sampler = Sampler::new(params.clone())?;
     let mut stops = StopChecker::new(&params.stop);
     let mut decoder = loaded.tokenizer.decode_stream(true);
-    let mut history: Vec<u32> = ids.to_vec();
-    let mut logits = Vec::new();
-    let mut next = step_and_sample(session, &mut sampler, &history, ids, true, &mut logits)?;
     let mut generated = Vec::new();
     let mut text = String::new();
     let mut stop = "max_tokens";
-    while generated.len() < s.max_tokens {
-        if loaded.tokenizer.is_eos(next) {
-            stop = "eos";
-            break;
+    if params.is_greedy() {
+        // The device runs a step ahead: each token is streamed while the next is computed.
+        let mut write_err = None;
+        session.generate_greedy(ids, s.max_tokens, |next| {
+            if loaded.tokenizer.is_eos(next) {
+                stop = "eos";
+                return false;
+            }
+            generated.push(next);
+            if let Some(piece) = decoder.step(&loaded.tokenizer, next) {
+                let step = stops.push(piece);
+                if let Err(e) = out.write_all(step.text.as_bytes()).and_then(|()| out.flush()) {
+                    write_err = Some(e);
+                    return false;
+                }
+                text.push_str(step.text);
+                if step.stopped.is_some() {
+                    stop = "stop_string";
+                    return false;
+                }
+            }
+            true
+        })?;
+        if let Some(e) = write_err {
+            return Err(e.into());
         }
-        generated.push(next);
-        history.push(next);
-        if let Some(piece) = decoder.step(&loaded.tokenizer, next) {
-            let step = stops.push(piece);
-            out.write_all(step.text.as_bytes())?;
-            out.flush()?;
-            text.push_str(step.text);
-            if step.stopped.is_some() {
-                stop = "stop_string";
+        if stop == "max_tokens" && generated.len() < s.max_tokens {
+            stop = "context_full";
+        }
+    } else {
+        let mut history: Vec<u32> = ids.to_vec();
+        let mut logits = Vec::new();
+        let mut next = step_and_sample(session, &mut sampler, &history, ids, true, &mut logits)?;
+        while generated.len() < s.max_tokens {
+            if loaded.tokenizer.is_eos(next) {
+                stop = "eos";
                 break;
             }
+            generated.push(next);
+            history.push(next);
+            if let Some(piece) = decoder.step(&loaded.tokenizer, next) {
+                let step = stops.push(piece);
+                out.write_all(step.text.as_bytes())?;
+                out.flush()?;
+                text.push_str(step.text);
+                if step.stopped.is_some() {
+                    stop = "stop_string";
+                    break;
+                }
+            }
+            if session.len() + 1 >= limit {
+                stop = "context_full";
+                break;
+            }
+            next = step_and_sample(session, &mut sampler, &history, &[next], false, &mut logits)?;
         }
-        if session.len() + 1 >= limit {
-            stop = "context_full";
-            break;
-        }
-        next = step_and_sample(session, &mut sampler, &history, &[next], false, &mut logits)?;
     }
     if stop != "stop_string" {
         let tail = format!("{}{}", decoder.finish().unwrap_or(""), stops.finish());

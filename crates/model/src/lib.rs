@@ -25,7 +25,9 @@ pub use calibrate::{KvCalibration, calibrate_kv_centers};
 pub use config::{Family, ModelConfig};
 pub use model::{LoadOptions, Model};
 pub use session::Session;
-pub use transformer::{KvCache, KvObserver, LogitsFor, Scratch, SeqInput, StepOutput, Transformer};
+pub use transformer::{
+    KvCache, KvObserver, LogitsFor, Scratch, SeqInput, StepOutput, StepTokens, Transformer,
+};
 
 /// Errors of loading and running models.
 #[derive(Debug, thiserror::Error)]

@@ -118,6 +118,13 @@ impl SamplingParams {
         }
     }
 
+    /// Whether these parameters always choose the largest logit (temperature 0, no
+    /// repetition penalty): what [`Session::generate_greedy`](crate::Session::generate_greedy)
+    /// computes with the device ahead of the host.
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 && (self.repetition_penalty == 1.0 || self.repetition_window == 0)
+    }
+
     /// Checks every field's range.
     pub fn validate(&self) -> Result<(), SamplingError> {
         let bad = |param, value: f32, expected| SamplingError::InvalidParam {

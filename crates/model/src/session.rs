@@ -10,7 +10,7 @@ use turbokv_cache::{KvPolicy, SeqId};
 use turbokv_codec::KvDtype;
 
 use crate::ModelError;
-use crate::transformer::{KvCache, LogitsFor, Scratch, SeqInput, Transformer};
+use crate::transformer::{KvCache, LogitsFor, Scratch, SeqInput, StepTokens, Transformer};
 
 /// Tokens per prefill chunk: bounds activation memory while keeping matmuls large.
 pub const PREFILL_CHUNK: usize = 512;
@@ -39,6 +39,7 @@ pub struct Session<'m, B: Backend> {
     scratch: Scratch<B>,
     logits: Vec<f32>,
     top: TopK,
+    picks: B::Picks,
     /// Accumulated timings.
     pub times: SessionTimes,
 }
@@ -65,6 +66,7 @@ impl<'m, B: Backend> Session<'m, B> {
             scratch: model.new_scratch()?,
             logits: Vec::new(),
             top: TopK::default(),
+            picks: model.backend().new_picks()?,
             times: SessionTimes::default(),
         })
     }
@@ -134,6 +136,101 @@ impl<'m, B: Backend> Session<'m, B> {
         self.times.decode += start.elapsed();
         self.times.decode_tokens += 1;
         Ok(&self.top)
+    }
+
+    /// Greedy decoding with the device a step ahead of the host: prefills `prompt`, then
+    /// calls `on_token` with each generated token in order until it returns false,
+    /// `max_tokens` tokens were generated or the context is full; returns the generated tokens
+    /// (the one `on_token` refused included).
+    ///
+    /// Each step's input is the step before's pick, still on the device
+    /// ([`Transformer::forward_pick`]), so step n + 1 is issued before step n's token is read:
+    /// the host's share of a step (launch checks, uploads, `on_token`) overlaps the device's.
+    /// The tokens are those of a loop of [`Self::step_top_k`] with `k = 1`, and the cache
+    /// ends the same way: the prompt and every returned token but the last (a step issued
+    /// past that point is rolled back).
+    pub fn generate_greedy(
+        &mut self,
+        prompt: &[u32],
+        max_tokens: usize,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<Vec<u32>, ModelError> {
+        let mut generated = Vec::new();
+        if max_tokens == 0 {
+            self.prefill(prompt)?;
+            return Ok(generated);
+        }
+        let start = Instant::now();
+        let chunks: Vec<&[u32]> = prompt.chunks(PREFILL_CHUNK).collect();
+        let Some((last, head)) = chunks.split_last() else {
+            return Err(ModelError::EmptyInput(SEQ));
+        };
+        for chunk in head {
+            self.run(chunk, LogitsFor::LastToken)?;
+        }
+        let input = [SeqInput {
+            seq: SEQ,
+            tokens: last,
+        }];
+        self.model.forward_pick(
+            StepTokens::Host(&input),
+            &mut self.cache,
+            &mut self.scratch,
+            &mut self.picks,
+        )?;
+        // The prefill's pick is collected by the first wait below, so its time counts as
+        // prefill only up to its issue.
+        self.times.prefill += start.elapsed();
+        self.times.prefill_tokens += prompt.len();
+        let start = Instant::now();
+        let limit = self.cache.max_tokens_per_seq();
+        let (mut pending, mut ids) = (1usize, Vec::new());
+        // Whether the last iteration issued a step, which fed the token it then waited for.
+        let mut fed_last;
+        let result = loop {
+            // Issue the step that feeds the pending pick, if its token may be wanted.
+            fed_last = false;
+            if generated.len() + pending < max_tokens && self.len() < limit {
+                let step = self.model.forward_pick(
+                    StepTokens::Picked(&[SEQ]),
+                    &mut self.cache,
+                    &mut self.scratch,
+                    &mut self.picks,
+                );
+                if let Err(e) = step {
+                    break Err(e);
+                }
+                pending += 1;
+                fed_last = true;
+                self.times.decode_tokens += 1;
+            }
+            pending -= 1;
+            if let Err(e) = self.model.backend().wait_picks(&mut self.picks, &mut ids) {
+                break Err(e.into());
+            }
+            let Some(&token) = ids.first() else {
+                break Err(ModelError::EmptyInput(SEQ));
+            };
+            generated.push(token);
+            if !on_token(token) || !fed_last {
+                break Ok(());
+            }
+        };
+        // Picks still pending are not wanted (the next call must start with none), nor is
+        // the token appended by a step that fed the last one (returned, or failed to arrive).
+        let mut drained = Ok(());
+        for _ in 0..pending {
+            drained = drained.and(self.model.backend().wait_picks(&mut self.picks, &mut ids));
+        }
+        if fed_last {
+            let len = self.len();
+            self.cache.truncate(SEQ, len.saturating_sub(1))?;
+            self.times.decode_tokens -= 1;
+        }
+        self.times.decode += start.elapsed();
+        result?;
+        drained?;
+        Ok(generated)
     }
 
     /// Forgets every cached token.

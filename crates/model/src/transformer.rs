@@ -46,6 +46,17 @@ impl<B: Backend> KvCache<B> {
     pub fn remove_sequence(&mut self, id: SeqId) -> Result<(), ModelError> {
         Ok(self.alloc.remove_sequence(id)?)
     }
+    /// Tokens a sequence may hold.
+    pub fn max_tokens_per_seq(&self) -> usize {
+        self.max_tokens_per_seq
+    }
+
+    /// Forgets sequence `id`'s tokens from position `len` on (blocks no longer needed are
+    /// freed).
+    pub fn truncate(&mut self, id: SeqId, len: usize) -> Result<(), ModelError> {
+        Ok(self.alloc.truncate(id, len)?)
+    }
+
     /// Tokens cached for a sequence.
     pub fn seq_len(&self, id: SeqId) -> Result<usize, ModelError> {
         Ok(self.alloc.table(id)?.len())
@@ -82,6 +93,42 @@ pub enum StepOutput<'a> {
         /// The result.
         out: &'a mut TopK,
     },
+}
+
+/// The input tokens of a [`Transformer::forward_pick`] step.
+#[derive(Clone, Copy, Debug)]
+pub enum StepTokens<'a> {
+    /// Tokens from the host, per sequence.
+    Host(&'a [SeqInput<'a>]),
+    /// One token per sequence: the picks of the step before (in its row order, which must be
+    /// these sequences'), still where the backend keeps them.
+    Picked(&'a [SeqId]),
+}
+
+/// The placeholder token of a [`StepTokens::Picked`] row (its real id is on the device).
+static PICKED: [u32; 1] = [0];
+
+/// How a step ends.
+enum Ending<'a, 'o, B: Backend> {
+    /// Its logits go to the host, in full or as top-k.
+    Output(&'a mut StepOutput<'o>),
+    /// A greedy pick; `chained`: the step's input is the pick before.
+    Pick {
+        picks: &'a mut B::Picks,
+        chained: bool,
+    },
+}
+
+impl<'o, B: Backend> Ending<'_, 'o, B> {
+    fn reborrow(&mut self) -> Ending<'_, 'o, B> {
+        match self {
+            Ending::Output(o) => Ending::Output(o),
+            Ending::Pick { picks, chained } => Ending::Pick {
+                picks,
+                chained: *chained,
+            },
+        }
+    }
 }
 
 /// New tokens of one sequence for a step.
@@ -233,7 +280,45 @@ impl<B: Backend> Transformer<B> {
         logits_out: &mut Vec<f32>,
     ) -> Result<(), ModelError> {
         let mut out = StepOutput::Logits(logits_out);
-        self.forward_inner(inputs, cache, scratch, want, &mut out, None)
+        self.forward_inner(inputs, cache, scratch, want, Ending::Output(&mut out), None)
+    }
+
+    /// A step ending in [`Backend::pick_greedy`] (greedy decoding with the device ahead of
+    /// the host): each sequence's next token is picked into `picks` and is read with
+    /// [`Backend::wait_picks`], while [`StepTokens::Picked`] feeds it to the next step
+    /// without waiting. Sequences in input order, their last token's logits only.
+    ///
+    /// On error no sequence has grown, as with [`Self::forward`].
+    pub fn forward_pick(
+        &self,
+        tokens: StepTokens<'_>,
+        cache: &mut KvCache<B>,
+        scratch: &mut Scratch<B>,
+        picks: &mut B::Picks,
+    ) -> Result<(), ModelError> {
+        match tokens {
+            StepTokens::Host(inputs) => {
+                let ending = Ending::Pick {
+                    picks,
+                    chained: false,
+                };
+                self.forward_inner(inputs, cache, scratch, LogitsFor::LastToken, ending, None)
+            }
+            StepTokens::Picked(seqs) => {
+                let inputs: Vec<SeqInput<'_>> = seqs
+                    .iter()
+                    .map(|&seq| SeqInput {
+                        seq,
+                        tokens: &PICKED,
+                    })
+                    .collect();
+                let ending = Ending::Pick {
+                    picks,
+                    chained: true,
+                };
+                self.forward_inner(&inputs, cache, scratch, LogitsFor::LastToken, ending, None)
+            }
+        }
     }
 
     /// [`Self::forward`] for the last token of each sequence, ending in
@@ -248,7 +333,8 @@ impl<B: Backend> Transformer<B> {
         out: &mut TopK,
     ) -> Result<(), ModelError> {
         let mut out = StepOutput::TopK { k, out };
-        self.forward_inner(inputs, cache, scratch, LogitsFor::LastToken, &mut out, None)
+        let ending = Ending::Output(&mut out);
+        self.forward_inner(inputs, cache, scratch, LogitsFor::LastToken, ending, None)
     }
 
     /// [`Self::forward`], calling `observe(layer, rows)` after each layer's KV write with the
@@ -267,7 +353,8 @@ impl<B: Backend> Transformer<B> {
         observe: KvObserver<'_>,
     ) -> Result<(), ModelError> {
         let mut out = StepOutput::Logits(logits_out);
-        self.forward_inner(inputs, cache, scratch, want, &mut out, Some(observe))
+        let ending = Ending::Output(&mut out);
+        self.forward_inner(inputs, cache, scratch, want, ending, Some(observe))
     }
 
     fn forward_inner(
@@ -276,7 +363,7 @@ impl<B: Backend> Transformer<B> {
         cache: &mut KvCache<B>,
         scratch: &mut Scratch<B>,
         want: LogitsFor,
-        out: &mut StepOutput<'_>,
+        mut ending: Ending<'_, '_, B>,
         observe: Option<KvObserver<'_>>,
     ) -> Result<(), ModelError> {
         let (tables, starts) = reserve(inputs, cache)?;
@@ -288,10 +375,14 @@ impl<B: Backend> Transformer<B> {
             && inputs.iter().all(|i| i.tokens.len() == 1)
             && self.step_graphs.load(Ordering::Relaxed);
         let result = if decode_step {
-            self.backend
-                .run_step(|| self.run(inputs, &tables, &starts, cache, scratch, want, out, None))
+            self.backend.run_step(|| {
+                let e = ending.reborrow();
+                self.run(inputs, &tables, &starts, cache, scratch, want, e, None)
+            })
         } else {
-            self.run(inputs, &tables, &starts, cache, scratch, want, out, observe)
+            self.run(
+                inputs, &tables, &starts, cache, scratch, want, ending, observe,
+            )
         };
         if result.is_err() {
             for (inp, &start) in inputs.iter().zip(&starts) {
@@ -310,7 +401,7 @@ impl<B: Backend> Transformer<B> {
         cache: &mut KvCache<B>,
         s: &mut Scratch<B>,
         want: LogitsFor,
-        out: &mut StepOutput<'_>,
+        ending: Ending<'_, '_, B>,
         mut observe: Option<KvObserver<'_>>,
     ) -> Result<(), ModelError> {
         let b = &self.backend;
@@ -328,7 +419,13 @@ impl<B: Backend> Transformer<B> {
             });
             ids.extend_from_slice(inp.tokens);
         }
-        b.embed(&w.embed, &ids, &mut s.x)?;
+        match &ending {
+            Ending::Pick {
+                picks,
+                chained: true,
+            } => b.embed_picks(&w.embed, picks, ids.len(), &mut s.x)?,
+            _ => b.embed(&w.embed, &ids, &mut s.x)?,
+        }
         for (l, (layer, pool)) in w.layers.iter().zip(cache.pools.iter_mut()).enumerate() {
             b.rms_norm_matmul_cat(
                 &s.x,
@@ -394,9 +491,12 @@ impl<B: Backend> Transformer<B> {
             &mut s.picked_n,
             &mut s.logits,
         )?;
-        match out {
-            StepOutput::Logits(v) => b.to_host(&s.logits, v)?,
-            StepOutput::TopK { k, out } => b.to_host_top_k(&s.logits, *k, out)?,
+        match ending {
+            Ending::Output(StepOutput::Logits(v)) => b.to_host(&s.logits, v)?,
+            Ending::Output(StepOutput::TopK { k, out }) => {
+                b.to_host_top_k(&s.logits, *k, out)?;
+            }
+            Ending::Pick { picks, .. } => b.pick_greedy(&s.logits, picks)?,
         }
         Ok(())
     }

@@ -1,8 +1,9 @@
 //! End to end on the GPU: random tiny models (llama with GQA, qwen2 with QKV bias, qwen3 with
 //! q/k norm) loaded on the CPU backend (f32 reference weights) and on the CUDA backend (bf16
 //! weights); logits of a chunked prefill, of single-token decode steps and of a batched step
-//! over several sequences must agree. With `$TURBOKV_MODEL` set, greedy continuations of the
-//! real model must agree for at least 32 tokens.
+//! over several sequences must agree, and greedy decoding fed by device-side picks must give
+//! the tokens of host-fed steps. With `$TURBOKV_MODEL` set, greedy continuations of the real
+//! model must agree for at least 32 tokens.
 //!
 //! Skips with a message when no GPU/driver is present.
 //!
@@ -16,9 +17,9 @@ use std::path::Path;
 
 use turbokv_backend::cpu::{CpuBackend, WeightMode};
 use turbokv_backend::cuda::CudaBackend;
-use turbokv_backend::{Backend, Error};
+use turbokv_backend::{Backend, Error, TopK};
 use turbokv_codec::KvDtype;
-use turbokv_model::{LoadOptions, LogitsFor, Model, SeqInput, Session};
+use turbokv_model::{LoadOptions, LogitsFor, Model, SeqInput, Session, StepTokens};
 
 fn gpu() -> Option<CudaBackend> {
     match CudaBackend::new(0) {
@@ -267,8 +268,83 @@ fn random_tiny_models_match_cpu() {
             );
         }
         batched_step_matches(&cpu, &gpu, s);
+        pipelined_greedy_matches(&gpu, s, &prompt);
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// Greedy decoding fed by the device-side picks (`generate_greedy`, `forward_pick`) gives
+/// exactly the tokens of host-fed `top_k(1)` steps on the same backend, for one sequence and
+/// for three decoded together.
+fn pipelined_greedy_matches<G: Backend>(gpu: &Model<G>, s: &Shape, prompt: &[u32]) {
+    let tm = &gpu.transformer;
+    let n = 40;
+    let mut a = Session::new(tm, KvDtype::F16, 1024).unwrap();
+    let mut want = Vec::new();
+    let mut next = a.prefill_top_k(&prompt[..100], 1).unwrap().ids[0];
+    for _ in 0..n {
+        want.push(next);
+        if want.len() < n {
+            next = a.step_top_k(next, 1).unwrap().ids[0];
+        }
+    }
+    let mut b = Session::new(tm, KvDtype::F16, 1024).unwrap();
+    let got = b.generate_greedy(&prompt[..100], n, |_| true).unwrap();
+    assert_eq!(got, want, "{}: pipelined greedy", s.arch);
+    assert_eq!(a.len(), b.len());
+
+    let seqs = [0u64, 1, 2];
+    let prompts = [&prompt[..30], &prompt[200..203], &prompt[300..377]];
+    let mut ids = [Vec::new(), Vec::new()];
+    for (chained, ids) in [false, true].into_iter().zip(&mut ids) {
+        let mut cache = tm.new_cache(KvDtype::Bf16, 16, 4096, 2048).unwrap();
+        let mut scratch = tm.new_scratch().unwrap();
+        let mut logits = Vec::new();
+        for (&seq, p) in seqs.iter().zip(prompts) {
+            cache.add_sequence(seq).unwrap();
+            let input = [SeqInput {
+                seq,
+                tokens: &p[..p.len() - 1],
+            }];
+            tm.forward(
+                &input,
+                &mut cache,
+                &mut scratch,
+                LogitsFor::LastToken,
+                &mut logits,
+            )
+            .unwrap();
+        }
+        let mut last: Vec<u32> = prompts.iter().map(|p| p[p.len() - 1]).collect();
+        let mut picks = gpu.transformer.backend().new_picks().unwrap();
+        let mut top = TopK::default();
+        for step in 0..12 {
+            let inputs: Vec<SeqInput> = seqs
+                .iter()
+                .zip(&last)
+                .map(|(&seq, t)| SeqInput {
+                    seq,
+                    tokens: std::slice::from_ref(t),
+                })
+                .collect();
+            if chained {
+                let tokens = if step == 0 {
+                    StepTokens::Host(&inputs)
+                } else {
+                    StepTokens::Picked(&seqs)
+                };
+                tm.forward_pick(tokens, &mut cache, &mut scratch, &mut picks)
+                    .unwrap();
+                tm.backend().wait_picks(&mut picks, &mut last).unwrap();
+            } else {
+                tm.forward_top_k(&inputs, &mut cache, &mut scratch, 1, &mut top)
+                    .unwrap();
+                last = top.ids.clone();
+            }
+            ids.extend_from_slice(&last);
+        }
+    }
+    assert_eq!(ids[0], ids[1], "{}: three sequences chained", s.arch);
 }
 
 /// One `forward` over three sequences of different lengths (a decode row, a continuation,
@@ -386,6 +462,19 @@ fn demo_model_greedy_agrees() {
             "{name}: the GPU left the CPU's continuation after {agree} tokens where the CPU's choice led by {margin}"
         );
         longest = longest.max(agree);
+        // The device-fed greedy loop against host-fed top-1 steps, both on the GPU.
+        let mut stepwise = Vec::new();
+        let mut a = Session::new(&gpu.transformer, KvDtype::F16, 512).unwrap();
+        let mut next = a.prefill_top_k(&prompt, 1).unwrap().ids[0];
+        for i in 0..48 {
+            stepwise.push(next);
+            if i < 47 {
+                next = a.step_top_k(next, 1).unwrap().ids[0];
+            }
+        }
+        let mut b = Session::new(&gpu.transformer, KvDtype::F16, 512).unwrap();
+        let piped = b.generate_greedy(&prompt, 48, |_| true).unwrap();
+        assert_eq!(piped, stepwise, "{name}: pipelined greedy");
     }
     assert!(
         longest >= 32,

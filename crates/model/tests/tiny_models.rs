@@ -576,3 +576,79 @@ fn prompt_longer_than_context_is_refused_and_cache_unchanged() {
     assert_eq!(s.len(), 20, "a refused step must not grow the cache");
     s.prefill(&[1; 12]).unwrap();
 }
+
+/// `generate_greedy` (each step fed the step before's pick without a host round trip) gives
+/// the tokens of a plain `step_top_k(·, 1)` loop and leaves the cache the same way, when it
+/// runs out of tokens, when the caller stops it and when the context fills.
+#[test]
+fn pipelined_greedy_matches_stepwise_greedy() {
+    let t = random_weights(&BASE, 7);
+    let dir = tempdir("greedy");
+    write_gguf(&BASE, &t, &dir.join("m.gguf"));
+    let model = Model::load(
+        &dir.join("m.gguf"),
+        CpuBackend::new(),
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    let tm = &model.transformer;
+    let prompt: Vec<u32> = (0..11).map(|i| (i * 5 + 2) % BASE.vocab as u32).collect();
+    let n = 12;
+    let mut reference = Vec::new();
+    let mut s = Session::new(tm, KvDtype::F16, 64).unwrap();
+    let mut next = s.prefill_top_k(&prompt, 1).unwrap().ids[0];
+    for _ in 0..n {
+        reference.push(next);
+        if reference.len() < n {
+            next = s.step_top_k(next, 1).unwrap().ids[0];
+        }
+    }
+    assert_eq!(s.len(), prompt.len() + n - 1);
+
+    let mut g = Session::new(tm, KvDtype::F16, 64).unwrap();
+    let mut seen = Vec::new();
+    let got = g
+        .generate_greedy(&prompt, n, |tok| {
+            seen.push(tok);
+            true
+        })
+        .unwrap();
+    assert_eq!(got, reference);
+    assert_eq!(seen, reference, "on_token sees every token in order");
+    assert_eq!(g.len(), s.len(), "all tokens but the last are cached");
+
+    // Stopped by the caller after 5 tokens: the 5th is returned, not cached; a later call
+    // fed that token continues the same continuation.
+    let mut g = Session::new(tm, KvDtype::F16, 64).unwrap();
+    let got = g
+        .generate_greedy(&prompt, n, |tok| tok != reference[4])
+        .unwrap();
+    let stop = got.len();
+    assert!(stop <= 5 && got[..] == reference[..stop]);
+    assert_eq!(g.len(), prompt.len() + stop - 1);
+    let rest = g
+        .generate_greedy(&reference[stop - 1..stop], n - stop, |_| true)
+        .unwrap();
+    assert_eq!(rest, reference[stop..]);
+
+    // A context of prompt + 3 tokens: 4 tokens (the last one is not fed), cache full.
+    let mut g = Session::new(tm, KvDtype::F16, prompt.len() + 3).unwrap();
+    let got = g.generate_greedy(&prompt, n, |_| true).unwrap();
+    assert_eq!(got, reference[..4]);
+    assert_eq!(g.len(), prompt.len() + 3);
+
+    // Zero and one token.
+    let mut g = Session::new(tm, KvDtype::F16, 64).unwrap();
+    assert!(g.generate_greedy(&prompt, 0, |_| true).unwrap().is_empty());
+    assert_eq!(g.len(), prompt.len());
+    let mut g = Session::new(tm, KvDtype::F16, 64).unwrap();
+    assert_eq!(
+        g.generate_greedy(&prompt, 1, |_| true).unwrap(),
+        reference[..1]
+    );
+    assert_eq!(g.len(), prompt.len());
+    assert!(
+        g.generate_greedy(&[], 3, |_| true).is_err(),
+        "an empty prompt"
+    );
+}

@@ -11,8 +11,10 @@ mod direct;
 mod direct_avx2;
 mod kv;
 pub(crate) mod ops;
+pub(crate) mod picks;
 
 pub use kv::{CpuKvPool, KvStorage};
+pub use picks::CpuPicks;
 
 use rayon::prelude::*;
 use turbokv_cache::KvLayout;
@@ -114,6 +116,7 @@ impl Backend for CpuBackend {
     type Matrix = WeightMatrix;
     type Vector = Vec<f32>;
     type KvPool = CpuKvPool;
+    type Picks = CpuPicks;
 
     fn describe(&self) -> String {
         let simd = if ops::has_avx2_fma() {
@@ -152,6 +155,32 @@ impl Backend for CpuBackend {
     /// Selects straight from the tensor (no copy of the logits).
     fn to_host_top_k(&self, t: &CpuTensor, k: usize, out: &mut crate::TopK) -> Result<(), Error> {
         crate::select_top_k(t.as_slice(), t.cols, k, out)
+    }
+
+    fn new_picks(&self) -> Result<CpuPicks, Error> {
+        Ok(CpuPicks::default())
+    }
+
+    fn pick_greedy(&self, logits: &CpuTensor, picks: &mut CpuPicks) -> Result<(), Error> {
+        let mut top = crate::TopK::default();
+        crate::select_top_k(logits.as_slice(), logits.cols, 1, &mut top)?;
+        picks.push(&top)
+    }
+
+    fn wait_picks(&self, picks: &mut CpuPicks, out: &mut Vec<u32>) -> Result<(), Error> {
+        picks.pop(out)
+    }
+
+    fn embed_picks(
+        &self,
+        table: &WeightMatrix,
+        picks: &CpuPicks,
+        rows: usize,
+        out: &mut CpuTensor,
+    ) -> Result<(), Error> {
+        let ids = picks.latest()?;
+        crate::cpu::picks::check_rows(ids.len(), rows)?;
+        self.embed(table, ids, out)
     }
 
     fn to_host(&self, t: &CpuTensor, out: &mut Vec<f32>) -> Result<(), Error> {

@@ -32,9 +32,11 @@
 mod graph;
 mod kernels;
 mod ops;
+mod picks;
 mod step;
 
 pub use graph::GraphStats;
+pub use picks::CudaPicks;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -11,6 +11,7 @@ use turbokv_codec::KvDtype;
 
 use super::graph::{Mode, sig};
 use super::kernels;
+use super::picks::{self, CudaPicks};
 use super::step::{graph_changed, grow};
 use super::{
     CudaBackend, CudaKvPool, CudaMatrix, CudaTensor, CudaVector, cuda_err, unsupported_kv,
@@ -637,6 +638,7 @@ impl Backend for CudaBackend {
     type Matrix = CudaMatrix;
     type Vector = CudaVector;
     type KvPool = CudaKvPool;
+    type Picks = CudaPicks;
 
     fn run_step<E, F>(&self, step: F) -> Result<(), E>
     where
@@ -751,8 +753,9 @@ impl Backend for CudaBackend {
                 sc.topk_host = Some(fresh.map_err(cuda_err("alloc top-k"))?);
             }
             let (xp, op) = (addr(&t.buf, &self.stream), addr(&*dev, &self.stream));
+            let no_picks = 0u64;
             let mut b = self.stream.launch_builder(&self.k.topk_rows);
-            b.arg(&xp).arg(&op).arg(&cols).arg(&kk);
+            b.arg(&xp).arg(&op).arg(&cols).arg(&kk).arg(&no_picks);
             // SAFETY: x holds rows · cols floats; `dev` holds at least rows · (2k + 3) words,
             // every one of which the kernel writes; 1 ≤ k ≤ TOPK_MAX (checked above), as the
             // kernel's shared candidate array requires; one block of TOPK_THREADS per row.
@@ -849,6 +852,115 @@ impl Backend for CudaBackend {
         // SAFETY: ids were checked against the table's rows; out holds ids.len() rows; the
         // index buffer holds ids.len() ids (uploaded before the kernel runs).
         unsafe { b.launch(rows_cfg(ids.len(), 256, 0)) }.map_err(cuda_err("embed"))?;
+        Ok(())
+    }
+
+    fn new_picks(&self) -> Result<CudaPicks, Error> {
+        Ok(CudaPicks::default())
+    }
+
+    /// The top-1 selection is launched after `finish_graph_step`, outside any graph, like
+    /// `to_host_top_k`'s; see `picks.rs` for why no wait is needed.
+    fn pick_greedy(&self, t: &CudaTensor, p: &mut CudaPicks) -> Result<(), Error> {
+        let slot_i = p.next_slot()?;
+        if t.rows == 0 || t.cols == 0 {
+            return Err(shape("pick_greedy", "no logits to pick from".into()));
+        }
+        let cols = int("pick_greedy", t.cols)?;
+        let mut st = self.lock_state("pick_greedy")?;
+        self.finish_graph_step(&mut st)?;
+        st.epoch += 1;
+        // Not admitted, so clear what `admit` would (see `to_host_top_k`).
+        st.last_gemv = false;
+        st.last_write_kv = false;
+        let n = t.rows * picks::WORDS;
+        let ids = addr(grow(&self.stream, &mut p.ids, t.rows, true)?, &self.stream);
+        let words = grow(&self.stream, &mut p.words, n, true)?;
+        let wp = addr(&*words, &self.stream);
+        if p.slots[slot_i].as_ref().is_none_or(|s| s.host.len() < n) {
+            p.slots[slot_i] = None;
+            // SAFETY: uninitialised until the copy below fills the first n words, the only
+            // ones read. Flags 0: cached page-locked memory, read by the host.
+            let host = unsafe {
+                self.ctx
+                    .alloc_pinned_with_flags::<u32>(n.next_power_of_two(), 0)
+            }
+            .map_err(cuda_err("alloc picks"))?;
+            let done = self.ctx.new_event(None).map_err(cuda_err("alloc picks"))?;
+            p.slots[slot_i] = Some(picks::Slot {
+                host,
+                done,
+                rows: 0,
+            });
+        }
+        let xp = addr(&t.buf, &self.stream);
+        let k = 1i32;
+        let mut b = self.stream.launch_builder(&self.k.topk_rows);
+        b.arg(&xp).arg(&wp).arg(&cols).arg(&k).arg(&ids);
+        // SAFETY: x holds rows · cols floats; `words` at least rows · WORDS words (2k + 3 for
+        // k = 1), every one written; `ids` at least rows ids, one written per row; one block
+        // of TOPK_THREADS threads per row.
+        unsafe { b.launch(rows_cfg(t.rows, kernels::TOPK_THREADS, 0)) }
+            .map_err(cuda_err("topk_rows"))?;
+        let slot = p.slots[slot_i]
+            .as_mut()
+            .ok_or_else(|| shape("pick_greedy", "no host slot".into()))?;
+        // As a plain slice: the copy is ordered by the slot's own event, recorded below.
+        let host = &mut slot.host.as_mut_slice().map_err(cuda_err("pick"))?[..n];
+        self.stream
+            .memcpy_dtoh(&words.slice(..n), host)
+            .map_err(cuda_err("download picks"))?;
+        slot.done
+            .record(&self.stream)
+            .map_err(cuda_err("download picks"))?;
+        slot.rows = t.rows;
+        p.pending += 1;
+        p.rows = t.rows;
+        p.cols = t.cols;
+        Ok(())
+    }
+
+    fn wait_picks(&self, p: &mut CudaPicks, out: &mut Vec<u32>) -> Result<(), Error> {
+        p.wait(out)
+    }
+
+    fn embed_picks(
+        &self,
+        table: &CudaMatrix,
+        p: &CudaPicks,
+        rows: usize,
+        out: &mut CudaTensor,
+    ) -> Result<(), Error> {
+        expect_cols("embed_picks", out, table.cols)?;
+        let (ids, vocab) = p.latest(rows)?;
+        // Every id is below the logits' width (or 0), so this bounds the gather.
+        if vocab > table.rows {
+            return Err(shape(
+                "embed_picks",
+                format!(
+                    "picks over {vocab} logits but the embedding has {} rows",
+                    table.rows
+                ),
+            ));
+        }
+        self.set_rows(out, rows)?;
+        let mut st = self.lock_state("embed_picks")?;
+        let (tp, idx, op) = (
+            addr(&table.data, &self.stream),
+            addr(ids, &self.stream),
+            addr(&out.buf, &self.stream),
+        );
+        let cols = int("embed_picks", table.cols)?;
+        let s = sig(&[opc::EMBED, tp, idx, op, cols as u64, rows as u64]);
+        if !st.admit(s)? {
+            return Ok(());
+        }
+        let mut b = self.stream.launch_builder(&self.k.embed_bf16);
+        b.arg(&tp).arg(&idx).arg(&op).arg(&cols);
+        // SAFETY: `ids` holds `rows` ids below the table's rows (checked above: each is an
+        // index into a row of `vocab ≤ table.rows` logits, or 0), written by the selection
+        // queued before this launch; out holds `rows` rows of the table's width.
+        unsafe { b.launch(rows_cfg(rows, 256, 0)) }.map_err(cuda_err("embed"))?;
         Ok(())
     }
 

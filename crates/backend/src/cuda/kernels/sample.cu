@@ -60,7 +60,10 @@ __device__ __forceinline__ void topk_stats_warp(TopkStats& t) {
 }
 
 // x: [rows, cols] f32; out: rows * (2k + 3) words; 1 <= k <= TOPK_MAX; blockDim.x = TOPK_THREADS.
-extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(const float* x, u32* out, int cols, int k) {
+// picks (may be null): row r's best id, or 0 for a row with no eligible logit (the next
+// step's embedding input in chained greedy decoding, which must never read out of range).
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(const float* x, u32* out, int cols, int k,
+                                                                     u32* picks) {
     __shared__ u64 sh_best[TOPK_WARPS];
     __shared__ float sh_m[TOPK_WARPS], sh_s[TOPK_WARPS];
     __shared__ u32 sh_count[TOPK_WARPS];
@@ -118,6 +121,7 @@ extern "C" __global__ void __launch_bounds__(TOPK_THREADS) topk_rows(const float
                 o[0] = id;
                 o[1] = __float_as_uint(xr[id]);
             }
+            if (picks) picks[blockIdx.x] = w.best ? 0xFFFFFFFFu - (u32)w.best : 0u;
         }
     }
     if (uk == 1u) return;  // greedy: the argmax is all
