@@ -261,6 +261,7 @@ fn skinny_matmuls_match_reference() {
         (7, 600, 129),
         (8, 4104, 301),
         (1, 100, 64),
+        (1, 14344, 67),
         (9, 512, 77),
     ];
     for (t, k, n) in shapes {

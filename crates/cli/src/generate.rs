@@ -279,7 +279,10 @@ fn generate_ids<B: Backend>(
             generated.push(next);
             if let Some(piece) = decoder.step(&loaded.tokenizer, next) {
                 let step = stops.push(piece);
-                if let Err(e) = out.write_all(step.text.as_bytes()).and_then(|()| out.flush()) {
+                if let Err(e) = out
+                    .write_all(step.text.as_bytes())
+                    .and_then(|()| out.flush())
+                {
                     write_err = Some(e);
                     return false;
                 }

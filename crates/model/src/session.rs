@@ -178,11 +178,10 @@ impl<'m, B: Backend> Session<'m, B> {
             &mut self.scratch,
             &mut self.picks,
         )?;
-        // The prefill's pick is collected by the first wait below, so its time counts as
-        // prefill only up to its issue.
-        self.times.prefill += start.elapsed();
-        self.times.prefill_tokens += prompt.len();
-        let start = Instant::now();
+        // Timing by arrival: the prefill ends when its token arrives (the device may still be
+        // working on it when `forward_pick` returns); decode is the span from the first token
+        // to the last one, over the steps between them.
+        let (mut first_at, mut last_at) = (None, start);
         let limit = self.cache.max_tokens_per_seq();
         let (mut pending, mut ids) = (1usize, Vec::new());
         // Whether the last iteration issued a step, which fed the token it then waited for.
@@ -202,7 +201,6 @@ impl<'m, B: Backend> Session<'m, B> {
                 }
                 pending += 1;
                 fed_last = true;
-                self.times.decode_tokens += 1;
             }
             pending -= 1;
             if let Err(e) = self.model.backend().wait_picks(&mut self.picks, &mut ids) {
@@ -211,6 +209,8 @@ impl<'m, B: Backend> Session<'m, B> {
             let Some(&token) = ids.first() else {
                 break Err(ModelError::EmptyInput(SEQ));
             };
+            last_at = Instant::now();
+            first_at.get_or_insert(last_at);
             generated.push(token);
             if !on_token(token) || !fed_last {
                 break Ok(());
@@ -225,9 +225,12 @@ impl<'m, B: Backend> Session<'m, B> {
         if fed_last {
             let len = self.len();
             self.cache.truncate(SEQ, len.saturating_sub(1))?;
-            self.times.decode_tokens -= 1;
         }
-        self.times.decode += start.elapsed();
+        let first_at = first_at.unwrap_or(last_at);
+        self.times.prefill += first_at - start;
+        self.times.prefill_tokens += prompt.len();
+        self.times.decode += last_at - first_at;
+        self.times.decode_tokens += generated.len().saturating_sub(1);
         result?;
         drained?;
         Ok(generated)

@@ -616,6 +616,12 @@ fn pipelined_greedy_matches_stepwise_greedy() {
     assert_eq!(got, reference);
     assert_eq!(seen, reference, "on_token sees every token in order");
     assert_eq!(g.len(), s.len(), "all tokens but the last are cached");
+    assert_eq!(g.times.prefill_tokens, prompt.len());
+    assert_eq!(
+        g.times.decode_tokens,
+        n - 1,
+        "one step per token after the first"
+    );
 
     // Stopped by the caller after 5 tokens: the 5th is returned, not cached; a later call
     // fed that token continues the same continuation.
