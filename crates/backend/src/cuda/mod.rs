@@ -27,7 +27,10 @@
 //! (head_dim 256, the fused KV write; up to 8 query heads per kv head), and the original tiled
 //! kernel for everything else. Sampling ends a step with
 //! [`Backend::to_host_top_k`](crate::Backend::to_host_top_k): a device selection
-//! (`kernels/sample.cu`) that copies back only each row's candidates, max and log-sum-exp.
+//! (`kernels/sample.cu`) that copies back only each row's candidates, max and log-sum-exp;
+//! greedy decoding can instead end it with
+//! [`Backend::pick_greedy`](crate::Backend::pick_greedy), whose ids stay on the device for the
+//! next step's embedding ([`CudaPicks`], `picks.rs`), so the host never stands between steps.
 
 mod graph;
 mod kernels;
