@@ -592,14 +592,7 @@ fn time_pipelined<B: Backend>(
     tm.set_step_graphs(true);
     let b = tm.backend();
     let mut picks = b.new_picks()?;
-    let inputs: Vec<SeqInput<'_>> = first
-        .iter()
-        .enumerate()
-        .map(|(s, t)| SeqInput {
-            seq: s as u64,
-            tokens: std::slice::from_ref(t),
-        })
-        .collect();
+    let inputs = one_token_each(first);
     tm.forward_pick(StepTokens::Host(&inputs), cache, scratch, &mut picks)?;
     let seqs: Vec<u64> = (0..first.len() as u64).collect();
     let mut ids = Vec::new();
@@ -641,6 +634,18 @@ fn fwd<B: Backend>(
     Ok(())
 }
 
+/// One token per sequence, sequence `i` taking `tokens[i]`.
+fn one_token_each(tokens: &[u32]) -> Vec<SeqInput<'_>> {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(s, t)| SeqInput {
+            seq: s as u64,
+            tokens: std::slice::from_ref(t),
+        })
+        .collect()
+}
+
 fn decode<B: Backend>(
     tm: &Transformer<B>,
     cache: &mut KvCache<B>,
@@ -648,14 +653,7 @@ fn decode<B: Backend>(
     next: &[u32],
     out: StepOutput<'_>,
 ) -> Result<()> {
-    let inputs: Vec<SeqInput<'_>> = next
-        .iter()
-        .enumerate()
-        .map(|(s, t)| SeqInput {
-            seq: s as u64,
-            tokens: std::slice::from_ref(t),
-        })
-        .collect();
+    let inputs = one_token_each(next);
     match out {
         StepOutput::Logits(v) => tm.forward(&inputs, cache, scratch, LogitsFor::LastToken, v)?,
         StepOutput::TopK { k, out } => tm.forward_top_k(&inputs, cache, scratch, k, out)?,

@@ -36,6 +36,7 @@ fn bench_decode_writes_positive_finite_json() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("decode eager"), "{stdout}");
+    assert!(stdout.contains("(pipelined)"), "{stdout}");
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     for key in [
@@ -53,6 +54,10 @@ fn bench_decode_writes_positive_finite_json() {
         "graph_ms_step",
         "graph_tok_s",
         "graph_ratio_to_roofline",
+        "graph_greedy_ms_step",
+        "pipelined_ms_step",
+        "pipelined_tok_s",
+        "pipelined_ratio_to_roofline",
     ] {
         let x = v[key]
             .as_f64()

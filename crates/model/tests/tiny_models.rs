@@ -549,17 +549,22 @@ fn bad_models_give_errors_not_panics() {
     assert!(load(&dir.join("emptydir")).is_err());
 }
 
-#[test]
-fn prompt_longer_than_context_is_refused_and_cache_unchanged() {
-    let t = random_weights(&BASE, 6);
-    let dir = tempdir("ctx");
+/// The `BASE` shape with weights from `seed`, written as GGUF and loaded on the CPU.
+fn base_model(seed: u64, tag: &str) -> Model<CpuBackend> {
+    let t = random_weights(&BASE, seed);
+    let dir = tempdir(tag);
     write_gguf(&BASE, &t, &dir.join("m.gguf"));
-    let model = Model::load(
+    Model::load(
         &dir.join("m.gguf"),
         CpuBackend::new(),
         &LoadOptions::default(),
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn prompt_longer_than_context_is_refused_and_cache_unchanged() {
+    let model = base_model(6, "ctx");
     let mut s = Session::new(&model.transformer, KvDtype::F16, 32).unwrap();
     s.prefill(&[1; 20]).unwrap();
     let err = s.prefill(&[1; 13]).unwrap_err();
@@ -582,15 +587,7 @@ fn prompt_longer_than_context_is_refused_and_cache_unchanged() {
 /// runs out of tokens, when the caller stops it and when the context fills.
 #[test]
 fn pipelined_greedy_matches_stepwise_greedy() {
-    let t = random_weights(&BASE, 7);
-    let dir = tempdir("greedy");
-    write_gguf(&BASE, &t, &dir.join("m.gguf"));
-    let model = Model::load(
-        &dir.join("m.gguf"),
-        CpuBackend::new(),
-        &LoadOptions::default(),
-    )
-    .unwrap();
+    let model = base_model(7, "greedy");
     let tm = &model.transformer;
     let prompt: Vec<u32> = (0..11).map(|i| (i * 5 + 2) % BASE.vocab as u32).collect();
     let n = 12;
