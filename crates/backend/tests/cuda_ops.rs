@@ -1076,3 +1076,75 @@ fn graphed_top_k_steps_share_the_graph() {
     assert_eq!(st.captured, 1, "{st:?}");
     assert!(st.replayed >= 9, "{st:?}");
 }
+
+/// Greedy picks kept on the device: the ids of `to_host_top_k(k = 1)`, two picks pending at
+/// once and a third refused, a row of NaN logits reported as nothing to pick (and embedded as
+/// id 0 by the next step), `embed_picks` equal to `embed` of the same ids, and bad requests
+/// refused.
+#[test]
+fn device_picks_match_top_1() {
+    let Some(g) = gpu() else { return };
+    let mut r = Rng(77);
+    let (rows, cols, width) = (3, 5000, 24);
+    let mut logits = r.vec(rows * cols, 4.0);
+    let first = gpu_t(g, &logits, rows, cols);
+    let mut top = TopK::default();
+    g.to_host_top_k(&first, 1, &mut top).unwrap();
+    let mut picks = g.new_picks().unwrap();
+    let mut ids = Vec::new();
+    assert!(
+        g.wait_picks(&mut picks, &mut ids).is_err(),
+        "nothing pending"
+    );
+    g.pick_greedy(&first, &mut picks).unwrap();
+    for v in &mut logits[cols..2 * cols] {
+        *v = f32::NAN;
+    }
+    let second = gpu_t(g, &logits, rows, cols);
+    g.pick_greedy(&second, &mut picks).unwrap();
+    assert!(
+        g.pick_greedy(&second, &mut picks).is_err(),
+        "a third pending pick"
+    );
+
+    let table_rows = r.vec(cols * width, 1.0);
+    let table = g
+        .matrix(&WeightMatrix::from_f32(cols, width, &table_rows).unwrap())
+        .unwrap();
+    let mut got = poison(g, rows, width);
+    g.embed_picks(&table, &picks, rows, &mut got).unwrap();
+    let mut want = poison(g, rows, width);
+    g.embed(&table, &[top.ids[0], 0, top.ids[2]], &mut want)
+        .unwrap();
+    assert_eq!(
+        host(g, &got),
+        host(g, &want),
+        "the latest picks, row 1 as id 0"
+    );
+    assert!(
+        g.embed_picks(&table, &picks, 2, &mut got).is_err(),
+        "row count"
+    );
+    let small = g
+        .matrix(&WeightMatrix::from_f32(10, width, &table_rows[..10 * width]).unwrap())
+        .unwrap();
+    assert!(
+        g.embed_picks(&small, &picks, rows, &mut got).is_err(),
+        "ids may exceed a smaller table"
+    );
+
+    g.wait_picks(&mut picks, &mut ids).unwrap();
+    assert_eq!(ids, top.ids, "the first pick");
+    assert!(matches!(
+        g.wait_picks(&mut picks, &mut ids),
+        Err(Error::NothingToPick { row: 1 })
+    ));
+    assert!(
+        g.wait_picks(&mut picks, &mut ids).is_err(),
+        "nothing pending"
+    );
+    // The ring goes on after the error.
+    g.pick_greedy(&first, &mut picks).unwrap();
+    g.wait_picks(&mut picks, &mut ids).unwrap();
+    assert_eq!(ids, top.ids);
+}
