@@ -70,6 +70,15 @@ pub(crate) struct Scratch {
     pub attn_counters: Option<CudaSlice<u32>>,
 }
 
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        // Copies still queued out of the page-locked staging must land before it is freed.
+        if let Some(done) = &self.staging_done {
+            let _ = done.synchronize();
+        }
+    }
+}
+
 /// Where a queued upload goes.
 #[derive(Clone, Copy, Debug)]
 enum Target {
