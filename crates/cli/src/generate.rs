@@ -8,7 +8,8 @@ use turbokv_backend::Backend;
 use turbokv_backend::cpu::CpuBackend;
 use turbokv_backend::cuda::CudaBackend;
 use turbokv_codec::KvDtype;
-use turbokv_model::tokenizer::Tokenizer;
+use turbokv_model::sampling::StopChecker;
+use turbokv_model::tokenizer::{DecodeStream, Tokenizer};
 use turbokv_model::{LoadOptions, Model, Session};
 
 use crate::args::{CacheArgs, ChatArgs, ModelArgs, RunArgs};
@@ -240,7 +241,7 @@ fn generate_ids<B: Backend>(
     s: &crate::args::SamplingArgs,
     out: &mut dyn Write,
 ) -> Result<GenStats> {
-    use turbokv_model::sampling::{Sampler, SamplingParams, StopChecker};
+    use turbokv_model::sampling::{Sampler, SamplingParams};
     if ids.is_empty() {
         bail!("the prompt is empty");
     }
@@ -263,71 +264,50 @@ fn generate_ids<B: Backend>(
         ..SamplingParams::default()
     };
     let mut sampler = Sampler::new(params.clone())?;
-    let mut stops = StopChecker::new(&params.stop);
-    let mut decoder = loaded.tokenizer.decode_stream(true);
-    let mut generated = Vec::new();
-    let mut text = String::new();
-    let mut stop = "max_tokens";
+    let mut emitted = Emitted {
+        tokenizer: &loaded.tokenizer,
+        decoder: loaded.tokenizer.decode_stream(true),
+        stops: StopChecker::new(&params.stop),
+        generated: Vec::new(),
+        text: String::new(),
+        stop: "max_tokens",
+    };
     if params.is_greedy() {
         // The device runs a step ahead: each token is streamed while the next is computed.
         let mut write_err = None;
         session.generate_greedy(ids, s.max_tokens, |next| {
-            if loaded.tokenizer.is_eos(next) {
-                stop = "eos";
-                return false;
-            }
-            generated.push(next);
-            if let Some(piece) = decoder.step(&loaded.tokenizer, next) {
-                let step = stops.push(piece);
-                if let Err(e) = out
-                    .write_all(step.text.as_bytes())
-                    .and_then(|()| out.flush())
-                {
-                    write_err = Some(e);
-                    return false;
-                }
-                text.push_str(step.text);
-                if step.stopped.is_some() {
-                    stop = "stop_string";
-                    return false;
-                }
-            }
-            true
+            emitted.push(next, out).unwrap_or_else(|e| {
+                write_err = Some(e);
+                false
+            })
         })?;
         if let Some(e) = write_err {
             return Err(e.into());
         }
-        if stop == "max_tokens" && generated.len() < s.max_tokens {
-            stop = "context_full";
+        if emitted.stop == "max_tokens" && emitted.generated.len() < s.max_tokens {
+            emitted.stop = "context_full";
         }
     } else {
         let mut history: Vec<u32> = ids.to_vec();
         let mut logits = Vec::new();
         let mut next = step_and_sample(session, &mut sampler, &history, ids, true, &mut logits)?;
-        while generated.len() < s.max_tokens {
-            if loaded.tokenizer.is_eos(next) {
-                stop = "eos";
-                break;
-            }
-            generated.push(next);
+        while emitted.generated.len() < s.max_tokens && emitted.push(next, out)? {
             history.push(next);
-            if let Some(piece) = decoder.step(&loaded.tokenizer, next) {
-                let step = stops.push(piece);
-                out.write_all(step.text.as_bytes())?;
-                out.flush()?;
-                text.push_str(step.text);
-                if step.stopped.is_some() {
-                    stop = "stop_string";
-                    break;
-                }
-            }
             if session.len() + 1 >= limit {
-                stop = "context_full";
+                emitted.stop = "context_full";
                 break;
             }
             next = step_and_sample(session, &mut sampler, &history, &[next], false, &mut logits)?;
         }
     }
+    let Emitted {
+        mut decoder,
+        mut stops,
+        generated,
+        mut text,
+        stop,
+        ..
+    } = emitted;
     if stop != "stop_string" {
         let tail = format!("{}{}", decoder.finish().unwrap_or(""), stops.finish());
         out.write_all(tail.as_bytes())?;
@@ -339,6 +319,39 @@ fn generate_ids<B: Backend>(
         text,
         stop,
     })
+}
+
+/// The tokens generated so far, streamed as text, and why generation ended.
+struct Emitted<'t> {
+    tokenizer: &'t Tokenizer,
+    decoder: DecodeStream,
+    stops: StopChecker,
+    generated: Vec<u32>,
+    text: String,
+    stop: &'static str,
+}
+
+impl Emitted<'_> {
+    /// Takes the next token and writes the text it completes; false when generation ends
+    /// with it: at EOS (not kept) or when the text reaches a stop string.
+    fn push(&mut self, next: u32, out: &mut dyn Write) -> std::io::Result<bool> {
+        if self.tokenizer.is_eos(next) {
+            self.stop = "eos";
+            return Ok(false);
+        }
+        self.generated.push(next);
+        if let Some(piece) = self.decoder.step(self.tokenizer, next) {
+            let step = self.stops.push(piece);
+            out.write_all(step.text.as_bytes())?;
+            out.flush()?;
+            self.text.push_str(step.text);
+            if step.stopped.is_some() {
+                self.stop = "stop_string";
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
 }
 
 /// Feeds `tokens` (the prompt when `prefill`, else the last token) and draws the next token. When the
