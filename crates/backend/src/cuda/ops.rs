@@ -12,7 +12,7 @@ use turbokv_codec::KvDtype;
 use super::graph::{Mode, sig};
 use super::kernels;
 use super::picks::{self, CudaPicks};
-use super::step::{graph_changed, grow};
+use super::step::{graph_changed, grow, pinned_words};
 use super::{
     CudaBackend, CudaKvPool, CudaMatrix, CudaTensor, CudaVector, cuda_err, unsupported_kv,
 };
@@ -744,13 +744,7 @@ impl Backend for CudaBackend {
             let dev = grow(&self.stream, &mut sc.topk_dev, n, true)?;
             if sc.topk_host.as_ref().is_none_or(|h| h.len() < n) {
                 sc.topk_host = None;
-                // SAFETY: uninitialised until the copy below fills the first n words, the
-                // only ones read. Flags 0: cached page-locked memory, read by the host.
-                let fresh = unsafe {
-                    self.ctx
-                        .alloc_pinned_with_flags::<u32>(n.next_power_of_two(), 0)
-                };
-                sc.topk_host = Some(fresh.map_err(cuda_err("alloc top-k"))?);
+                sc.topk_host = Some(pinned_words(&self.stream, n, "alloc top-k")?);
             }
             let (xp, op) = (addr(&t.buf, &self.stream), addr(&*dev, &self.stream));
             let no_picks = 0u64;
@@ -879,13 +873,7 @@ impl Backend for CudaBackend {
         let wp = addr(&*words, &self.stream);
         if p.slots[slot_i].as_ref().is_none_or(|s| s.host.len() < n) {
             p.slots[slot_i] = None;
-            // SAFETY: uninitialised until the copy below fills the first n words, the only
-            // ones read. Flags 0: cached page-locked memory, read by the host.
-            let host = unsafe {
-                self.ctx
-                    .alloc_pinned_with_flags::<u32>(n.next_power_of_two(), 0)
-            }
-            .map_err(cuda_err("alloc picks"))?;
+            let host = pinned_words(&self.stream, n, "alloc picks")?;
             let done = self.ctx.new_event(None).map_err(cuda_err("alloc picks"))?;
             p.slots[slot_i] = Some(picks::Slot {
                 host,

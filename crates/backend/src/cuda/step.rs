@@ -180,6 +180,25 @@ fn encode(spans: &[SeqSpan<'_>], rows: usize, out: &mut Vec<u32>) -> Result<(), 
     Ok(())
 }
 
+/// At least `n` page-locked host words (a power of two), zeroed, in cached memory (the host
+/// reads them; write-combined memory is slow to read): copies to and from them are
+/// asynchronous.
+pub(crate) fn pinned_words(
+    stream: &Arc<CudaStream>,
+    n: usize,
+    op: &'static str,
+) -> Result<PinnedHostSlice<u32>, Error> {
+    // SAFETY: the memory starts uninitialised and is zeroed here before any other use.
+    let mut words = unsafe {
+        stream
+            .context()
+            .alloc_pinned_with_flags::<u32>(n.max(1).next_power_of_two(), 0)
+    }
+    .map_err(cuda_err(op))?;
+    words.as_mut_slice().map_err(cuda_err(op))?.fill(0);
+    Ok(words)
+}
+
 /// Checks every block a span reads or writes against the pool.
 pub(crate) fn check_tables(spans: &[SeqSpan<'_>], pool: &CudaKvPool) -> Result<(), Error> {
     for s in spans {
@@ -383,14 +402,7 @@ impl Scratch {
         }
         if self.staging.as_ref().is_none_or(|s| s.len() < total) {
             self.staging = None;
-            // SAFETY: the memory starts uninitialised; every word copied out of it is
-            // written below first. Flags 0: cached (not write-combined) page-locked memory.
-            let fresh = unsafe {
-                stream
-                    .context()
-                    .alloc_pinned_with_flags::<u32>(total.next_power_of_two(), 0)
-            };
-            self.staging = Some(fresh.map_err(cuda_err("alloc staging"))?);
+            self.staging = Some(pinned_words(stream, total, "alloc staging")?);
         }
         if self.staging_done.is_none() {
             let e = stream
