@@ -70,6 +70,21 @@ pub struct SeqSpan<'a> {
     pub blocks: &'a [u32],
 }
 
+/// What turns a layer's residual into its attention input (see
+/// [`Backend::project_qkv_write_kv`]).
+pub struct QkvProjection<'a, V, M> {
+    /// The attention RMSNorm weight and epsilon.
+    pub norm: &'a V,
+    /// Epsilon of `norm`.
+    pub eps: f32,
+    /// `[Wq; Wk; Wv]`, as one or several matrices stacked along the output.
+    pub weights: &'a [M],
+    /// The qkv bias (Qwen2), of the qkv width.
+    pub bias: Option<&'a V>,
+    /// The per-head q/k norm (Qwen3).
+    pub qk_norm: Option<QkNorm<'a, V>>,
+}
+
 /// Optional per-head RMSNorm of queries and keys before RoPE (Qwen3).
 pub struct QkNorm<'a, V> {
     /// Query-norm weight, length `head_dim`.
@@ -256,6 +271,30 @@ pub trait Backend: Send + Sync {
         spans: &[SeqSpan<'_>],
         pool: &mut Self::KvPool,
     ) -> Result<(), Error>;
+
+    /// One layer's attention input: `qkv = rms_norm(x) · [Wq; Wk; Wv]ᵀ (+ bias)`, then
+    /// [`Backend::write_kv`] of those rows (q/k norm, RoPE, the new keys and values into
+    /// `pool`). `xn` (x's width) is scratch. A backend may fuse the write into the matmul (the
+    /// CUDA backend does for decode steps); `qkv` and the pool end up as the separate calls
+    /// leave them.
+    #[allow(clippy::too_many_arguments)]
+    fn project_qkv_write_kv(
+        &self,
+        x: &Self::Tensor,
+        proj: QkvProjection<'_, Self::Vector, Self::Matrix>,
+        geometry: &AttnGeometry,
+        rope: &Rope,
+        spans: &[SeqSpan<'_>],
+        pool: &mut Self::KvPool,
+        xn: &mut Self::Tensor,
+        qkv: &mut Self::Tensor,
+    ) -> Result<(), Error> {
+        self.rms_norm_matmul_cat(x, proj.norm, proj.eps, proj.weights, xn, qkv)?;
+        if let Some(bias) = proj.bias {
+            self.add_bias(qkv, bias)?;
+        }
+        self.write_kv(qkv, geometry, rope, proj.qk_norm, spans, pool)
+    }
 
     /// Causal attention of the queries in `qkv` over each sequence's cached keys and values
     /// (which already include this step's tokens). `out` rows are `[n_heads · head_dim]`.

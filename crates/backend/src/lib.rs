@@ -10,7 +10,7 @@ pub mod cuda;
 pub mod quant;
 mod topk;
 
-pub use backend::{AttnGeometry, Backend, QkNorm, Rope, RopeStyle, SeqSpan};
+pub use backend::{AttnGeometry, Backend, QkNorm, QkvProjection, Rope, RopeStyle, SeqSpan};
 pub use quant::{GgmlType, WeightBytes, WeightMatrix};
 pub use topk::{TOPK_MAX, TopK, TopKRow, select_top_k};
 

@@ -22,8 +22,8 @@ use half::{bf16, f16};
 use turbokv_backend::cpu::{CpuBackend, CpuTensor};
 use turbokv_backend::cuda::{CudaBackend, CudaOptions, CudaTensor};
 use turbokv_backend::{
-    AttnGeometry, Backend, Error, QkNorm, Rope, RopeStyle, SeqSpan, TOPK_MAX, TopK, WeightMatrix,
-    select_top_k,
+    AttnGeometry, Backend, Error, QkNorm, QkvProjection, Rope, RopeStyle, SeqSpan, TOPK_MAX, TopK,
+    WeightMatrix, select_top_k,
 };
 use turbokv_cache::KvLayout;
 use turbokv_codec::KvDtype;
@@ -752,6 +752,239 @@ fn write_kv_and_attention_match_cpu() {
             };
             seed += 1;
             run_case(g, &case, seed);
+        }
+    }
+}
+
+/// `project_qkv_write_kv` with the KV write in the GEMV's epilogue (decode rows on the GEMV
+/// kernel: 1..=8 tokens, normed kernel for one row) against the separate ops on the same GPU
+/// (the matmul, `add_bias`, `write_kv`; checked against the CPU above): the roped rows and
+/// every pool slot agree to f32 rounding (the same arithmetic; sin/cos and FMA contraction may
+/// differ in the last bits) and to one 16-bit ulp; and against the CPU backend within the
+/// matmul tolerance. Both RoPE styles, partial rotary, a bias, split or stacked weights, and a
+/// q/k norm (which the epilogue does not take: the separate ops).
+#[test]
+fn qkv_projection_writes_kv_like_the_separate_ops() {
+    let Some(_) = gpu() else { return };
+    let fused = CudaBackend::with_options(
+        0,
+        &CudaOptions {
+            gemv_max_rows: 8,
+            ..test_options()
+        },
+    )
+    .unwrap();
+    let split = CudaBackend::with_options(
+        0,
+        &CudaOptions {
+            gemv_max_rows: 8,
+            rope_gemv: false,
+            ..test_options()
+        },
+    )
+    .unwrap();
+    let c = CpuBackend::new();
+    let mut r = Rng(77);
+    // (heads, kv heads, head_dim, rotary pairs, style, bias, dtype, split weights, q/k norm)
+    let cases = [
+        (
+            9,
+            3,
+            64,
+            32,
+            RopeStyle::HalfSplit,
+            true,
+            KvDtype::Bf16,
+            true,
+            false,
+        ),
+        (
+            8,
+            2,
+            128,
+            64,
+            RopeStyle::Interleaved,
+            false,
+            KvDtype::F16,
+            false,
+            false,
+        ),
+        (
+            4,
+            4,
+            64,
+            16,
+            RopeStyle::HalfSplit,
+            true,
+            KvDtype::Bf16,
+            false,
+            false,
+        ),
+        (
+            16,
+            2,
+            128,
+            24,
+            RopeStyle::Interleaved,
+            false,
+            KvDtype::F16,
+            true,
+            false,
+        ),
+        (
+            4,
+            2,
+            64,
+            32,
+            RopeStyle::HalfSplit,
+            false,
+            KvDtype::Bf16,
+            true,
+            true,
+        ),
+    ];
+    let (k, bs) = (264, 16);
+    for (ci, &(heads, kv_heads, d, pairs, style, has_bias, dtype, split_w, norm)) in
+        cases.iter().enumerate()
+    {
+        let geo = AttnGeometry {
+            n_heads: heads,
+            n_kv_heads: kv_heads,
+            head_dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+        };
+        let rope = Rope {
+            inv_freq: (0..pairs)
+                .map(|i| 10000f32.powf(-(2.0 * i as f32) / d as f32))
+                .collect(),
+            style,
+        };
+        let w = geo.qkv_width();
+        let wv = r.vec(w * k, 0.2);
+        let parts: Vec<WeightMatrix> = if split_w {
+            let (q, kk) = (heads * d, kv_heads * d);
+            [&wv[..q * k], &wv[q * k..(q + kk) * k], &wv[(q + kk) * k..]]
+                .iter()
+                .map(|p| WeightMatrix::from_f32(p.len() / k, k, p).unwrap())
+                .collect()
+        } else {
+            vec![WeightMatrix::from_f32(w, k, &wv).unwrap()]
+        };
+        let gnorm: Vec<f32> = r.vec(k, 0.5).iter().map(|v| 1.0 + v).collect();
+        let bias = r.vec(w, 0.5);
+        let (qn, kn) = (r.vec(d, 0.3), r.vec(d, 0.3));
+        let layout = KvLayout::uniform(1, kv_heads, d, dtype, bs, 1024).unwrap();
+        let mut perm: Vec<u32> = (0..layout.num_blocks as u32).collect();
+        for i in (1..perm.len()).rev() {
+            perm.swap(i, r.below(i + 1));
+        }
+        let tables: Vec<&[u32]> = perm.chunks(layout.num_blocks / 8).take(8).collect();
+        for rows in [1, 2, 3, 4, 5, 8] {
+            // One token per sequence at a random position, except that with 3 rows the first
+            // sequence gets two (two consecutive positions).
+            let mut spans = Vec::new();
+            let mut row = 0;
+            for (i, table) in tables.iter().enumerate() {
+                let n = if rows == 3 && i == 0 { 2 } else { 1 };
+                if row + n > rows {
+                    break;
+                }
+                spans.push(SeqSpan {
+                    first_row: row,
+                    n_tokens: n,
+                    first_pos: r.below(100),
+                    blocks: table,
+                });
+                row += n;
+            }
+            let x = r.vec(rows * k, 1.0);
+            let what = format!("case {ci} rows {rows}");
+            let mut outs = Vec::new();
+            for be in [&fused, &split] {
+                let ws: Vec<_> = parts.iter().map(|p| be.matrix(p).unwrap()).collect();
+                let (nv, bv) = (be.vector(&gnorm).unwrap(), be.vector(&bias).unwrap());
+                let (qv, kv) = (be.vector(&qn).unwrap(), be.vector(&kn).unwrap());
+                let mut pool = be.kv_pool(&layout, 0).unwrap();
+                let (mut xn, mut qkv) = (poison(be, rows, k), poison(be, rows, w));
+                let proj = QkvProjection {
+                    norm: &nv,
+                    eps: 1e-5,
+                    weights: &ws,
+                    bias: has_bias.then_some(&bv),
+                    qk_norm: norm.then_some(QkNorm {
+                        q: &qv,
+                        k: &kv,
+                        eps: 1e-6,
+                    }),
+                };
+                be.project_qkv_write_kv(
+                    &gpu_t(be, &x, rows, k),
+                    proj,
+                    &geo,
+                    &rope,
+                    &spans,
+                    &mut pool,
+                    &mut xn,
+                    &mut qkv,
+                )
+                .unwrap();
+                outs.push((host(be, &qkv), be.kv_to_host(&pool).unwrap()));
+            }
+            let ((fq, (fk, fv)), (sq, (sk, sv))) = (&outs[0], &outs[1]);
+            close(&format!("{what}: qkv"), fq, sq, 1e-5, 1e-5);
+            let dec = |x: u16| match dtype {
+                KvDtype::Bf16 => bf16::from_bits(x).to_f32(),
+                _ => f16::from_bits(x).to_f32(),
+            };
+            let ulp = if dtype == KvDtype::Bf16 {
+                1.0 / 128.0
+            } else {
+                1.0 / 1024.0
+            };
+            for (name, got, want) in [("K", fk, sk), ("V", fv, sv)] {
+                for (i, (&a, &b)) in got.iter().zip(want.iter()).enumerate() {
+                    let (a, b) = (dec(a), dec(b));
+                    assert!(
+                        (a - b).abs() <= ulp * b.abs() + 1e-6,
+                        "{what}: pool {name} element {i}: {a} vs {b}"
+                    );
+                }
+            }
+            let cws: Vec<_> = parts.iter().map(|p| c.matrix(p).unwrap()).collect();
+            let (cn, cb) = (c.vector(&gnorm).unwrap(), c.vector(&bias).unwrap());
+            let (cqv, ckv) = (c.vector(&qn).unwrap(), c.vector(&kn).unwrap());
+            let mut cpool = c.kv_pool(&layout, 0).unwrap();
+            let (mut cxn, mut cqkv) = (c.tensor(rows, k).unwrap(), c.tensor(rows, w).unwrap());
+            let proj = QkvProjection {
+                norm: &cn,
+                eps: 1e-5,
+                weights: &cws,
+                bias: has_bias.then_some(&cb),
+                qk_norm: norm.then_some(QkNorm {
+                    q: &cqv,
+                    k: &ckv,
+                    eps: 1e-6,
+                }),
+            };
+            c.project_qkv_write_kv(
+                &cpu_t(x.clone(), rows, k),
+                proj,
+                &geo,
+                &rope,
+                &spans,
+                &mut cpool,
+                &mut cxn,
+                &mut cqkv,
+            )
+            .unwrap();
+            let want = cqkv.as_slice();
+            close(
+                &format!("{what}: qkv vs cpu"),
+                fq,
+                want,
+                0.03 * rms(want),
+                0.0,
+            );
         }
     }
 }

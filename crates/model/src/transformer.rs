@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use turbokv_backend::{AttnGeometry, Backend, QkNorm, Rope, SeqSpan, TopK};
+use turbokv_backend::{AttnGeometry, Backend, QkNorm, QkvProjection, Rope, SeqSpan, TopK};
 use turbokv_cache::{BlockAllocator, KvLayout, KvPolicy, SeqId};
 use turbokv_codec::KvDtype;
 
@@ -427,42 +427,29 @@ impl<B: Backend> Transformer<B> {
             _ => b.embed(&w.embed, &ids, &mut s.x)?,
         }
         for (l, (layer, pool)) in w.layers.iter().zip(cache.pools.iter_mut()).enumerate() {
-            b.rms_norm_matmul_cat(
-                &s.x,
-                &layer.attn_norm,
+            let proj = QkvProjection {
+                norm: &layer.attn_norm,
                 eps,
-                &layer.wqkv,
+                weights: &layer.wqkv,
+                bias: layer.bqkv.as_ref(),
+                qk_norm: layer.qk_norm.as_ref().map(|(q, k)| QkNorm { q, k, eps }),
+            };
+            b.project_qkv_write_kv(
+                &s.x,
+                proj,
+                &self.geometry,
+                &self.rope,
+                &spans,
+                pool,
                 &mut s.xn,
                 &mut s.qkv,
             )?;
-            if let Some(bias) = &layer.bqkv {
-                b.add_bias(&mut s.qkv, bias)?;
-            }
-            let qk_norm = layer.qk_norm.as_ref().map(|(q, k)| QkNorm { q, k, eps });
             if let Some(f) = observe.as_mut() {
                 // The observer sees the roped rows between the write and the attention.
-                b.write_kv(
-                    &mut s.qkv,
-                    &self.geometry,
-                    &self.rope,
-                    qk_norm,
-                    &spans,
-                    pool,
-                )?;
                 b.to_host(&s.qkv, &mut host)?;
                 f(l, &host);
-                b.attention(&s.qkv, &self.geometry, &spans, pool, &mut s.attn)?;
-            } else {
-                b.write_kv_attention(
-                    &mut s.qkv,
-                    &self.geometry,
-                    &self.rope,
-                    qk_norm,
-                    &spans,
-                    pool,
-                    &mut s.attn,
-                )?;
             }
+            b.attention(&s.qkv, &self.geometry, &spans, pool, &mut s.attn)?;
             b.matmul_add(&s.attn, &layer.wo, &mut s.x, &mut s.proj)?;
             b.rms_norm_matmul_silu(
                 &s.x,

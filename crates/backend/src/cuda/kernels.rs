@@ -46,6 +46,10 @@ pub(crate) struct Kernels {
     /// The same two with the RMSNorm of x fused in front.
     pub gemv_norm: [CudaFunction; GEMV_MAX_ROWS],
     pub gemv_norm_silu: [CudaFunction; GEMV_MAX_ROWS],
+    /// The un-normed and normed matmul with the rope-write epilogue (a decode step's
+    /// attention input: RoPE, then the new keys and values into the pool).
+    pub gemv_rope: [CudaFunction; GEMV_MAX_ROWS],
+    pub gemv_norm_rope: [CudaFunction; GEMV_MAX_ROWS],
     /// Per-row top-k candidates, max and log-sum-exp of logits (sample.cu).
     pub topk_rows: CudaFunction,
 }
@@ -166,6 +170,8 @@ impl Kernels {
             gemv_silu: per_rows("gemv_silu")?,
             gemv_norm: per_rows("gemv_norm")?,
             gemv_norm_silu: per_rows("gemv_norm_silu")?,
+            gemv_rope: per_rows("gemv_rope")?,
+            gemv_norm_rope: per_rows("gemv_norm_rope")?,
             embed_bf16: f(&ew, "embed_bf16")?,
             rms_norm: f(&ew, "rms_norm")?,
             add_assign: f(&ew, "add_assign")?,

@@ -180,6 +180,12 @@ pub struct CudaOptions {
     /// the SIMT row kernel would otherwise run (decode, short spans). Default on; the environment
     /// variable `TURBOKV_DEC_MMA=0` turns it off (A/B measurements).
     pub dec_mma: bool,
+    /// A decode step's KV write (RoPE, then the new keys and values into the pool) runs in
+    /// the epilogue of the qkv matmul where that takes the GEMV kernel and the model has no
+    /// q/k norm ([`Backend::project_qkv_write_kv`](crate::Backend::project_qkv_write_kv)):
+    /// one launch less per layer, and the attention starts right behind the matmul. Default
+    /// on; the environment variable `TURBOKV_ROPE_GEMV=0` turns it off (A/B measurements).
+    pub rope_gemv: bool,
 }
 
 /// See [`CudaOptions::gemv_max_rows`]. On an H200 (llama3-8b shapes) the GEMV kernel beat
@@ -198,6 +204,7 @@ impl Default for CudaOptions {
         let fuse_write_kv = env_on("TURBOKV_FUSED_KV_WRITE");
         let device_top_k = !env_off("TURBOKV_DEVICE_TOPK");
         let dec_mma = !env_off("TURBOKV_DEC_MMA");
+        let rope_gemv = !env_off("TURBOKV_ROPE_GEMV");
         Self {
             ptx_cache: Some(std::env::temp_dir().join("turbokv-ptx")),
             attention_blocks_per_sm: std::env::var("TURBOKV_ATTN_BLOCKS_PER_SM")
@@ -209,6 +216,7 @@ impl Default for CudaOptions {
             fuse_write_kv,
             device_top_k,
             dec_mma,
+            rope_gemv,
         }
     }
 }
@@ -237,6 +245,8 @@ pub struct CudaBackend {
     pub(crate) device_top_k: bool,
     /// See [`CudaOptions::dec_mma`].
     dec_mma: bool,
+    /// See [`CudaOptions::rope_gemv`].
+    rope_gemv: bool,
     state: Mutex<State>,
     /// cuBLAS workspace set on the handle (so that captured GEMMs allocate nothing).
     _blas_workspace: CudaSlice<u8>,
@@ -394,6 +404,7 @@ impl CudaBackend {
             fuse_write_kv: opts.fuse_write_kv,
             device_top_k: opts.device_top_k,
             dec_mma: opts.dec_mma,
+            rope_gemv: opts.rope_gemv,
             state: Mutex::new(State::default()),
             _blas_workspace: blas_workspace,
         })

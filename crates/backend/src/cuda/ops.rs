@@ -16,7 +16,7 @@ use super::step::{graph_changed, grow, pinned_words};
 use super::{
     CudaBackend, CudaKvPool, CudaMatrix, CudaTensor, CudaVector, cuda_err, unsupported_kv,
 };
-use crate::backend::{AttnGeometry, Backend, QkNorm, Rope, RopeStyle, SeqSpan};
+use crate::backend::{AttnGeometry, Backend, QkNorm, QkvProjection, Rope, RopeStyle, SeqSpan};
 use crate::cpu::shape;
 use crate::topk::{check_k, select_top_k};
 use crate::{Error, TopK, WeightMatrix};
@@ -122,17 +122,80 @@ struct Gemv {
     /// `Some((norm weights, eps))`: the normed kernel, reading f32 x at `xf` (`xp` unused).
     norm: Option<(u64, f32)>,
     xf: u64,
+    /// The rope-write epilogue's arguments (the `gemv_rope` kernels).
+    rope: Option<RopeKvArgs>,
+}
+
+/// The rope-write GEMV epilogue's arguments: `struct RopeKv` in gemv.cu, field for field
+/// (device pointers as `u64`), passed by value as one kernel parameter.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct RopeKvArgs {
+    inv_freq: u64,
+    /// Zero: no bias.
+    bias: u64,
+    tok_pos: u64,
+    tok_seq: u64,
+    seq_tbl: u64,
+    tables: u64,
+    k_cache: u64,
+    v_cache: u64,
+    n_pairs: i32,
+    half_split: i32,
+    head_dim: i32,
+    q_rows: i32,
+    k_rows: i32,
+    block_size: i32,
+    is_bf16: i32,
+}
+
+impl RopeKvArgs {
+    /// Every field, for a launch signature.
+    fn sig_parts(&self) -> [u64; 15] {
+        [
+            self.inv_freq,
+            self.bias,
+            self.tok_pos,
+            self.tok_seq,
+            self.seq_tbl,
+            self.tables,
+            self.k_cache,
+            self.v_cache,
+            self.n_pairs as u64,
+            self.half_split as u64,
+            self.head_dim as u64,
+            self.q_rows as u64,
+            self.k_rows as u64,
+            self.block_size as u64,
+            self.is_bf16 as u64,
+        ]
+    }
 }
 
 /// How a matmul finishes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Epilogue {
     /// `out = x · Wᵀ`.
-    Store = 0,
+    Store,
     /// `out += x · Wᵀ` (a fused residual add).
-    Add = 1,
+    Add,
     /// `out = silu(g) · u` of the two halves of `x · Wᵀ`, plus its bf16 copy (GEMV only).
-    SiluMul = 2,
+    SiluMul,
+    /// `out = x · [Wq; Wk; Wv]ᵀ (+ bias)` with RoPE applied to q and k, and k and v stored in
+    /// the paged pool (GEMV only): a decode step's `write_kv` in the matmul.
+    RopeWrite(RopeKvArgs),
+}
+
+impl Epilogue {
+    /// The launch signature's part.
+    fn code(&self) -> u64 {
+        match self {
+            Self::Store => 0,
+            Self::Add => 1,
+            Self::SiluMul => 2,
+            Self::RopeWrite(_) => 3,
+        }
+    }
 }
 
 impl CudaBackend {
@@ -173,7 +236,12 @@ impl CudaBackend {
             return Ok(());
         }
         let gemv = self.use_gemv(t, k);
-        if (epi == Epilogue::SiluMul || norm.is_some()) && (!gemv || ws.len() > 4) {
+        let rope = match epi {
+            Epilogue::RopeWrite(r) => Some(r),
+            _ => None,
+        };
+        if (epi == Epilogue::SiluMul || rope.is_some() || norm.is_some()) && (!gemv || ws.len() > 4)
+        {
             return Err(shape(
                 "matmul",
                 "the fused form needs the GEMV kernel".into(),
@@ -228,7 +296,7 @@ impl CudaBackend {
             k as u64,
             ldc as u64,
             u64::from(copy.is_some()),
-            epi as u64,
+            epi.code(),
             u64::from(gemv),
             yb,
             u64::from(pdl),
@@ -238,11 +306,17 @@ impl CudaBackend {
         for w in ws {
             parts.extend([addr(&w.data, &self.stream), w.rows as u64]);
         }
+        if let Some(r) = &rope {
+            parts.extend(r.sig_parts());
+        }
         let launch = st.admit(sig(&parts))?;
         if epi == Epilogue::SiluMul {
             st.bf16_of = Some([op, yb, t as u64, out.cols as u64]);
         }
         st.last_gemv = gemv;
+        // Like `write_kv`, the rope-write GEMV triggers its dependents at its start and wrote
+        // this step's keys: a decode attention behind it may prefetch the older ones.
+        st.last_write_kv = rope.is_some();
         if !launch {
             return Ok(());
         }
@@ -271,6 +345,7 @@ impl CudaBackend {
                     pdl,
                     xf: xsrc,
                     norm: normed,
+                    rope,
                 };
                 self.gemv(&g, group)?;
                 pdl = false;
@@ -353,11 +428,16 @@ impl CudaBackend {
         }
         let (n_total, kk) = (int("matmul", total)?, int("matmul", g.k)?);
         let acc = i32::from(g.accumulate);
-        let f = match (g.yb != 0, g.norm.is_some()) {
-            (false, false) => &self.k.gemv[g.t - 1],
-            (true, false) => &self.k.gemv_silu[g.t - 1],
-            (false, true) => &self.k.gemv_norm[g.t - 1],
-            (true, true) => &self.k.gemv_norm_silu[g.t - 1],
+        let f = match (g.yb != 0, g.norm.is_some(), g.rope.is_some()) {
+            (false, false, false) => &self.k.gemv[g.t - 1],
+            (true, false, false) => &self.k.gemv_silu[g.t - 1],
+            (false, true, false) => &self.k.gemv_norm[g.t - 1],
+            (true, true, false) => &self.k.gemv_norm_silu[g.t - 1],
+            (false, false, true) => &self.k.gemv_rope[g.t - 1],
+            (false, true, true) => &self.k.gemv_norm_rope[g.t - 1],
+            (true, _, true) => {
+                return Err(shape("matmul", "no gated rope-write epilogue".into()));
+            }
         };
         let (gw, eps) = g.norm.unwrap_or((0, 0.0));
         let xf = g.xf;
@@ -371,17 +451,24 @@ impl CudaBackend {
             shared_mem_bytes: 0,
         };
         let (xp, yp, ldy, yb) = (g.xp, g.yp, g.ldy, g.yb);
-        // SAFETY (both launches): each W is [rows, k] bf16 (rows summing to n_total, ends
-        // cumulative), x is [t, k] bf16 with 1 ≤ t ≤ 8 matching the kernel instantiation, y
-        // has t rows of ldy ≥ n_total f32 (n_total / 2 gated, with yb holding as many bf16;
-        // checked by the callers; normed: x is [t, k] f32 at xf, gw holds k floats); k % 8 == 0
-        // and 256-byte aligned allocations keep the 16-byte loads aligned. With PDL the kernel reads x and y only after `griddepcontrol
-        // .wait`, and before it only the weights, written before the kernel ahead started.
+        // The rope-write kernels take one more parameter.
+        let rope = g.rope.unwrap_or_default();
         let mut params = kargs![
             ptrs[0], ptrs[1], ptrs[2], ptrs[3], ends[0], ends[1], ends[2], n_total, xp, kk, yp,
-            ldy, acc, yb, xf, gw, eps
+            ldy, acc, yb, xf, gw, eps, rope
         ];
-        unsafe { self.launch_ex(f, cfg, &mut params, g.pdl) }.map_err(cuda_err("gemv"))?;
+        let n_params = if g.rope.is_some() { 18 } else { 17 };
+        // SAFETY: each W is [rows, k] bf16 (rows summing to n_total, ends cumulative), x is
+        // [t, k] bf16 with 1 ≤ t ≤ 8 matching the kernel instantiation, y has t rows of
+        // ldy ≥ n_total f32 (n_total / 2 gated, with yb holding as many bf16; checked by the
+        // callers; normed: x is [t, k] f32 at xf, gw holds k floats); k % 8 == 0 and 256-byte
+        // aligned allocations keep the 16-byte loads aligned. With PDL the kernel reads x and
+        // y only after `griddepcontrol.wait`, and before it only the weights, written before
+        // the kernel ahead started. Rope-write (`project_qkv_write_kv` checked the geometry
+        // and the pool, uploaded the metadata and frequencies): y is [t, q + k + v rows], the
+        // tokens' slots are inside the pool, `n_pairs ≤ head_dim / 2` frequencies.
+        unsafe { self.launch_ex(f, cfg, &mut params[..n_params], g.pdl) }
+            .map_err(cuda_err("gemv"))?;
         Ok(())
     }
 
@@ -617,6 +704,7 @@ impl CudaBackend {
                     pdl: false,
                     norm: None,
                     xf: 0,
+                    rope: None,
                 };
                 self.gemv(&g, &[w])?;
             } else {
@@ -1356,6 +1444,85 @@ impl Backend for CudaBackend {
         }
         check_write_args(qkv, g, rope, qk_norm.as_ref(), pool)?;
         self.attention_impl(qkv, g, spans, pool, out, Some((rope, qk_norm)))
+    }
+
+    /// Decode rows on the GEMV kernel, without a q/k norm: one matmul launch (normed for one
+    /// row, else after the RMSNorm launch) whose rope-write epilogue (gemv.cu) adds the bias,
+    /// applies RoPE and stores the new keys and values. Otherwise the separate ops.
+    fn project_qkv_write_kv(
+        &self,
+        x: &CudaTensor,
+        proj: QkvProjection<'_, CudaVector, CudaMatrix>,
+        g: &AttnGeometry,
+        rope: &Rope,
+        spans: &[SeqSpan<'_>],
+        pool: &mut CudaKvPool,
+        xn: &mut CudaTensor,
+        qkv: &mut CudaTensor,
+    ) -> Result<(), Error> {
+        let total: usize = proj.weights.iter().map(|w| w.rows).sum();
+        let fusable = self.rope_gemv
+            && proj.qk_norm.is_none()
+            && self.use_gemv(x.rows, x.cols)
+            && (1..=4).contains(&proj.weights.len())
+            && proj.weights.iter().all(|w| w.cols == x.cols)
+            && total == g.qkv_width()
+            && g.head_dim
+                .is_multiple_of(kernels::gemv_rows_per_block(x.rows))
+            && proj.bias.is_none_or(|b| b.len == total);
+        if !fusable {
+            self.rms_norm_matmul_cat(x, proj.norm, proj.eps, proj.weights, xn, qkv)?;
+            if let Some(bias) = proj.bias {
+                self.add_bias(qkv, bias)?;
+            }
+            return self.write_kv(qkv, g, rope, proj.qk_norm, spans, pool);
+        }
+        self.set_rows(qkv, x.rows)?;
+        check_write_args(qkv, g, rope, None, pool)?;
+        let args = {
+            let mut st = self.lock_state("project_qkv_write_kv")?;
+            let epoch = st.epoch;
+            let sc = st.sc();
+            sc.prepare_spans(&self.stream, spans, x.rows, pool, epoch)?;
+            sc.rope(&self.stream, &rope.inv_freq)?;
+            let inv_freq = addr(sc.rope_buf()?, &self.stream);
+            let m = sc.meta()?;
+            let [n_pairs, head_dim, q_rows, k_rows, block_size] = ints(
+                "project_qkv_write_kv",
+                [
+                    rope.inv_freq.len(),
+                    g.head_dim,
+                    g.n_heads * g.head_dim,
+                    g.n_kv_heads * g.head_dim,
+                    pool.block_size,
+                ],
+            )?;
+            RopeKvArgs {
+                inv_freq,
+                bias: proj.bias.map_or(0, |b| addr(&b.data, &self.stream)),
+                tok_pos: addr(&m.pos, &self.stream),
+                tok_seq: addr(&m.seq, &self.stream),
+                seq_tbl: addr(&m.seq_tbl, &self.stream),
+                tables: addr(&m.tables, &self.stream),
+                k_cache: addr(&pool.k, &self.stream),
+                v_cache: addr(&pool.v, &self.stream),
+                n_pairs,
+                half_split: i32::from(rope.style == RopeStyle::HalfSplit),
+                head_dim,
+                q_rows,
+                k_rows,
+                block_size,
+                is_bf16: i32::from(pool.is_bf16),
+            }
+        };
+        let refs: Vec<&CudaMatrix> = proj.weights.iter().collect();
+        let epi = Epilogue::RopeWrite(args);
+        if self.fuse_norm(x, proj.norm, proj.weights) {
+            self.gemm(x, &refs, qkv, epi, Some((proj.norm, proj.eps)))
+        } else {
+            self.rms_norm(x, proj.norm, proj.eps, xn)?;
+            self.gemm(xn, &refs, qkv, epi, None)
+        }
     }
 }
 

@@ -21,6 +21,12 @@
 // Normed variant (RMSNorm fused in front): x is instead the f32 residual xf [M, K] with the
 // norm weights gw [K]; the block, whose threads cover all of K, accumulates Σ w·(x·g) and Σ x²
 // and scales the result by 1 / sqrt(Σ x² / K + eps), so the normalised input is never written.
+//
+// Rope-write variant (a decode step's attention input, replacing the `write_kv` launch): W is
+// [Wq; Wk; Wv], each x row a token; the epilogue adds the optional bias, applies RoPE to the q
+// and k rows and stores k and v into the paged pool (write_kv.cu's arithmetic, same order), and
+// y gets the roped rows. A RoPE pair must be one block's two consecutive rows: for the
+// half-split style the block reads rows permuted so (i, i + n_pairs) of a head are adjacent.
 
 // Threads per block of every instantiation; the host sizes the grid from R alone.
 #define GEMV_THREADS 128
@@ -60,11 +66,62 @@ __device__ __forceinline__ float dot8(uint4 a, uint4 b, float acc) {
     return dot2(a.w, b.w, acc);
 }
 
-template <int M, int R, int U, bool GATED, bool NORM>
+// The rope-write epilogue's arguments (one kernel parameter). Pool layout and token metadata
+// as in write_kv.cu; the activation rows are the tokens.
+struct RopeKv {
+    const float* inv_freq;  // n_pairs RoPE frequencies
+    const float* bias;      // n_total, or null
+    const u32* tok_pos;
+    const u32* tok_seq;
+    const u32* seq_tbl;
+    const u32* tables;
+    u16* k_cache;
+    u16* v_cache;
+    int n_pairs, half_split, head_dim, q_rows, k_rows, block_size, is_bf16;
+};
+
+// The weight row that logical row n of the rope-write variant reads: the identity except for
+// half-split RoPE pairs, whose two rows (i, i + n_pairs) of a q or k head become rows 2i, 2i + 1.
+__device__ __forceinline__ int rope_row(int n, const RopeKv& rk) {
+    if (!rk.half_split || n >= rk.q_rows + rk.k_rows) return n;
+    const int d = n % rk.head_dim, p = d >> 1;
+    if (p >= rk.n_pairs) return n;
+    return n - d + ((d & 1) ? p + rk.n_pairs : p);
+}
+
+// Logical rows n, n + 1 (n even) of token m, values x0, x1 (bias added): RoPE for q and k,
+// then y[m] (row pointer y) gets both, and k / v rows go to the token's slot in the pool.
+__device__ __forceinline__ void rope_write(float x0, float x1, int n, int m, float* y,
+                                           const RopeKv& rk) {
+    const int d = rk.head_dim, qk = rk.q_rows + rk.k_rows;
+    const u32 pos = rk.tok_pos[m];
+    const int a = rope_row(n, rk), b = rope_row(n + 1, rk), p = (n % d) >> 1;
+    if (n < qk && p < rk.n_pairs) {
+        float sn, cs;
+        sincosf((float)pos * rk.inv_freq[p], &sn, &cs);
+        const float r0 = x0 * cs - x1 * sn, r1 = x0 * sn + x1 * cs;
+        x0 = r0;
+        x1 = r1;
+    }
+    y[a] = x0;
+    y[b] = x1;
+    if (n >= rk.q_rows) {
+        const bool is_v = n >= qk;
+        const int kh = (n - (is_v ? qk : rk.q_rows)) / d, n_kv = rk.k_rows / d;
+        const u32 blk = rk.tables[rk.seq_tbl[rk.tok_seq[m]] + pos / rk.block_size];
+        u16* dst = (is_v ? rk.v_cache : rk.k_cache) +
+                   (((u64)blk * n_kv + kh) * rk.block_size + pos % rk.block_size) * d;
+        dst[a % d] = kv_store(x0, rk.is_bf16);
+        dst[b % d] = kv_store(x1, rk.is_bf16);
+    }
+}
+
+template <int M, int R, int U, bool GATED, bool NORM, bool ROPE>
 __device__ __forceinline__ void gemv_impl(const u16* w0, const u16* w1, const u16* w2, const u16* w3,
                                           int e0, int e1, int e2, int n_total, const u16* x, int K,
                                           float* y, int ldy, int accumulate, u16* yb,
-                                          const float* xf, const float* gw, float eps) {
+                                          const float* xf, const float* gw, float eps,
+                                          const RopeKv& rk) {
     // Per-warp partial sums; row R holds Σ x² (normed variant).
     __shared__ float red[GEMV_WARPS][R + 1][M];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -76,8 +133,9 @@ __device__ __forceinline__ void gemv_impl(const u16* w0, const u16* w1, const u1
     const uint4* wr[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        const int n = GATED ? min(n0 + r % RO, n_out - 1) + (r < RO ? 0 : n_out)
-                            : min(n0 + r, n_total - 1);
+        int n = GATED ? min(n0 + r % RO, n_out - 1) + (r < RO ? 0 : n_out)
+                      : min(n0 + r, n_total - 1);
+        if (ROPE) n = rope_row(n, rk);
         const u16* base = n < e0 ? w0 + (u64)n * K
                         : n < e1 ? w1 + (u64)(n - e0) * K
                         : n < e2 ? w2 + (u64)(n - e1) * K
@@ -153,6 +211,27 @@ __device__ __forceinline__ void gemv_impl(const u16* w0, const u16* w1, const u1
         }
     }
     __syncthreads();
+    if (ROPE) {
+        __shared__ float out[R][M];
+        if (tid < R * M) {
+            const int r = tid / M, m = tid % M;
+            float v = 0.0f, sq = 0.0f;
+#pragma unroll
+            for (int w = 0; w < GEMV_WARPS; w++) {
+                v += red[w][r][m];
+                if (NORM) sq += red[w][R][m];
+            }
+            if (NORM) v *= 1.0f / sqrtf(sq / (float)K + eps);
+            if (rk.bias) v += rk.bias[rope_row(min(n0 + r, n_total - 1), rk)];
+            out[r][m] = v;
+        }
+        __syncthreads();
+        if (tid < R / 2 * M) {
+            const int j = tid / M, m = tid % M, n = n0 + 2 * j;
+            if (n < n_total) rope_write(out[2 * j][m], out[2 * j + 1][m], n, m, y + (u64)m * ldy, rk);
+        }
+        return;
+    }
     if (tid < RO * M) {
         const int r = tid / M, m = tid % M;
         float v = 0.0f, u = 0.0f, sq = 0.0f;
@@ -185,14 +264,24 @@ __device__ __forceinline__ void gemv_impl(const u16* w0, const u16* w1, const u1
         NAME(const u16* w0, const u16* w1, const u16* w2, const u16* w3, int e0, int e1, int e2,   \
              int n_total, const u16* x, int K, float* y, int ldy, int accumulate, u16* yb,         \
              const float* xf, const float* gw, float eps) {                                        \
-        gemv_impl<M, R, U, GATED, NORM>(w0, w1, w2, w3, e0, e1, e2, n_total, x, K, y, ldy,         \
-                                        accumulate, yb, xf, gw, eps);                              \
+        gemv_impl<M, R, U, GATED, NORM, false>(w0, w1, w2, w3, e0, e1, e2, n_total, x, K, y, ldy,  \
+                                               accumulate, yb, xf, gw, eps, RopeKv{});             \
+    }
+#define GEMV_ROPE_KERNEL(NAME, M, R, U, NORM)                                                      \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                    \
+        NAME(const u16* w0, const u16* w1, const u16* w2, const u16* w3, int e0, int e1, int e2,   \
+             int n_total, const u16* x, int K, float* y, int ldy, int accumulate, u16* yb,         \
+             const float* xf, const float* gw, float eps, RopeKv rk) {                             \
+        gemv_impl<M, R, U, false, NORM, true>(w0, w1, w2, w3, e0, e1, e2, n_total, x, K, y, ldy,   \
+                                              accumulate, yb, xf, gw, eps, rk);                    \
     }
 #define GEMV(M, R, U)                                                                              \
     GEMV_KERNEL(gemv_##M, M, R, U, false, false)                                                   \
     GEMV_KERNEL(gemv_silu_##M, M, R, U, true, false)                                               \
     GEMV_KERNEL(gemv_norm_##M, M, R, U, false, true)                                               \
-    GEMV_KERNEL(gemv_norm_silu_##M, M, R, U, true, true)
+    GEMV_KERNEL(gemv_norm_silu_##M, M, R, U, true, true)                                           \
+    GEMV_ROPE_KERNEL(gemv_rope_##M, M, R, U, false)                                                \
+    GEMV_ROPE_KERNEL(gemv_norm_rope_##M, M, R, U, true)
 
 // Rows per block R (weight rows read; even, for the gated variant) and chunks in flight U per
 // M: R·U 16-byte weight loads in flight per thread; larger M shares each x chunk between more
