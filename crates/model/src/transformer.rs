@@ -469,9 +469,15 @@ impl<B: Backend> Transformer<B> {
                 .map(|sp| sp.first_row + sp.n_tokens - 1)
                 .collect(),
         };
-        b.gather_rows(&s.x, &rows, &mut s.picked)?;
+        // Decode steps want every row, in order: no gather (one launch and upload less).
+        let last = if rows.iter().copied().eq(0..ids.len()) {
+            &s.x
+        } else {
+            b.gather_rows(&s.x, &rows, &mut s.picked)?;
+            &s.picked
+        };
         b.rms_norm_matmul_cat(
-            &s.picked,
+            last,
             &w.final_norm,
             eps,
             std::slice::from_ref(&w.lm_head),
