@@ -310,7 +310,7 @@ impl CudaBackend {
                     .map_err(cuda_err("end capture"))?
                     .ok_or_else(|| graph_changed("empty capture"))?;
                 st.mode = Some(Mode::Eager);
-                st.graph_scratch.flush(&self.stream)?;
+                st.graph_scratch.flush(&self.stream, &self.k.upload_words)?;
                 graph.launch().map_err(cuda_err("graph launch"))?;
                 if st.graphs.len() >= MAX_GRAPHS {
                     st.graphs.remove(0);
@@ -327,7 +327,7 @@ impl CudaBackend {
                     .filter(|&i| st.graphs.get(i).is_some_and(|g| g.sigs.len() == st.cursor))
                     .ok_or_else(|| graph_changed("fewer launches than the graph"))?;
                 let t_upload = std::time::Instant::now();
-                st.graph_scratch.flush(&self.stream)?;
+                st.graph_scratch.flush(&self.stream, &self.k.upload_words)?;
                 let t_launch = std::time::Instant::now();
                 st.stats.replay_upload_s += (t_launch - t_upload).as_secs_f64();
                 if let Some(t) = st.step_start {

@@ -28,6 +28,8 @@ pub(crate) struct Kernels {
     pub gather_rows: CudaFunction,
     pub f32_to_bf16: CudaFunction,
     pub fill_random_bf16: CudaFunction,
+    /// Copies of graph inputs from mapped page-locked memory (elementwise.cu).
+    pub upload_words: CudaFunction,
     pub write_kv: CudaFunction,
     /// Attention partials for head_dim 64, 128, 256 (compile-time) and any other.
     pub attn_partial: [CudaFunction; 4],
@@ -52,10 +54,18 @@ pub(crate) struct Kernels {
     pub gemv_norm_rope: [CudaFunction; GEMV_MAX_ROWS],
     /// Per-row top-k candidates, max and log-sum-exp of logits (sample.cu).
     pub topk_rows: CudaFunction,
+    /// Per-row argmax over several blocks per row (sample.cu): the greedy picks.
+    pub argmax_rows: CudaFunction,
 }
 
 /// Threads per block of `topk_rows` (`TOPK_THREADS` in sample.cu).
 pub(crate) const TOPK_THREADS: u32 = 1024;
+/// Threads per block of `argmax_rows` and logits each reads per round (`ARGMAX_THREADS`,
+/// `ARGMAX_UNROLL` in sample.cu).
+pub(crate) const ARGMAX_THREADS: u32 = 256;
+pub(crate) const ARGMAX_PER_ROUND: usize = 256 * 8;
+/// Most blocks `argmax_rows` spreads one row over.
+pub(crate) const ARGMAX_MAX_BLOCKS: usize = 128;
 
 /// Most activation rows the GEMV kernels are instantiated for.
 pub(crate) const GEMV_MAX_ROWS: usize = 8;
@@ -180,8 +190,10 @@ impl Kernels {
             gather_rows: f(&ew, "gather_rows")?,
             f32_to_bf16: f(&ew, "f32_to_bf16_kernel")?,
             fill_random_bf16: f(&ew, "fill_random_bf16")?,
+            upload_words: f(&ew, "upload_words")?,
             write_kv: f(&kv, "write_kv")?,
             topk_rows: f(&sm, "topk_rows")?,
+            argmax_rows: f(&sm, "argmax_rows")?,
             attn_partial: [
                 f(&at, "attn_partial_64")?,
                 f(&at, "attn_partial_128")?,

@@ -12,7 +12,7 @@ use turbokv_codec::KvDtype;
 use super::graph::{Mode, sig};
 use super::kernels;
 use super::picks::{self, CudaPicks};
-use super::step::{graph_changed, grow, pinned_words};
+use super::step::{device_addr, graph_changed, grow, pinned_words};
 use super::{
     CudaBackend, CudaKvPool, CudaMatrix, CudaTensor, CudaVector, cuda_err, unsupported_kv,
 };
@@ -797,8 +797,9 @@ impl Backend for CudaBackend {
         t.cols
     }
 
-    /// Ends the step like `to_host`, then selects on the device and copies back
-    /// `rows · (2k + 3)` words instead of `rows · cols` floats.
+    /// Ends the step like `to_host`, then selects on the device, which writes
+    /// `rows · (2k + 3)` words straight into mapped page-locked memory instead of `rows · cols`
+    /// floats coming back.
     ///
     /// The selection kernel is launched *after* `finish_graph_step`, directly on the stream and
     /// without `admit`: it is not part of a captured graph, so one graph serves steps ending
@@ -829,30 +830,28 @@ impl Backend for CudaBackend {
             st.last_write_kv = false;
             let n = t.rows * stride;
             let sc = st.sc();
-            let dev = grow(&self.stream, &mut sc.topk_dev, n, true)?;
             if sc.topk_host.as_ref().is_none_or(|h| h.len() < n) {
                 sc.topk_host = None;
                 sc.topk_host = Some(pinned_words(&self.stream, n, "alloc top-k")?);
             }
-            let (xp, op) = (addr(&t.buf, &self.stream), addr(&*dev, &self.stream));
-            let no_picks = 0u64;
-            let mut b = self.stream.launch_builder(&self.k.topk_rows);
-            b.arg(&xp).arg(&op).arg(&cols).arg(&kk).arg(&no_picks);
-            // SAFETY: x holds rows · cols floats; `dev` holds at least rows · (2k + 3) words,
-            // every one of which the kernel writes; 1 ≤ k ≤ TOPK_MAX (checked above), as the
-            // kernel's shared candidate array requires; one block of TOPK_THREADS per row.
-            unsafe { b.launch(rows_cfg(t.rows, kernels::TOPK_THREADS, 0)) }
-                .map_err(cuda_err("topk_rows"))?;
             let host = sc.topk_host.as_mut().ok_or_else(|| Error::Cuda {
                 op: "to_host_top_k",
                 detail: "no host buffer".into(),
             })?;
-            // As a plain slice: no event of the pinned buffer's own, the stream sync waits.
-            let words = &mut host.as_mut_slice().map_err(cuda_err("download top-k"))?[..n];
-            self.stream
-                .memcpy_dtoh(&dev.slice(..n), words)
-                .map_err(cuda_err("download top-k"))?;
+            let (xp, op) = (
+                addr(&t.buf, &self.stream),
+                device_addr(host, "to_host_top_k")?,
+            );
+            let mut b = self.stream.launch_builder(&self.k.topk_rows);
+            b.arg(&xp).arg(&op).arg(&cols).arg(&kk);
+            // SAFETY: x holds rows · cols floats; `op` is the mapped page-locked buffer of at
+            // least rows · (2k + 3) words (the host reads it only after the sync below), every
+            // one of which the kernel writes; 1 ≤ k ≤ TOPK_MAX (checked above), as the
+            // kernel's shared candidate array requires; one block of TOPK_THREADS per row.
+            unsafe { b.launch(rows_cfg(t.rows, kernels::TOPK_THREADS, 0)) }
+                .map_err(cuda_err("topk_rows"))?;
             self.synchronize()?;
+            let words = &host.as_slice().map_err(cuda_err("download top-k"))?[..n];
             for (r, w) in words.chunks_exact(stride).enumerate() {
                 let n = (w[2 * k] as usize).min(k);
                 out.ids[r * k..r * k + n].copy_from_slice(&w[..n]);
@@ -957,38 +956,52 @@ impl Backend for CudaBackend {
         st.last_write_kv = false;
         let n = t.rows * picks::WORDS;
         let ids = addr(grow(&self.stream, &mut p.ids, t.rows, true)?, &self.stream);
-        let words = grow(&self.stream, &mut p.words, n, true)?;
-        let wp = addr(&*words, &self.stream);
         if p.slots[slot_i].as_ref().is_none_or(|s| s.host.len() < n) {
             p.slots[slot_i] = None;
-            let host = pinned_words(&self.stream, n, "alloc picks")?;
+            let mut host = pinned_words(&self.stream, n, "alloc picks")?;
+            let dev = device_addr(&mut host, "alloc picks")?;
             let done = self.ctx.new_event(None).map_err(cuda_err("alloc picks"))?;
             p.slots[slot_i] = Some(picks::Slot {
                 host,
+                dev,
                 done,
                 rows: 0,
             });
         }
-        let xp = addr(&t.buf, &self.stream);
-        let k = 1i32;
-        let mut b = self.stream.launch_builder(&self.k.topk_rows);
-        b.arg(&xp).arg(&wp).arg(&cols).arg(&k).arg(&ids);
-        // SAFETY: x holds rows · cols floats; `words` at least rows · WORDS words (2k + 3 for
-        // k = 1), every one written; `ids` at least rows ids, one written per row; one block
-        // of TOPK_THREADS threads per row.
-        unsafe { b.launch(rows_cfg(t.rows, kernels::TOPK_THREADS, 0)) }
-            .map_err(cuda_err("topk_rows"))?;
         let slot = p.slots[slot_i]
             .as_mut()
             .ok_or_else(|| shape("pick_greedy", "no host slot".into()))?;
-        // As a plain slice: the copy is ordered by the slot's own event, recorded below.
-        let host = &mut slot.host.as_mut_slice().map_err(cuda_err("pick"))?[..n];
-        self.stream
-            .memcpy_dtoh(&words.slice(..n), host)
-            .map_err(cuda_err("download picks"))?;
-        slot.done
-            .record(&self.stream)
-            .map_err(cuda_err("download picks"))?;
+        let blocks = t
+            .cols
+            .div_ceil(kernels::ARGMAX_PER_ROUND)
+            .clamp(1, kernels::ARGMAX_MAX_BLOCKS);
+        let partial = addr(
+            grow(&self.stream, &mut p.partial, t.rows * blocks, true)?,
+            &self.stream,
+        );
+        let counters = addr(
+            grow(&self.stream, &mut p.counters, t.rows, true)?,
+            &self.stream,
+        );
+        let xp = addr(&t.buf, &self.stream);
+        let mut b = self.stream.launch_builder(&self.k.argmax_rows);
+        b.arg(&xp)
+            .arg(&cols)
+            .arg(&partial)
+            .arg(&counters)
+            .arg(&ids)
+            .arg(&slot.dev);
+        let cfg = LaunchConfig {
+            grid_dim: (t.rows as u32, blocks as u32, 1),
+            block_dim: (kernels::ARGMAX_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: x holds rows · cols floats; `partial` rows · blocks words, `counters` rows
+        // (zeroed at allocation, reset by the kernel), `ids` rows ids, and the slot (mapped
+        // page-locked memory, not read by the host before `done`, recorded below) at least
+        // rows · WORDS words; one of each written per row.
+        unsafe { b.launch(cfg) }.map_err(cuda_err("argmax_rows"))?;
+        slot.done.record(&self.stream).map_err(cuda_err("pick"))?;
         slot.rows = t.rows;
         p.pending += 1;
         p.rows = t.rows;

@@ -1,14 +1,16 @@
 //! Greedy picks that stay on the device: the CUDA backend's [`Backend::Picks`].
 //!
-//! [`Backend::pick_greedy`](crate::Backend::pick_greedy) launches the top-1 selection after the
-//! step's graph, writing each row's id into `ids` (the next step's embedding input, read
-//! there by [`Backend::embed_picks`](crate::Backend::embed_picks) without a host round trip)
-//! and the selection words into `words`, then queues their copy into one of two page-locked
-//! host slots and records the slot's event; nothing waits. [`wait_picks`] waits for the
-//! oldest slot's event. Stream order keeps the device buffers consistent: the next step's
-//! graph, queued after the selection, reads `ids` after it is written, and the next selection
-//! overwrites `ids` and `words` only after that graph and the copy before it. Two host slots
-//! let the host parse step n's pick while step n + 1's copy is queued.
+//! [`Backend::pick_greedy`](crate::Backend::pick_greedy) launches the argmax selection
+//! (`argmax_rows`, several blocks per row) after the step's graph. It writes each row's id
+//! into `ids` (the next step's embedding input, read there by
+//! [`Backend::embed_picks`](crate::Backend::embed_picks) without a host round trip) and the
+//! `[id, eligible]` words straight into one of two mapped page-locked host slots (no copy
+//! engine transfer: that cost 7 us of stream time per step on an H200), then records the
+//! slot's event; nothing waits. [`wait_picks`] waits for the oldest slot's event. Stream
+//! order keeps the device buffers consistent: the next step's graph, queued after the
+//! selection, reads `ids` after it is written, and the next selection overwrites `ids` only
+//! after that graph. Two host slots let the host parse step n's pick while step n + 1's is
+//! being written.
 //!
 //! [`Backend::Picks`]: crate::Backend::Picks
 //! [`wait_picks`]: crate::Backend::wait_picks
@@ -20,13 +22,16 @@ use crate::cpu::picks::{
     MAX_PENDING, check_rows, nothing_pending, nothing_picked, too_many_pending,
 };
 
-/// Words per row of the top-1 selection's output (`2k + 3` for `k = 1`).
-pub(crate) const WORDS: usize = 5;
+/// Words per row of the selection's output: `[id, 1 if the row had an eligible logit]`.
+pub(crate) const WORDS: usize = 2;
 
 /// One page-locked host copy of a pick.
 pub(crate) struct Slot {
+    /// Mapped: the selection kernel writes it directly.
     pub host: PinnedHostSlice<u32>,
-    /// Recorded after the copy into `host`.
+    /// `host`'s device address.
+    pub dev: u64,
+    /// Recorded after the selection that writes `host`.
     pub done: CudaEvent,
     pub rows: usize,
 }
@@ -36,8 +41,10 @@ pub(crate) struct Slot {
 pub struct CudaPicks {
     /// The latest pick's ids, one per row (0 for a row with nothing to pick).
     pub(crate) ids: Option<CudaSlice<u32>>,
-    /// The selection's output, `rows · WORDS` words.
-    pub(crate) words: Option<CudaSlice<u32>>,
+    /// The selection's per-block bests (`rows · blocks`) and per-row arrival counters (zero
+    /// between launches).
+    pub(crate) partial: Option<CudaSlice<u64>>,
+    pub(crate) counters: Option<CudaSlice<u32>>,
     pub(crate) slots: [Option<Slot>; MAX_PENDING],
     /// The oldest pending slot, and how many are pending.
     pub(crate) head: usize,
@@ -93,8 +100,8 @@ impl CudaPicks {
             .map_err(super::cuda_err("wait for picks"))?;
         out.clear();
         for (row, w) in words[..slot.rows * WORDS].chunks_exact(WORDS).enumerate() {
-            // Words: [id, logit, count, max, lse]; count 0 = every logit NaN.
-            if w[2] == 0 {
+            // Words: [id, eligible]; not eligible = every logit NaN (or -inf).
+            if w[1] == 0 {
                 return Err(Error::NothingToPick { row });
             }
             out.push(w[0]);

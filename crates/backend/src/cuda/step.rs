@@ -13,7 +13,8 @@
 use std::sync::Arc;
 
 use cudarc::driver::{
-    CudaEvent, CudaSlice, CudaStream, CudaView, DeviceRepr, PinnedHostSlice, ValidAsZeroBits,
+    CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, DevicePtr, DeviceRepr, LaunchConfig,
+    PinnedHostSlice, PushKernelArg, ValidAsZeroBits,
 };
 use half::bf16;
 
@@ -40,14 +41,13 @@ pub(crate) struct Scratch {
     /// [`Scratch::flush`] (run just before the graph is launched).
     pub defer: bool,
     pending: Vec<(Target, Vec<u32>)>,
-    /// Page-locked staging for the queued uploads: copies from it are asynchronous, where
-    /// from pageable memory the driver stages each one while the host waits.
+    /// Mapped page-locked staging for the queued uploads, which the `upload_words` kernel
+    /// reads over the bus.
     staging: Option<PinnedHostSlice<u32>>,
-    /// Recorded after the copies out of `staging`, waited on before it is rewritten.
+    /// Recorded after the uploads out of `staging`, waited on before it is rewritten.
     staging_done: Option<CudaEvent>,
     /// The device top-k selection's output (`rows · (2k + 3)` words, fully written by each
-    /// launch) and its page-locked host copy.
-    pub topk_dev: Option<CudaSlice<u32>>,
+    /// launch), mapped page-locked memory the kernel writes directly.
     pub topk_host: Option<PinnedHostSlice<u32>>,
     meta_valid: bool,
     /// Identity of the spans whose metadata was last checked and uploaded (see
@@ -72,7 +72,7 @@ pub(crate) struct Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        // Copies still queued out of the page-locked staging must land before it is freed.
+        // Uploads still queued out of the page-locked staging must run before it is freed.
         if let Some(done) = &self.staging_done {
             let _ = done.synchronize();
         }
@@ -189,14 +189,33 @@ pub(crate) fn pinned_words(
     op: &'static str,
 ) -> Result<PinnedHostSlice<u32>, Error> {
     // SAFETY: the memory starts uninitialised and is zeroed here before any other use.
+    // Mapped, so kernels may read or write it directly (`device_addr`).
     let mut words = unsafe {
-        stream
-            .context()
-            .alloc_pinned_with_flags::<u32>(n.max(1).next_power_of_two(), 0)
+        stream.context().alloc_pinned_with_flags::<u32>(
+            n.max(1).next_power_of_two(),
+            cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP,
+        )
     }
     .map_err(cuda_err(op))?;
     words.as_mut_slice().map_err(cuda_err(op))?.fill(0);
     Ok(words)
+}
+
+/// The device address of mapped page-locked memory from [`pinned_words`]: kernels read and
+/// write it over the bus, without a copy-engine transfer.
+pub(crate) fn device_addr(
+    words: &mut PinnedHostSlice<u32>,
+    op: &'static str,
+) -> Result<u64, Error> {
+    let host = words.as_mut_ptr().map_err(cuda_err(op))?;
+    let mut dev: cudarc::driver::sys::CUdeviceptr = 0;
+    // SAFETY: `host` is the start of a live page-locked allocation made with
+    // CU_MEMHOSTALLOC_DEVICEMAP in the current context (bound by `as_mut_ptr`'s caller chain:
+    // the allocation bound it); the driver only writes `dev`.
+    unsafe { cudarc::driver::sys::cuMemHostGetDevicePointer_v2(&mut dev, host.cast(), 0) }
+        .result()
+        .map_err(cuda_err(op))?;
+    Ok(dev)
 }
 
 /// Checks every block a span reads or writes against the pool.
@@ -389,9 +408,14 @@ impl Scratch {
         Ok(dev)
     }
 
-    /// Performs the queued uploads (graph mode), in order, through the page-locked staging
-    /// buffer.
-    pub(crate) fn flush(&mut self, stream: &Arc<CudaStream>) -> Result<(), Error> {
+    /// Performs the queued uploads (graph mode), in order: their words go into the mapped
+    /// page-locked staging buffer, and `upload` (the `upload_words` kernel) copies them to
+    /// their device buffers, up to [`UPLOAD_RUNS`] per launch.
+    pub(crate) fn flush(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        upload: &CudaFunction,
+    ) -> Result<(), Error> {
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -415,10 +439,13 @@ impl Scratch {
         else {
             return Err(graph_changed("no staging buffer"));
         };
+        let base = device_addr(staging, "upload graph inputs")?;
         let host = staging
             .as_mut_slice()
             .map_err(cuda_err("upload graph inputs"))?;
         let mut at = 0;
+        let mut runs = UploadRuns::default();
+        let mut n_runs = 0;
         for (target, data) in self.pending.drain(..) {
             let slot = match target {
                 Target::Idx => &mut self.idx,
@@ -427,12 +454,21 @@ impl Scratch {
                 Target::Meta => &mut self.meta,
             };
             let dev = grow(stream, slot, data.len(), false)?;
-            let chunk = &mut host[at..at + data.len()];
-            chunk.copy_from_slice(&data);
-            stream
-                .memcpy_htod(&*chunk, &mut dev.slice_mut(..data.len()))
-                .map_err(cuda_err("upload graph inputs"))?;
+            host[at..at + data.len()].copy_from_slice(&data);
+            let (dst, _) = dev.device_ptr(stream);
+            runs.src[n_runs] = base + 4 * at as u64;
+            runs.dst[n_runs] = dst;
+            runs.len[n_runs] = i32::try_from(data.len())
+                .map_err(|_| graph_changed("an upload beyond 2^31 words"))?;
+            n_runs += 1;
             at += data.len();
+            if n_runs == UPLOAD_RUNS {
+                launch_upload(stream, upload, &runs)?;
+                (runs, n_runs) = (UploadRuns::default(), 0);
+            }
+        }
+        if n_runs > 0 {
+            launch_upload(stream, upload, &runs)?;
         }
         done.record(stream).map_err(cuda_err("upload graph inputs"))
     }
@@ -442,6 +478,43 @@ impl Scratch {
         self.pending.clear();
         self.meta_valid = false;
     }
+}
+
+/// Runs per `upload_words` launch (`UPLOAD_CHUNKS` in elementwise.cu).
+const UPLOAD_RUNS: usize = 4;
+
+/// `struct UploadRuns` of elementwise.cu, field for field: source (mapped host) and
+/// destination device addresses and lengths in words; unused runs have length 0.
+#[repr(C)]
+#[derive(Default)]
+struct UploadRuns {
+    src: [u64; UPLOAD_RUNS],
+    dst: [u64; UPLOAD_RUNS],
+    len: [i32; UPLOAD_RUNS],
+}
+
+// SAFETY: plain integers laid out as the kernel's struct parameter (`repr(C)`).
+unsafe impl DeviceRepr for UploadRuns {}
+
+fn launch_upload(
+    stream: &Arc<CudaStream>,
+    upload: &CudaFunction,
+    runs: &UploadRuns,
+) -> Result<(), Error> {
+    let words: i32 = runs.len.iter().sum();
+    let threads = 256u32;
+    let cfg = LaunchConfig {
+        grid_dim: ((words.max(1) as u32).div_ceil(threads), 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = stream.launch_builder(upload);
+    b.arg(runs);
+    // SAFETY: each run's source is `len` words of the mapped staging buffer, filled above and
+    // kept until `staging_done` (recorded after this launch) has passed; each destination is
+    // a device buffer of at least `len` words (grown above).
+    unsafe { b.launch(cfg) }.map_err(cuda_err("upload graph inputs"))?;
+    Ok(())
 }
 
 #[cfg(test)]
