@@ -307,25 +307,6 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Tensor,
     ) -> Result<(), Error>;
 
-    /// [`Backend::write_kv`] then [`Backend::attention`] over the same rows: one layer's KV
-    /// write and attention. A backend may fuse them (the CUDA backend does for decode steps:
-    /// one launch applies the norm and RoPE, stores the new keys and values and attends); the
-    /// pool and `out` end up as the two calls leave them, `qkv` may be left unroped.
-    #[allow(clippy::too_many_arguments)]
-    fn write_kv_attention(
-        &self,
-        qkv: &mut Self::Tensor,
-        geometry: &AttnGeometry,
-        rope: &Rope,
-        qk_norm: Option<QkNorm<'_, Self::Vector>>,
-        spans: &[SeqSpan<'_>],
-        pool: &mut Self::KvPool,
-        out: &mut Self::Tensor,
-    ) -> Result<(), Error> {
-        self.write_kv(qkv, geometry, rope, qk_norm, spans, pool)?;
-        self.attention(qkv, geometry, spans, pool, out)
-    }
-
     /// Runs `step` — the launches of one decode step, ending in a `to_host` — the way this
     /// backend repeats steps fastest: the CUDA backend captures the step once as a CUDA graph
     /// and replays it (a launch-bound small model decodes several times faster). `step` must be

@@ -28,11 +28,9 @@ use turbokv_backend::{
 use turbokv_cache::KvLayout;
 use turbokv_codec::KvDtype;
 
-/// The backend options of these tests: the defaults plus the path that is off by default
-/// (the fused decode KV write), so that it is checked too; the device top-k explicitly on.
+/// The backend options of these tests: the defaults, with the device top-k explicitly on.
 fn test_options() -> CudaOptions {
     CudaOptions {
-        fuse_write_kv: true,
         device_top_k: true,
         ..CudaOptions::default()
     }
@@ -53,6 +51,19 @@ fn gpu() -> Option<&'static CudaBackend> {
         Err(e) => panic!("the CUDA backend failed to start: {e}"),
     })
     .as_ref()
+}
+
+/// A second backend on the same GPU with the tensor-core decode attention off, so that the
+/// SIMT decode kernels are checked too (call after `gpu()` found a GPU).
+fn gpu_simt() -> &'static CudaBackend {
+    static B: OnceLock<CudaBackend> = OnceLock::new();
+    B.get_or_init(|| {
+        let opts = CudaOptions {
+            dec_mma: false,
+            ..test_options()
+        };
+        CudaBackend::with_options(0, &opts).expect("a second CUDA backend")
+    })
 }
 
 struct Rng(u64);
@@ -605,17 +616,9 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) {
             case.d, case.heads, case.kv_heads, case.dtype, case.style
         );
         let cols = case.heads * case.d;
-        let mut go = poison(g, row, cols);
-        // The decode step goes through the fused write + attention (one launch where the row
-        // kernel applies), the others through the two ops; qkv is only roped by the latter.
-        if step == 2 {
-            g.write_kv_attention(&mut gq, &geo, &rope, gnorm, &spans, &mut gpool, &mut go)
-                .unwrap();
-        } else {
-            g.write_kv(&mut gq, &geo, &rope, gnorm, &spans, &mut gpool)
-                .unwrap();
-            close(&what, &host(g, &gq), cq.as_slice(), 1e-4, 1e-4);
-        }
+        g.write_kv(&mut gq, &geo, &rope, gnorm, &spans, &mut gpool)
+            .unwrap();
+        close(&what, &host(g, &gq), cq.as_slice(), 1e-4, 1e-4);
         check_pool(
             g,
             &gpool,
@@ -629,15 +632,12 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) {
 
         let mut co = c.tensor(row, cols).unwrap();
         c.attention(&cq, &geo, &spans, &cpool, &mut co).unwrap();
-        if step != 2 {
-            g.attention(&gq, &geo, &spans, &gpool, &mut go).unwrap();
-        }
+        let mut go = poison(g, row, cols);
+        g.attention(&gq, &geo, &spans, &gpool, &mut go).unwrap();
         // With head_dim 64/128 the tensor-core kernels run (prefill tiles, or the decode
-        // kernel), whose queries and softmax weights are rounded to the cache's
-        // 16-bit type (bf16: 2⁻⁹ relative) for the MMAs; the fused decode step (step 2, where
-        // the row kernel applies: ≤ 8 query heads per kv head) keeps f32.
-        let group = case.heads / case.kv_heads;
-        let mma = matches!(case.d, 64 | 128) && !(step == 2 && group <= 8);
+        // kernel), whose queries and softmax weights are rounded to the cache's 16-bit type
+        // (bf16: 2⁻⁹ relative) for the MMAs.
+        let mma = matches!(case.d, 64 | 128);
         let (atol, rtol) = if mma { (1e-2, 2e-2) } else { (2e-3, 1e-2) };
         let e = close(
             &what.replace("write_kv", "attention"),
@@ -648,23 +648,14 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) {
         );
         eprintln!("{}: max err {e:.2e}", what.replace("write_kv", "attention"));
         if step == 2 {
-            // The same decode step through the two ops (the fused form above runs the row
-            // kernel): the tensor-core decode kernel for head_dim 64/128, whose queries and
-            // softmax weights are rounded to the cache's type like the prefill kernel's.
-            let mut gq = gpu_t(g, &qkv, row, w);
-            let gnorm = case.norm.then_some(QkNorm {
-                q: &gqn,
-                k: &gkn,
-                eps: 1e-6,
-            });
-            g.write_kv(&mut gq, &geo, &rope, gnorm, &spans, &mut gpool)
-                .unwrap();
-            let mut go = poison(g, row, cols);
-            g.attention(&gq, &geo, &spans, &gpool, &mut go).unwrap();
-            let dec = matches!(case.d, 64 | 128);
-            let (atol, rtol) = if dec { (1e-2, 2e-2) } else { (2e-3, 1e-2) };
-            let what = what.replace("write_kv", "unfused decode attention");
-            let e = close(&what, &host(g, &go), co.as_slice(), atol, rtol);
+            // The same decode step on the SIMT kernels (the row-parallel kernel where it is
+            // instantiated, else the tiled one; f32 throughout), over the same pool: `g`'s
+            // stream is idle after the copies above.
+            let simt = gpu_simt();
+            let mut go = poison(simt, row, cols);
+            simt.attention(&gq, &geo, &spans, &gpool, &mut go).unwrap();
+            let what = what.replace("write_kv", "SIMT decode attention");
+            let e = close(&what, &host(simt, &go), co.as_slice(), 2e-3, 1e-2);
             eprintln!("{what}: max err {e:.2e}");
         }
     }
@@ -1099,9 +1090,16 @@ fn graphed_steps_match_eager_steps() {
             .map(|i| (tok + 7 * i as u32) % vocab as u32)
             .collect();
         g.embed(&embed, &ids, &mut x)?;
-        g.rms_norm_matmul_cat(&x, &norm, 1e-5, &wqkv, &mut xn, &mut qkv)?;
-        // Decode steps take the fused form (prefetching, behind the qkv GEMV).
-        g.write_kv_attention(&mut qkv, &geo, &rope, None, &spans, pool, &mut att)?;
+        // Decode steps take the rope-write GEMV and the attention prefetching behind it.
+        let qkv_proj = QkvProjection {
+            norm: &norm,
+            eps: 1e-5,
+            weights: &wqkv,
+            bias: None,
+            qk_norm: None,
+        };
+        g.project_qkv_write_kv(&x, qkv_proj, &geo, &rope, &spans, pool, &mut xn, &mut qkv)?;
+        g.attention(&qkv, &geo, &spans, pool, &mut att)?;
         g.matmul_add(&att, &wo, &mut x, &mut proj)?;
         g.rms_norm_matmul_silu(&x, &norm, 1e-5, &w_gate_up, &mut xn, &mut gate_up, &mut act)?;
         g.matmul_add(&act, &w_down, &mut x, &mut proj)?;

@@ -1,6 +1,6 @@
 //! The CUDA backend: f32 activations and bf16 weights in device memory, NVRTC-compiled kernels
-//! for the row-wise ops, paged attention, the fused KV write and skinny (decode) matmuls,
-//! cuBLAS for the other matmuls.
+//! for the row-wise ops, the KV write, paged attention and skinny (decode) matmuls, cuBLAS
+//! for the other matmuls.
 //!
 //! Nothing CUDA is needed to build: `cudarc` loads libcuda, libnvrtc and libcublas at run time.
 //! [`CudaBackend::new`] first checks that those libraries can be opened (cudarc panics on a
@@ -20,17 +20,20 @@
 //! [`CudaBackend::run_graphed`] replays whole steps (decode) as CUDA graphs; see `graph.rs`.
 //! Matmuls of few activation rows (decode; ≤ 2 by default, see [`CudaOptions::gemv_max_rows`])
 //! run on a hand-written GEMV kernel with fused epilogues (residual add, `silu(g)·u`, RMSNorm
-//! in front), larger ones on cuBLAS (`CudaBackend::use_gemv` in `ops.rs` decides).
+//! in front, and for the qkv projection RoPE plus the KV write:
+//! [`Backend::project_qkv_write_kv`](crate::Backend::project_qkv_write_kv)), larger ones on
+//! cuBLAS (`CudaBackend::use_gemv` in `ops.rs` decides).
 //! Attention has four kernels, all over bf16 or f16 KV: a tensor-core tile kernel for prefill
 //! spans (head_dim 64/128), a tensor-core split-K kernel for decode rows (head_dim 64/128, up
 //! to 16 query heads per kv head), a SIMT row-parallel split-K kernel for the other decode rows
-//! (head_dim 256, the fused KV write; up to 8 query heads per kv head), and the original tiled
-//! kernel for everything else. Sampling ends a step with
+//! (head_dim 256, or with the tensor-core one off; up to 8 query heads per kv head), and the
+//! original tiled kernel for everything else. Sampling ends a step with
 //! [`Backend::to_host_top_k`](crate::Backend::to_host_top_k): a device selection
-//! (`kernels/sample.cu`) that copies back only each row's candidates, max and log-sum-exp;
-//! greedy decoding can instead end it with
-//! [`Backend::pick_greedy`](crate::Backend::pick_greedy), whose ids stay on the device for the
-//! next step's embedding ([`CudaPicks`], `picks.rs`), so the host never stands between steps.
+//! (`kernels/sample.cu`) that writes only each row's candidates, max and log-sum-exp into
+//! mapped host memory; greedy decoding can instead end it with
+//! [`Backend::pick_greedy`](crate::Backend::pick_greedy), a many-block argmax whose ids stay
+//! on the device for the next step's embedding ([`CudaPicks`], `picks.rs`), so the host never
+//! stands between steps.
 
 mod graph;
 mod kernels;
@@ -163,12 +166,6 @@ pub struct CudaOptions {
     /// worse: 5.1 vs 4.85 ms per llama3-8b decode step.) Default on; the environment variable
     /// `TURBOKV_PDL=0` turns it off.
     pub pdl: bool,
-    /// Decode steps run the KV write inside the attention launch
-    /// ([`Backend::write_kv_attention`](crate::Backend::write_kv_attention)). Passes the GPU
-    /// tests on an H200 but measured no faster there (llama3-8b batch 1: 4.80 vs 4.79 ms per
-    /// step), so off by default; the environment variable `TURBOKV_FUSED_KV_WRITE=1` turns
-    /// it on.
-    pub fuse_write_kv: bool,
     /// `to_host_top_k` selects on the device (`kernels/sample.cu`) and copies back only the
     /// candidates instead of whole logit rows (513 KB per sequence for a 128k vocabulary:
     /// 0.06 / 0.4 / 1.1 ms of a llama3-8b step at batch 1 / 8 / 32 on an H200). Default on;
@@ -199,9 +196,7 @@ impl Default for CudaOptions {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(DEFAULT_GEMV_MAX_ROWS);
         let pdl = std::env::var("TURBOKV_PDL").map_or(true, |v| v.trim() != "0");
-        let env_on = |name: &str| std::env::var(name).is_ok_and(|v| v.trim() == "1");
         let env_off = |name: &str| std::env::var(name).is_ok_and(|v| v.trim() == "0");
-        let fuse_write_kv = env_on("TURBOKV_FUSED_KV_WRITE");
         let device_top_k = !env_off("TURBOKV_DEVICE_TOPK");
         let dec_mma = !env_off("TURBOKV_DEC_MMA");
         let rope_gemv = !env_off("TURBOKV_ROPE_GEMV");
@@ -213,7 +208,6 @@ impl Default for CudaOptions {
                 .unwrap_or(2),
             gemv_max_rows,
             pdl,
-            fuse_write_kv,
             device_top_k,
             dec_mma,
             rope_gemv,
@@ -239,8 +233,6 @@ pub struct CudaBackend {
     gemv_max_rows: usize,
     /// See [`CudaOptions::pdl`] (and the GPU is sm_90 or newer).
     pdl: bool,
-    /// See [`CudaOptions::fuse_write_kv`].
-    pub(crate) fuse_write_kv: bool,
     /// See [`CudaOptions::device_top_k`].
     pub(crate) device_top_k: bool,
     /// See [`CudaOptions::dec_mma`].
@@ -401,7 +393,6 @@ impl CudaBackend {
             blocks_per_sm: opts.attention_blocks_per_sm.max(1),
             gemv_max_rows: opts.gemv_max_rows.min(kernels::GEMV_MAX_ROWS),
             pdl: opts.pdl && major >= 9,
-            fuse_write_kv: opts.fuse_write_kv,
             device_top_k: opts.device_top_k,
             dec_mma: opts.dec_mma,
             rope_gemv: opts.rope_gemv,

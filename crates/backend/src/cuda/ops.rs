@@ -1432,31 +1432,7 @@ impl Backend for CudaBackend {
         pool: &CudaKvPool,
         out: &mut CudaTensor,
     ) -> Result<(), Error> {
-        self.attention_impl(qkv, g, spans, pool, out, None)
-    }
-
-    /// Decode steps (one new token per sequence) on the row kernel run as one launch that
-    /// also does the KV write (see attention.cu, `fused`); qkv is left unroped.
-    fn write_kv_attention(
-        &self,
-        qkv: &mut CudaTensor,
-        g: &AttnGeometry,
-        rope: &Rope,
-        qk_norm: Option<QkNorm<'_, CudaVector>>,
-        spans: &[SeqSpan<'_>],
-        pool: &mut CudaKvPool,
-        out: &mut CudaTensor,
-    ) -> Result<(), Error> {
-        let fusable = self.fuse_write_kv
-            && rows_kernel_index(g.head_dim, g.group()).is_some()
-            && !spans.is_empty()
-            && spans.iter().all(|s| s.n_tokens == 1);
-        if !fusable {
-            self.write_kv(qkv, g, rope, qk_norm, spans, pool)?;
-            return self.attention(qkv, g, spans, pool, out);
-        }
-        check_write_args(qkv, g, rope, qk_norm.as_ref(), pool)?;
-        self.attention_impl(qkv, g, spans, pool, out, Some((rope, qk_norm)))
+        self.attention_impl(qkv, g, spans, pool, out)
     }
 
     /// Decode rows on the GEMV kernel, without a q/k norm: one matmul launch (normed for one
@@ -1554,8 +1530,7 @@ impl CudaBackend {
         }
     }
 
-    /// Attention; with `fuse`, the fused decode KV write too (the caller checked that the row
-    /// kernel applies, every span is one token, and the write's arguments).
+    /// Attention over the cache (which holds this step's keys and values already).
     fn attention_impl(
         &self,
         qkv: &CudaTensor,
@@ -1563,7 +1538,6 @@ impl CudaBackend {
         spans: &[SeqSpan<'_>],
         pool: &CudaKvPool,
         out: &mut CudaTensor,
-        fuse: Option<(&Rope, Option<QkNorm<'_, CudaVector>>)>,
     ) -> Result<(), Error> {
         expect_cols("attention", qkv, g.qkv_width())?;
         expect_cols("attention", out, g.n_heads * g.head_dim)?;
@@ -1607,10 +1581,9 @@ impl CudaBackend {
             .max()
             .unwrap_or(1);
         let hd = g.head_dim;
-        let fused = fuse.is_some();
-        // The tensor-core split kernel (not the fused KV write), else the row-parallel
-        // kernel where it is instantiated, else the tiled one.
-        let dec_kernel = (self.dec_mma && !fused && matches!(hd, 64 | 128) && grp <= DEC_MAX_GROUP)
+        // The tensor-core split kernel, else the row-parallel kernel where it is
+        // instantiated, else the tiled one.
+        let dec_kernel = (self.dec_mma && matches!(hd, 64 | 128) && grp <= DEC_MAX_GROUP)
             .then_some(usize::from(hd == 128));
         let rows_kernel = rows_kernel_index(hd, grp).filter(|_| dec_kernel.is_none());
         let splits = self.split_count(rows, g.n_kv_heads, max_ctx);
@@ -1670,38 +1643,15 @@ impl CudaBackend {
             ],
         )?;
         let is_bf16 = i32::from(pool.is_bf16);
-        // Decode right behind the kernel that produced its input (the KV write, or for the
-        // fused form the qkv GEMV, both of which trigger at their start): the kernel starts
-        // as its programmatic dependent and fetches the older keys meanwhile (attention.cu).
+        // Decode right behind the kernel that wrote this step's keys (`write_kv`, or the qkv
+        // GEMV's rope-write epilogue, both of which trigger at their start): the kernel
+        // starts as its programmatic dependent and fetches the older keys meanwhile
+        // (attention.cu).
         let prefetch = (rows_kernel.is_some() || dec_kernel.is_some())
             && self.pdl
-            && if fuse.is_some() {
-                st.last_gemv
-            } else {
-                st.last_write_kv
-            }
+            && st.last_write_kv
             && spans.iter().all(|s| s.n_tokens == 1);
         let prefetch_i = i32::from(prefetch);
-        // The fused KV write's RoPE and norm arguments (unused placeholders otherwise).
-        let (inv_freq, pairs, half_split, qn, kn, eps, has_norm) = match &fuse {
-            Some((rope, qk_norm)) => {
-                let sc = st.sc();
-                sc.rope(&self.stream, &rope.inv_freq)?;
-                let inv_freq = addr(sc.rope_buf()?, &self.stream);
-                let (qn, kn, eps, has_norm) = self.norm_args(qk_norm.as_ref());
-                (
-                    inv_freq,
-                    int("attention", rope.inv_freq.len())?,
-                    i32::from(rope.style == RopeStyle::HalfSplit),
-                    qn,
-                    kn,
-                    eps,
-                    has_norm,
-                )
-            }
-            None => (0u64, 0i32, 0i32, 0u64, 0u64, 0f32, 0i32),
-        };
-        let fused_i = i32::from(fused);
         let kernel_smem = match (dec_kernel, rows_kernel) {
             // The pipeline's stages of a 64-key K tile and V tile (rows padded by 8 halves),
             // then the 4 warps' states of 16 × (hd + 2) floats.
@@ -1710,11 +1660,9 @@ impl CudaBackend {
             // grp × (hd + 2) floats; 16 dims per lane for up to 4 heads per kv head, else 8.
             (None, Some(i)) => {
                 let partials = 4 * (32 * (16 >> (i % 2)) / hd) * grp * (hd + 2) * 4;
-                // The pipeline's stages of a 32-key K tile and V tile of 16-bit values, then
-                // (fused) the roped query heads and the new key and value in f32.
+                // The pipeline's stages of a 32-key K tile and V tile of 16-bit values.
                 let stages = if deep { ATTN_DEEP_STAGES } else { 3 };
-                let roped = if fused { (grp + 2) * hd * 4 } else { 0 };
-                partials.max(stages * 2 * ATTN_TILE * hd * 2 + roped)
+                partials.max(stages * 2 * ATTN_TILE * hd * 2)
             }
             (None, None) => {
                 (grp * hd + ATTN_TILE * (hd + 4) + ATTN_TILE * hd + grp * ATTN_TILE + 3 * grp) * 4
@@ -1763,14 +1711,6 @@ impl CudaBackend {
             dec_kernel.map_or(rows_kernel.unwrap_or(99), |i| 100 + i) as u64,
             u64::from(deep),
             u64::from(prefetch),
-            u64::from(fused),
-            inv_freq,
-            pairs as u64,
-            half_split as u64,
-            qn,
-            kn,
-            u64::from(eps.to_bits()),
-            has_norm as u64,
         ]);
         let launch = st.admit(s)?;
         st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
@@ -1791,8 +1731,7 @@ impl CudaBackend {
         };
         let mut params = kargs![
             qp, width, nh, nkv, d, g.scale, meta[0], meta[1], meta[2], meta[3], kp, vp, bs,
-            is_bf16, splits_i, ml, acc, counters, op, ob, prefetch_i, inv_freq, pairs, half_split,
-            qn, kn, eps, has_norm, fused_i
+            is_bf16, splits_i, ml, acc, counters, op, ob, prefetch_i
         ];
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, g.n_kv_heads as u32, splits as u32),
@@ -1807,10 +1746,8 @@ impl CudaBackend {
         // 8-byte K/V loads of the tiled kernel and the merge's 16-byte partial loads aligned,
         // head_dim ∈ {64, 128, 256} the 16-byte ones of the row kernel and the decode
         // kernel (64 / 128; its fragment reads stay inside the padded rows).
-        // with `prefetch`, the kernel reads nothing the kernel ahead of it writes (the newest
-        // key, qkv) before `griddepcontrol.wait`; fused, it writes the newest key's slot
-        // (inside the pool, checked above; the caller holds the pool mutably) and reads the
-        // RoPE frequencies (n_pairs ≤ head_dim / 2, checked) and norm weights (head_dim each).
+        // With `prefetch`, the kernel reads nothing the kernel ahead of it writes (the newest
+        // key, qkv) before `griddepcontrol.wait`.
         unsafe { self.launch_ex(f, cfg, &mut params, prefetch) }.map_err(cuda_err("attention"))?;
         Ok(())
     }

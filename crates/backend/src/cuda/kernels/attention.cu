@@ -28,13 +28,10 @@
     const u32* __restrict__ tables, \
     u16* k_cache, u16* v_cache, int block_size, int is_bf16, \
     int n_splits, float* __restrict__ part_ml, float* __restrict__ part_acc, \
-    u32* __restrict__ counters, float* __restrict__ out, u16* __restrict__ out_bf16, int prefetch, \
-    const float* __restrict__ inv_freq, int n_pairs, int half_split, \
-    const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps, int has_norm, \
-    int fused
+    u32* __restrict__ counters, float* __restrict__ out, u16* __restrict__ out_bf16, int prefetch
 #define ATTN_ARGS qkv, width, n_heads, n_kv, d_rt, scale, tok_pos, tok_seq, seq_tbl, tables, \
     k_cache, v_cache, block_size, is_bf16, n_splits, part_ml, part_acc, counters, out, out_bf16, \
-    prefetch, inv_freq, n_pairs, half_split, q_norm, k_norm, eps, has_norm, fused
+    prefetch
 
 // 16 bytes / 4 bytes from L2, bypassing L1: partials written by other blocks of the launch.
 __device__ __forceinline__ float4 ld_cg4(const float* p) {
@@ -395,17 +392,14 @@ __device__ __forceinline__ void copy_kv_row(u16* ks, u16* vs, int p, const Paged
 // `griddepcontrol.wait`, so the cache streams in while that kernel finishes; the newest key
 // (the one written this step) is never fetched with the others but put into its stage row
 // after the wait, and q is read after the wait.
-// `fused` (decode; replaces `write_kv`, see write_kv.cu, whose arithmetic it repeats): the
-// block applies the q/k norm and RoPE to its row's g query heads and its kv head's new key
-// itself, from the raw qkv row, and the block whose split holds the newest position stores
-// that key and value into the cache; qkv is left as it is (unroped). In a tile, warp w takes keys
+// In a tile, warp w takes keys
 // 8w .. 8w+7; a group of LPK = D/DPL lanes owns one key at a time and DPL of its dims
 // (chunks of 8 dims interleaved across the group, so shared reads are conflict-free); a
 // warp covers KPW = 32/LPK keys per pass, U = 8/KPW passes per tile. Every lane keeps the
 // online-softmax state (log2 units) of the g <= MAXG query heads of its kv head for its
 // dims, rescaled once per tile; the NW*KPW partial states are merged through shared
 // memory at the end.
-// dynamic smem: max(STAGES*2*TILE*D halves [+ (g+2)*D floats when fused], NW*KPW*g*(D+2)
+// dynamic smem: max(STAGES*2*TILE*D halves, NW*KPW*g*(D+2)
 // floats, merge's g*(2*n_splits+1) floats).
 // Requires 16-bit KV, d == D, g <= MAXG.
 template <int D, int MAXG, int DPL, bool BF16, int STAGES>
@@ -426,9 +420,9 @@ __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
     const PagedKv kv(tables + seq_tbl[tok_seq[r]], n_kv, kh, block_size);
     u16* stage = (u16*)sh;   // [STAGES][2][TILE][D]
     const float qs = scale * 1.4426950408889634f;
-    // The newest key is left out of the fetches when it is being written by this launch or by
-    // the kernel ahead (`fill_newest` puts it into its stage row).
-    const bool skip_newest = prefetch || fused;
+    // The newest key is left out of the fetches when the kernel ahead is writing it
+    // (`fill_newest` puts it into its stage row).
+    const bool skip_newest = prefetch;
     auto issue = [&](int t, bool early) {
         if (t < ntiles) {
             u16* ks = stage + (u64)(t % STAGES) * 2 * TILE * D;
@@ -444,74 +438,22 @@ __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
         if constexpr (BF16) return __uint_as_float((i & 1) ? (word & 0xffff0000u) : (word << 16));
         else return f16_to_f32((u16)((i & 1) ? (word >> 16) : (word & 0xffffu)));
     };
-    // Fused: the row's g roped query heads, then the kv head's new key and value (f32).
-    float* rq = (float*)(stage + (u64)STAGES * 2 * TILE * D);
     const bool holds_newest = (int)pos >= k0 && (int)pos < k1;
     const int tn = ((int)pos - k0) / TILE;   // the tile of the newest key (if held)
     // Writes the newest key's K and V into the stage row of tile t (if t holds it).
     auto fill_newest = [&](int t) {
         if (!skip_newest || !holds_newest || t != tn || t >= ntiles) return;
         u16* ks = stage + (u64)(t % STAGES) * 2 * TILE * D + ((int)pos - k0 - t * TILE) * D;
-        u16* vs = ks + TILE * D;
-        if (fused) {
-            for (int c = tid; c < D; c += NT) {
-                ks[c] = kv_store(rq[g * D + c], BF16);
-                vs[c] = kv_store(rq[(g + 1) * D + c], BF16);
-            }
-        } else {
-            copy_kv_row<D>(ks, vs, (int)pos, kv, k_cache, v_cache, tid);
-        }
+        copy_kv_row<D>(ks, ks + TILE * D, (int)pos, kv, k_cache, v_cache, tid);
     };
     if (!prefetch) pdl_wait();
 #pragma unroll
     for (int t = 0; t < STAGES - 1; t++) issue(t, skip_newest);
     if (prefetch) pdl_wait();   // the kernel ahead is complete and its writes visible
-    if (fused) {
-        const float* xr = qkv + (u64)r * width;
-        for (int i = tid; i < (g + 2) * D; i += NT) {
-            const int hh = i / D, c = i - hh * D;
-            const int col = hh < g ? (kh * g + hh) * D : (n_heads + (hh - g) * n_kv + kh) * D;
-            rq[i] = xr[col + c];
-        }
-        __syncthreads();
-        // q/k norm, one warp per head (the g query heads and the key).
-        if (has_norm) {
-            for (int hh = warp; hh <= g; hh += NW) {
-                float* x = rq + hh * D;
-                float ss = 0.0f;
-                for (int c = lane; c < D; c += 32) ss += x[c] * x[c];
-                for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-                const float inv = 1.0f / sqrtf(ss / (float)D + eps);
-                const float* w = hh < g ? q_norm : k_norm;
-                for (int c = lane; c < D; c += 32) x[c] *= inv * w[c];
-            }
-            __syncthreads();
-        }
-        const float p = (float)pos;
-        for (int i = tid; i < (g + 1) * n_pairs; i += NT) {
-            const int hh = i / n_pairs, pi = i - hh * n_pairs;
-            float sn, cs;
-            sincosf(p * inv_freq[pi], &sn, &cs);
-            const int a = half_split ? pi : 2 * pi;
-            const int b = half_split ? pi + n_pairs : 2 * pi + 1;
-            float* x = rq + hh * D;
-            const float x0 = x[a], x1 = x[b];
-            x[a] = x0 * cs - x1 * sn;
-            x[b] = x0 * sn + x1 * cs;
-        }
-        __syncthreads();
-        if (holds_newest) {   // exactly one split of each (row, kv head) holds it
-            const u64 off = kv.row((int)pos, D);
-            for (int c = tid; c < D; c += NT) {
-                k_cache[off + c] = kv_store(rq[g * D + c], BF16);
-                v_cache[off + c] = kv_store(rq[(g + 1) * D + c], BF16);
-            }
-        }
-    }
 #pragma unroll
     for (int t = 0; t < STAGES - 1; t++) fill_newest(t);
     float q[MAXG][DPL], acc[MAXG][DPL], m[MAXG], l[MAXG];
-    const float* qrow = fused ? rq : qkv + (u64)r * width + (u64)kh * g * D;
+    const float* qrow = qkv + (u64)r * width + (u64)kh * g * D;
 #pragma unroll
     for (int h = 0; h < MAXG; h++) {
 #pragma unroll
