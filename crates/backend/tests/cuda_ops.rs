@@ -747,6 +747,50 @@ fn write_kv_and_attention_match_cpu() {
     }
 }
 
+/// The host-side inputs of one `project_qkv_write_kv` call.
+struct QkvInputs<'a> {
+    parts: &'a [WeightMatrix],
+    norm: &'a [f32],
+    bias: Option<&'a [f32]>,
+    qk_norm: Option<(&'a [f32], &'a [f32])>,
+    geo: &'a AttnGeometry,
+    rope: &'a Rope,
+    spans: &'a [SeqSpan<'a>],
+    layout: &'a KvLayout,
+}
+
+impl QkvInputs<'_> {
+    /// Uploads the weights to `be`, runs the op on `x` (already there) into `xn` and `qkv`;
+    /// returns the fresh pool it wrote.
+    fn run<B: Backend>(
+        &self,
+        be: &B,
+        x: B::Tensor,
+        xn: &mut B::Tensor,
+        qkv: &mut B::Tensor,
+    ) -> B::KvPool {
+        let ws: Vec<_> = self.parts.iter().map(|p| be.matrix(p).unwrap()).collect();
+        let norm = be.vector(self.norm).unwrap();
+        let bias = self.bias.map(|b| be.vector(b).unwrap());
+        let qk = self
+            .qk_norm
+            .map(|(q, k)| (be.vector(q).unwrap(), be.vector(k).unwrap()));
+        let mut pool = be.kv_pool(self.layout, 0).unwrap();
+        let proj = QkvProjection {
+            norm: &norm,
+            eps: 1e-5,
+            weights: &ws,
+            bias: bias.as_ref(),
+            qk_norm: qk.as_ref().map(|(q, k)| QkNorm { q, k, eps: 1e-6 }),
+        };
+        be.project_qkv_write_kv(
+            &x, proj, self.geo, self.rope, self.spans, &mut pool, xn, qkv,
+        )
+        .unwrap();
+        pool
+    }
+}
+
 /// `project_qkv_write_kv` with the KV write in the GEMV's epilogue (decode rows on the GEMV
 /// kernel: 1..=8 tokens, normed kernel for one row) against the separate ops on the same GPU
 /// (the matmul, `add_bias`, `write_kv`; checked against the CPU above): the roped rows and
@@ -890,35 +934,20 @@ fn qkv_projection_writes_kv_like_the_separate_ops() {
             }
             let x = r.vec(rows * k, 1.0);
             let what = format!("case {ci} rows {rows}");
+            let inputs = QkvInputs {
+                parts: &parts,
+                norm: &gnorm,
+                bias: has_bias.then_some(&bias[..]),
+                qk_norm: norm.then_some((&qn[..], &kn[..])),
+                geo: &geo,
+                rope: &rope,
+                spans: &spans,
+                layout: &layout,
+            };
             let mut outs = Vec::new();
             for be in [&fused, &split] {
-                let ws: Vec<_> = parts.iter().map(|p| be.matrix(p).unwrap()).collect();
-                let (nv, bv) = (be.vector(&gnorm).unwrap(), be.vector(&bias).unwrap());
-                let (qv, kv) = (be.vector(&qn).unwrap(), be.vector(&kn).unwrap());
-                let mut pool = be.kv_pool(&layout, 0).unwrap();
                 let (mut xn, mut qkv) = (poison(be, rows, k), poison(be, rows, w));
-                let proj = QkvProjection {
-                    norm: &nv,
-                    eps: 1e-5,
-                    weights: &ws,
-                    bias: has_bias.then_some(&bv),
-                    qk_norm: norm.then_some(QkNorm {
-                        q: &qv,
-                        k: &kv,
-                        eps: 1e-6,
-                    }),
-                };
-                be.project_qkv_write_kv(
-                    &gpu_t(be, &x, rows, k),
-                    proj,
-                    &geo,
-                    &rope,
-                    &spans,
-                    &mut pool,
-                    &mut xn,
-                    &mut qkv,
-                )
-                .unwrap();
+                let pool = inputs.run(be, gpu_t(be, &x, rows, k), &mut xn, &mut qkv);
                 outs.push((host(be, &qkv), be.kv_to_host(&pool).unwrap()));
             }
             let ((fq, (fk, fv)), (sq, (sk, sv))) = (&outs[0], &outs[1]);
@@ -941,33 +970,8 @@ fn qkv_projection_writes_kv_like_the_separate_ops() {
                     );
                 }
             }
-            let cws: Vec<_> = parts.iter().map(|p| c.matrix(p).unwrap()).collect();
-            let (cn, cb) = (c.vector(&gnorm).unwrap(), c.vector(&bias).unwrap());
-            let (cqv, ckv) = (c.vector(&qn).unwrap(), c.vector(&kn).unwrap());
-            let mut cpool = c.kv_pool(&layout, 0).unwrap();
             let (mut cxn, mut cqkv) = (c.tensor(rows, k).unwrap(), c.tensor(rows, w).unwrap());
-            let proj = QkvProjection {
-                norm: &cn,
-                eps: 1e-5,
-                weights: &cws,
-                bias: has_bias.then_some(&cb),
-                qk_norm: norm.then_some(QkNorm {
-                    q: &cqv,
-                    k: &ckv,
-                    eps: 1e-6,
-                }),
-            };
-            c.project_qkv_write_kv(
-                &cpu_t(x.clone(), rows, k),
-                proj,
-                &geo,
-                &rope,
-                &spans,
-                &mut cpool,
-                &mut cxn,
-                &mut cqkv,
-            )
-            .unwrap();
+            inputs.run(&c, cpu_t(x.clone(), rows, k), &mut cxn, &mut cqkv);
             let want = cqkv.as_slice();
             close(
                 &format!("{what}: qkv vs cpu"),
