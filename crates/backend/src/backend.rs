@@ -289,11 +289,7 @@ pub trait Backend: Send + Sync {
         xn: &mut Self::Tensor,
         qkv: &mut Self::Tensor,
     ) -> Result<(), Error> {
-        self.rms_norm_matmul_cat(x, proj.norm, proj.eps, proj.weights, xn, qkv)?;
-        if let Some(bias) = proj.bias {
-            self.add_bias(qkv, bias)?;
-        }
-        self.write_kv(qkv, geometry, rope, proj.qk_norm, spans, pool)
+        separate_qkv_write_kv(self, x, proj, geometry, rope, spans, pool, xn, qkv)
     }
 
     /// Causal attention of the queries in `qkv` over each sequence's cached keys and values
@@ -320,4 +316,25 @@ pub trait Backend: Send + Sync {
     {
         step()
     }
+}
+
+/// [`Backend::project_qkv_write_kv`] as its separate ops: the normed matmul, the bias,
+/// `write_kv`. The default, and a fusing backend's path for what it does not fuse.
+#[allow(clippy::too_many_arguments)]
+pub fn separate_qkv_write_kv<B: Backend + ?Sized>(
+    b: &B,
+    x: &B::Tensor,
+    proj: QkvProjection<'_, B::Vector, B::Matrix>,
+    geometry: &AttnGeometry,
+    rope: &Rope,
+    spans: &[SeqSpan<'_>],
+    pool: &mut B::KvPool,
+    xn: &mut B::Tensor,
+    qkv: &mut B::Tensor,
+) -> Result<(), Error> {
+    b.rms_norm_matmul_cat(x, proj.norm, proj.eps, proj.weights, xn, qkv)?;
+    if let Some(bias) = proj.bias {
+        b.add_bias(qkv, bias)?;
+    }
+    b.write_kv(qkv, geometry, rope, proj.qk_norm, spans, pool)
 }

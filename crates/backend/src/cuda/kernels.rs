@@ -63,7 +63,7 @@ pub(crate) const TOPK_THREADS: u32 = 1024;
 /// Threads per block of `argmax_rows` and logits each reads per round (`ARGMAX_THREADS`,
 /// `ARGMAX_UNROLL` in sample.cu).
 pub(crate) const ARGMAX_THREADS: u32 = 256;
-pub(crate) const ARGMAX_PER_ROUND: usize = 256 * 8;
+pub(crate) const ARGMAX_PER_ROUND: usize = ARGMAX_THREADS as usize * 8;
 /// Most blocks `argmax_rows` spreads one row over.
 pub(crate) const ARGMAX_MAX_BLOCKS: usize = 128;
 

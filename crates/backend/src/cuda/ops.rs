@@ -16,7 +16,9 @@ use super::step::{device_addr, graph_changed, grow, pinned_words};
 use super::{
     CudaBackend, CudaKvPool, CudaMatrix, CudaTensor, CudaVector, cuda_err, unsupported_kv,
 };
-use crate::backend::{AttnGeometry, Backend, QkNorm, QkvProjection, Rope, RopeStyle, SeqSpan};
+use crate::backend::{
+    AttnGeometry, Backend, QkNorm, QkvProjection, Rope, RopeStyle, SeqSpan, separate_qkv_write_kv,
+};
 use crate::cpu::shape;
 use crate::topk::{check_k, select_top_k};
 use crate::{Error, TopK, WeightMatrix};
@@ -1460,11 +1462,7 @@ impl Backend for CudaBackend {
                 .is_multiple_of(kernels::gemv_rows_per_block(x.rows))
             && proj.bias.is_none_or(|b| b.len == total);
         if !fusable {
-            self.rms_norm_matmul_cat(x, proj.norm, proj.eps, proj.weights, xn, qkv)?;
-            if let Some(bias) = proj.bias {
-                self.add_bias(qkv, bias)?;
-            }
-            return self.write_kv(qkv, g, rope, proj.qk_norm, spans, pool);
+            return separate_qkv_write_kv(self, x, proj, g, rope, spans, pool, xn, qkv);
         }
         self.set_rows(qkv, x.rows)?;
         check_write_args(qkv, g, rope, None, pool)?;
