@@ -41,17 +41,8 @@ pub(crate) struct Kernels {
     /// Tensor-core split-K decode attention for head_dim 64 and 128 (16-bit KV, ≤ 16 query
     /// heads per kv head).
     pub attn_dec: [CudaFunction; 2],
-    /// Skinny matmul `y (+)= x · Wᵀ` for 1..=8 activation rows (index M - 1).
-    pub gemv: [CudaFunction; GEMV_MAX_ROWS],
-    /// The same with the gated epilogue `silu(g) · u` (the FFN input).
-    pub gemv_silu: [CudaFunction; GEMV_MAX_ROWS],
-    /// The same two with the RMSNorm of x fused in front.
-    pub gemv_norm: [CudaFunction; GEMV_MAX_ROWS],
-    pub gemv_norm_silu: [CudaFunction; GEMV_MAX_ROWS],
-    /// The un-normed and normed matmul with the rope-write epilogue (a decode step's
-    /// attention input: RoPE, then the new keys and values into the pool).
-    pub gemv_rope: [CudaFunction; GEMV_MAX_ROWS],
-    pub gemv_norm_rope: [CudaFunction; GEMV_MAX_ROWS],
+    /// Skinny matmuls, one set per entry of [`GEMV_CONFIGS`] (same index).
+    pub gemv: Vec<GemvSet>,
     /// Per-row top-k candidates, max and log-sum-exp of logits (sample.cu).
     pub topk_rows: CudaFunction,
     /// Per-row argmax over several blocks per row (sample.cu): the greedy picks.
@@ -72,10 +63,76 @@ pub(crate) const GEMV_MAX_ROWS: usize = 8;
 /// Threads per block of the GEMV kernels (`GEMV_THREADS` in gemv.cu).
 pub(crate) const GEMV_THREADS: usize = 128;
 
-/// Weight rows one block of the GEMV kernel for `m` activation rows reads (`R` in gemv.cu;
-/// the gated kernel writes half as many outputs).
-pub(crate) fn gemv_rows_per_block(m: usize) -> usize {
-    if m <= 4 { 2 } else { 4 }
+/// The GEMV kernels of one instantiation (gemv.cu `GEMV_SET`).
+#[derive(Debug)]
+pub(crate) struct GemvSet {
+    /// `y (+)= x · Wᵀ`.
+    pub plain: CudaFunction,
+    /// The gated epilogue `silu(g) · u` (the FFN input).
+    pub silu: CudaFunction,
+    /// The same two with the RMSNorm of x fused in front.
+    pub norm: CudaFunction,
+    pub norm_silu: CudaFunction,
+    /// The un-normed and normed matmul with the rope-write epilogue (a decode step's
+    /// attention input: RoPE, then the new keys and values into the pool).
+    pub rope: CudaFunction,
+    pub norm_rope: CudaFunction,
+}
+
+/// One instantiation of the GEMV kernels: activation rows `m`, weight rows each block reads
+/// (`R` in gemv.cu; the gated kernel writes half as many outputs) and the kernel names'
+/// suffix after `_{m}`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GemvConfig {
+    pub m: usize,
+    pub rows_per_block: usize,
+    pub suffix: &'static str,
+}
+
+const fn config(m: usize, rows_per_block: usize, suffix: &'static str) -> GemvConfig {
+    GemvConfig {
+        m,
+        rows_per_block,
+        suffix,
+    }
+}
+
+/// Every GEMV instantiation in gemv.cu: the default one per activation row count 1..=8
+/// (index m - 1), then the one-row alternatives [`gemv_config`] picks by shape.
+pub(crate) const GEMV_CONFIGS: [GemvConfig; GEMV_MAX_ROWS + 2] = [
+    config(1, 2, ""),
+    config(2, 2, ""),
+    config(3, 2, ""),
+    config(4, 2, ""),
+    config(5, 4, ""),
+    config(6, 4, ""),
+    config(7, 4, ""),
+    config(8, 4, ""),
+    config(1, 8, "_r8u1"),
+    config(1, 2, "_r2u2"),
+];
+const ONE_ROW_WIDE: usize = GEMV_MAX_ROWS;
+const ONE_ROW_LONG: usize = GEMV_MAX_ROWS + 1;
+
+/// Blocks of the 64-register GEMV kernels resident per SM (register-bound: 8 × 128 threads ×
+/// 64 registers fill the 64 Ki registers of an SM).
+const GEMV_BLOCKS_PER_SM: usize = 8;
+
+/// Index in [`GEMV_CONFIGS`] of the kernel for `m` activation rows of `[n, k]` weights on a
+/// GPU with `sms` SMs (1 ≤ m ≤ 8). One row: rows of K ≥ 8192 (the down projection) take 2
+/// chunks per row in flight, not 4 (7 rounds of K = 14336); a grid of 8-row blocks that fits
+/// one wave (the qkv and wo projections) takes it with 1 chunk per row in flight. Measured on
+/// the H200, llama3-8b batch 1 ctx 4096: 4.634 → 4.414 ms per step (BENCHMARKS.md, session
+/// 8); the 8-row blocks for the gate/up projection or the LM head (several waves) gained
+/// nothing, for the down projection (14 rounds) they lost 0.33 ms.
+pub(crate) fn gemv_config(m: usize, n: usize, k: usize, sms: usize) -> usize {
+    if m == 1 && k >= 8192 {
+        ONE_ROW_LONG
+    } else if m == 1 && n.div_ceil(8) <= GEMV_BLOCKS_PER_SM * sms {
+        ONE_ROW_WIDE
+    } else {
+        m.clamp(1, GEMV_MAX_ROWS) - 1
+    }
 }
 
 /// Compiler options; part of the cache key.
@@ -166,22 +223,22 @@ impl Kernels {
         let sm = module(ctx, "sample", SAMPLE, arch, cache_dir)?;
         let f =
             |m: &Arc<CudaModule>, n: &str| m.load_function(n).map_err(cuda_err("load function"));
-        let per_rows = |prefix: &str| -> Result<[CudaFunction; GEMV_MAX_ROWS], Error> {
-            let fs = (1..=GEMV_MAX_ROWS)
-                .map(|m| f(&gv, &format!("{prefix}_{m}")))
-                .collect::<Result<Vec<_>, _>>()?;
-            fs.try_into().map_err(|_| Error::Cuda {
-                op: "load function",
-                detail: format!("{prefix} kernels"),
+        let gemv_set = |c: &GemvConfig| -> Result<GemvSet, Error> {
+            let g = |prefix: &str| f(&gv, &format!("{prefix}_{}{}", c.m, c.suffix));
+            Ok(GemvSet {
+                plain: g("gemv")?,
+                silu: g("gemv_silu")?,
+                norm: g("gemv_norm")?,
+                norm_silu: g("gemv_norm_silu")?,
+                rope: g("gemv_rope")?,
+                norm_rope: g("gemv_norm_rope")?,
             })
         };
         Ok(Self {
-            gemv: per_rows("gemv")?,
-            gemv_silu: per_rows("gemv_silu")?,
-            gemv_norm: per_rows("gemv_norm")?,
-            gemv_norm_silu: per_rows("gemv_norm_silu")?,
-            gemv_rope: per_rows("gemv_rope")?,
-            gemv_norm_rope: per_rows("gemv_norm_rope")?,
+            gemv: GEMV_CONFIGS
+                .iter()
+                .map(gemv_set)
+                .collect::<Result<_, _>>()?,
             embed_bf16: f(&ew, "embed_bf16")?,
             rms_norm: f(&ew, "rms_norm")?,
             add_assign: f(&ew, "add_assign")?,
@@ -221,6 +278,24 @@ impl Kernels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gemv_configs_by_shape() {
+        let r = |m, n, k| GEMV_CONFIGS[gemv_config(m, n, k, 132)];
+        // llama3-8b on an H200, one row: qkv, wo, gate/up, down, LM head.
+        assert_eq!(r(1, 6144, 4096).suffix, "_r8u1");
+        assert_eq!(r(1, 4096, 4096).suffix, "_r8u1");
+        assert_eq!(r(1, 28672, 4096).suffix, "");
+        assert_eq!(r(1, 4096, 14336).suffix, "_r2u2");
+        assert_eq!(r(1, 128_256, 4096).suffix, "");
+        for m in 1..=GEMV_MAX_ROWS {
+            let c = r(m, 128_256, 4096);
+            assert_eq!((c.m, c.suffix), (m, ""));
+            assert_eq!(r(m, 4096, 4096).m, m);
+        }
+        // Every config's rows per block is even (gated and rope-write blocks hold pairs).
+        assert!(GEMV_CONFIGS.iter().all(|c| c.rows_per_block % 2 == 0));
+    }
 
     #[test]
     fn cache_key_depends_on_every_part() {

@@ -430,13 +430,15 @@ impl CudaBackend {
         }
         let (n_total, kk) = (int("matmul", total)?, int("matmul", g.k)?);
         let acc = i32::from(g.accumulate);
+        let config = kernels::gemv_config(g.t, total, g.k, self.sms);
+        let set = &self.k.gemv[config];
         let f = match (g.yb != 0, g.norm.is_some(), g.rope.is_some()) {
-            (false, false, false) => &self.k.gemv[g.t - 1],
-            (true, false, false) => &self.k.gemv_silu[g.t - 1],
-            (false, true, false) => &self.k.gemv_norm[g.t - 1],
-            (true, true, false) => &self.k.gemv_norm_silu[g.t - 1],
-            (false, false, true) => &self.k.gemv_rope[g.t - 1],
-            (false, true, true) => &self.k.gemv_norm_rope[g.t - 1],
+            (false, false, false) => &set.plain,
+            (true, false, false) => &set.silu,
+            (false, true, false) => &set.norm,
+            (true, true, false) => &set.norm_silu,
+            (false, false, true) => &set.rope,
+            (false, true, true) => &set.norm_rope,
             (true, _, true) => {
                 return Err(shape("matmul", "no gated rope-write epilogue".into()));
             }
@@ -445,7 +447,7 @@ impl CudaBackend {
         let xf = g.xf;
         let cfg = LaunchConfig {
             grid_dim: (
-                total.div_ceil(kernels::gemv_rows_per_block(g.t)) as u32,
+                total.div_ceil(kernels::GEMV_CONFIGS[config].rows_per_block) as u32,
                 1,
                 1,
             ),
@@ -1458,8 +1460,10 @@ impl Backend for CudaBackend {
             && (1..=4).contains(&proj.weights.len())
             && proj.weights.iter().all(|w| w.cols == x.cols)
             && total == g.qkv_width()
-            && g.head_dim
-                .is_multiple_of(kernels::gemv_rows_per_block(x.rows))
+            && g.head_dim.is_multiple_of(
+                kernels::GEMV_CONFIGS[kernels::gemv_config(x.rows, total, x.cols, self.sms)]
+                    .rows_per_block,
+            )
             && proj.bias.is_none_or(|b| b.len == total);
         if !fusable {
             return separate_qkv_write_kv(self, x, proj, g, rope, spans, pool, xn, qkv);

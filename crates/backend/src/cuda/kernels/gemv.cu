@@ -275,13 +275,14 @@ __device__ __forceinline__ void gemv_impl(const u16* w0, const u16* w1, const u1
         gemv_impl<M, R, U, false, NORM, true>(w0, w1, w2, w3, e0, e1, e2, n_total, x, K, y, ldy,   \
                                               accumulate, yb, xf, gw, eps, rk);                    \
     }
-#define GEMV(M, R, U)                                                                              \
-    GEMV_KERNEL(gemv_##M, M, R, U, false, false)                                                   \
-    GEMV_KERNEL(gemv_silu_##M, M, R, U, true, false)                                               \
-    GEMV_KERNEL(gemv_norm_##M, M, R, U, false, true)                                               \
-    GEMV_KERNEL(gemv_norm_silu_##M, M, R, U, true, true)                                           \
-    GEMV_ROPE_KERNEL(gemv_rope_##M, M, R, U, false)                                                \
-    GEMV_ROPE_KERNEL(gemv_norm_rope_##M, M, R, U, true)
+#define GEMV_SET(M, R, U, SUF)                                                                     \
+    GEMV_KERNEL(gemv_##M##SUF, M, R, U, false, false)                                              \
+    GEMV_KERNEL(gemv_silu_##M##SUF, M, R, U, true, false)                                          \
+    GEMV_KERNEL(gemv_norm_##M##SUF, M, R, U, false, true)                                          \
+    GEMV_KERNEL(gemv_norm_silu_##M##SUF, M, R, U, true, true)                                      \
+    GEMV_ROPE_KERNEL(gemv_rope_##M##SUF, M, R, U, false)                                           \
+    GEMV_ROPE_KERNEL(gemv_norm_rope_##M##SUF, M, R, U, true)
+#define GEMV(M, R, U) GEMV_SET(M, R, U, )
 
 // Rows per block R (weight rows read; even, for the gated variant) and chunks in flight U per
 // M: R·U 16-byte weight loads in flight per thread; larger M shares each x chunk between more
@@ -294,3 +295,11 @@ GEMV(5, 4, 2)
 GEMV(6, 4, 2)
 GEMV(7, 4, 2)
 GEMV(8, 4, 2)
+// One-row alternatives, chosen by shape (`gemv_config` in kernels.rs; measured, see there).
+// R = 8, U = 1 (four rounds of K = 4096): the qkv and wo projections as one wave of long
+// blocks (8 blocks of 64-register threads fit on an SM) instead of 2–3 waves of one-round
+// blocks; our reading (not profiled): the first wave, which loaded its only round before
+// `griddepcontrol.wait`, ends all at once and DRAM idles while the next wave starts.
+// R = 2, U = 2: rows of K ≥ 8192 (the down projection) in more, shorter rounds.
+GEMV_SET(1, 8, 1, _r8u1)
+GEMV_SET(1, 2, 2, _r2u2)
