@@ -98,8 +98,9 @@ const fn config(m: usize, rows_per_block: usize, suffix: &'static str) -> GemvCo
 }
 
 /// Every GEMV instantiation in gemv.cu: the default one per activation row count 1..=8
-/// (index m - 1), then the one-row alternatives [`gemv_config`] picks by shape.
-pub(crate) const GEMV_CONFIGS: [GemvConfig; GEMV_MAX_ROWS + 2] = [
+/// (index m - 1), then the one- and two-row alternatives [`gemv_config`] picks by shape
+/// (index `GEMV_MAX_ROWS + 2 (m - 1)` for the wide one, + 1 for the long one).
+pub(crate) const GEMV_CONFIGS: [GemvConfig; GEMV_MAX_ROWS + 4] = [
     config(1, 2, ""),
     config(2, 2, ""),
     config(3, 2, ""),
@@ -110,26 +111,29 @@ pub(crate) const GEMV_CONFIGS: [GemvConfig; GEMV_MAX_ROWS + 2] = [
     config(8, 4, ""),
     config(1, 8, "_r8u1"),
     config(1, 2, "_r2u2"),
+    config(2, 8, "_r8u1"),
+    config(2, 2, "_r2u2"),
 ];
-const ONE_ROW_WIDE: usize = GEMV_MAX_ROWS;
-const ONE_ROW_LONG: usize = GEMV_MAX_ROWS + 1;
 
 /// Blocks of the 64-register GEMV kernels resident per SM (register-bound: 8 × 128 threads ×
 /// 64 registers fill the 64 Ki registers of an SM).
 const GEMV_BLOCKS_PER_SM: usize = 8;
 
 /// Index in [`GEMV_CONFIGS`] of the kernel for `m` activation rows of `[n, k]` weights on a
-/// GPU with `sms` SMs (1 ≤ m ≤ 8). One row: rows of K ≥ 8192 (the down projection) take 2
-/// chunks per row in flight, not 4 (7 rounds of K = 14336); a grid of 8-row blocks that fits
-/// one wave (the qkv and wo projections) takes it with 1 chunk per row in flight. Measured on
-/// the H200, llama3-8b batch 1 ctx 4096: 4.634 → 4.414 ms per step (BENCHMARKS.md, session
-/// 8); the 8-row blocks for the gate/up projection or the LM head (several waves) gained
-/// nothing, for the down projection (14 rounds) they lost 0.33 ms.
+/// GPU with `sms` SMs (1 ≤ m ≤ 8). One or two rows: rows of K ≥ 8192 (the down projection)
+/// take 2 chunks per row in flight, not 4 (7 rounds of K = 14336); a grid of 8-row blocks
+/// that fits one wave (the qkv and wo projections) takes it with 1 chunk per row in flight.
+/// Measured on the H200, llama3-8b ctx 4096, per pipelined step (BENCHMARKS.md, session 8):
+/// batch 1 4.634 → 4.414 ms, batch 2 5.141 → 4.960 ms for the qkv/wo blocks alone and −0.05
+/// ms for the down projection's; 8-row blocks for the gate/up projection or the LM head
+/// (several waves) gained nothing at batch 1, and lost 0.33 ms for the down projection (14
+/// rounds).
 pub(crate) fn gemv_config(m: usize, n: usize, k: usize, sms: usize) -> usize {
-    if m == 1 && k >= 8192 {
-        ONE_ROW_LONG
-    } else if m == 1 && n.div_ceil(8) <= GEMV_BLOCKS_PER_SM * sms {
-        ONE_ROW_WIDE
+    let alt = GEMV_MAX_ROWS + 2 * m.saturating_sub(1);
+    if m <= 2 && k >= 8192 {
+        alt + 1
+    } else if m <= 2 && n.div_ceil(8) <= GEMV_BLOCKS_PER_SM * sms {
+        alt
     } else {
         m.clamp(1, GEMV_MAX_ROWS) - 1
     }
@@ -288,10 +292,14 @@ mod tests {
         assert_eq!(r(1, 28672, 4096).suffix, "");
         assert_eq!(r(1, 4096, 14336).suffix, "_r2u2");
         assert_eq!(r(1, 128_256, 4096).suffix, "");
+        assert_eq!(r(2, 6144, 4096).suffix, "_r8u1");
+        assert_eq!(r(2, 4096, 14336).suffix, "_r2u2");
+        assert_eq!(r(3, 4096, 14336).suffix, "");
         for m in 1..=GEMV_MAX_ROWS {
             let c = r(m, 128_256, 4096);
             assert_eq!((c.m, c.suffix), (m, ""));
             assert_eq!(r(m, 4096, 4096).m, m);
+            assert_eq!(r(m, 4096, 14336).m, m);
         }
         // Every config's rows per block is even (gated and rope-write blocks hold pairs).
         assert!(GEMV_CONFIGS.iter().all(|c| c.rows_per_block % 2 == 0));

@@ -295,7 +295,8 @@ GEMV(5, 4, 2)
 GEMV(6, 4, 2)
 GEMV(7, 4, 2)
 GEMV(8, 4, 2)
-// One-row alternatives, chosen by shape (`gemv_config` in kernels.rs; measured, see there).
+// One- and two-row alternatives, chosen by shape (`gemv_config` in kernels.rs; measured, see
+// there).
 // R = 8, U = 1 (four rounds of K = 4096): the qkv and wo projections as one wave of long
 // blocks (8 blocks of 64-register threads fit on an SM) instead of 2–3 waves of one-round
 // blocks; our reading (not profiled): the first wave, which loaded its only round before
@@ -303,3 +304,5 @@ GEMV(8, 4, 2)
 // R = 2, U = 2: rows of K ≥ 8192 (the down projection) in more, shorter rounds.
 GEMV_SET(1, 8, 1, _r8u1)
 GEMV_SET(1, 2, 2, _r2u2)
+GEMV_SET(2, 8, 1, _r8u1)
+GEMV_SET(2, 2, 2, _r2u2)
