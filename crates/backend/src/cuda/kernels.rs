@@ -126,7 +126,7 @@ const GEMV_BLOCKS_PER_SM: usize = 8;
 /// Measured on the H200, llama3-8b ctx 4096, per pipelined step (BENCHMARKS.md, session 8):
 /// batch 1 4.634 → 4.414 ms, batch 2 5.141 → 4.960 ms for the qkv/wo blocks alone and −0.05
 /// ms for the down projection's; 8-row blocks for the gate/up projection or the LM head
-/// (several waves) gained nothing at batch 1, and lost 0.33 ms for the down projection (14
+/// (several waves) gained nothing at batch 1, and lost 0.29 ms for the down projection (14
 /// rounds).
 pub(crate) fn gemv_config(m: usize, n: usize, k: usize, sms: usize) -> usize {
     let alt = GEMV_MAX_ROWS + 2 * m.saturating_sub(1);
