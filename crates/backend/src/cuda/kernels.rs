@@ -132,7 +132,7 @@ pub(crate) fn gemv_config(m: usize, n: usize, k: usize, sms: usize) -> usize {
     let alt = GEMV_MAX_ROWS + 2 * m.saturating_sub(1);
     if m <= 2 && k >= 8192 {
         alt + 1
-    } else if m <= 2 && n.div_ceil(8) <= GEMV_BLOCKS_PER_SM * sms {
+    } else if m <= 2 && n.div_ceil(GEMV_CONFIGS[alt].rows_per_block) <= GEMV_BLOCKS_PER_SM * sms {
         alt
     } else {
         m.clamp(1, GEMV_MAX_ROWS) - 1
