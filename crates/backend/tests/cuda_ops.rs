@@ -247,7 +247,9 @@ fn close_mag(what: &str, got: &[f32], want: &[f32], mag: &[f32], rel: f32) -> f3
     worst
 }
 
-/// The decode matmuls: the GEMV kernel (1..=8 rows, K a multiple of 8 but not of 256, odd N),
+/// The decode matmuls: the GEMV kernel (1..=8 rows, K a multiple of 8 but not of 256, odd N;
+/// for 1 and 2 rows each block shape `gemv_config` picks: 8-row blocks for small N, 2 chunks
+/// in flight for K ≥ 8192, the default for N beyond one wave of 8-row blocks),
 /// its fused residual add (`matmul_add`) and `matmul_cat` over more parts than one launch
 /// takes, against a float64 reference of the bf16-rounded operands (f32 accumulation: within
 /// 1e-4·Σ|x·w|); the same through cuBLAS (a backend with the GEMV kernel off, and shapes the
@@ -273,6 +275,9 @@ fn skinny_matmuls_match_reference() {
         (8, 4104, 301),
         (1, 100, 64),
         (1, 14344, 67),
+        (2, 8200, 45),
+        (1, 1032, 9001),
+        (2, 520, 8999),
         (9, 512, 77),
     ];
     for (t, k, n) in shapes {
@@ -328,7 +333,15 @@ fn skinny_matmuls_match_reference() {
     // `silu_mul` for 9), from [gate | up] as one stacked matrix and as two; then the matmul
     // that reads its output, which must take the kernel's bf16 copy to the same result as a
     // fresh upload of the same values.
-    for (t, k, f) in [(1, 4096, 1001), (4, 520, 77), (8, 1032, 300), (9, 256, 40)] {
+    let gated = [
+        (1, 4096, 1001),
+        (2, 8200, 40),
+        (2, 264, 4501),
+        (4, 520, 77),
+        (8, 1032, 300),
+        (9, 256, 40),
+    ];
+    for (t, k, f) in gated {
         let x = r.vec(t * k, 1.0);
         let wv = r.vec(2 * f * k, 1.0);
         let (gu, mag) = matmul_ref(&x, &wv, t, k, 2 * f);
