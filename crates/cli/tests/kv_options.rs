@@ -2,51 +2,9 @@
 //! is accepted, `--key-mode prod` builds a prod cache, `--kv-center` calibrates and labels.
 //! Tests that need the demo model (or the wiki text) skip with a message when it is absent.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn turbokv(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_turbokv"))
-        .args(args)
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("RUST_LIB_BACKTRACE")
-        .env_remove("TURBOKV_LOG")
-        .output()
-        .expect("runs turbokv")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn asset(env: &str, rel: &str) -> Option<PathBuf> {
-    let path = std::env::var_os(env).map(PathBuf::from).unwrap_or_else(|| {
-        std::env::var_os("TURBOKV_CACHE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/turbokv")
-            })
-            .join(rel)
-    });
-    if path.exists() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "CI must have {}: run scripts/fetch-assets.sh",
-        path.display()
-    );
-    eprintln!(
-        "SKIPPED: {} not found (run scripts/fetch-assets.sh)",
-        path.display()
-    );
-    None
-}
-
-fn demo_model() -> Option<String> {
-    asset("TURBOKV_MODEL", "models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        .map(|p| p.display().to_string())
-}
+use common::{asset, demo_model, stderr, turbokv};
 
 /// The `B/token` figure of `run`'s stats line.
 fn bytes_per_token(stderr: &str, label: &str) -> f64 {
