@@ -129,13 +129,17 @@ const GEMV_BLOCKS_PER_SM: usize = 8;
 /// (several waves) gained nothing at batch 1, and lost 0.29 ms for the down projection (14
 /// rounds).
 pub(crate) fn gemv_config(m: usize, n: usize, k: usize, sms: usize) -> usize {
-    let alt = GEMV_MAX_ROWS + 2 * m.saturating_sub(1);
-    if m <= 2 && k >= 8192 {
-        alt + 1
-    } else if m <= 2 && n.div_ceil(GEMV_CONFIGS[alt].rows_per_block) <= GEMV_BLOCKS_PER_SM * sms {
-        alt
+    let default = m.clamp(1, GEMV_MAX_ROWS) - 1;
+    if !(1..=2).contains(&m) {
+        return default;
+    }
+    let (wide, long) = (GEMV_MAX_ROWS + 2 * (m - 1), GEMV_MAX_ROWS + 2 * (m - 1) + 1);
+    if k >= 8192 {
+        long
+    } else if n.div_ceil(GEMV_CONFIGS[wide].rows_per_block) <= GEMV_BLOCKS_PER_SM * sms {
+        wide
     } else {
-        m.clamp(1, GEMV_MAX_ROWS) - 1
+        default
     }
 }
 
@@ -300,6 +304,12 @@ mod tests {
             assert_eq!((c.m, c.suffix), (m, ""));
             assert_eq!(r(m, 4096, 4096).m, m);
             assert_eq!(r(m, 4096, 14336).m, m);
+        }
+        // The alternatives sit where gemv_config looks for them.
+        for m in 1..=2 {
+            assert_eq!(r(m, 8, 16384).m, m);
+            assert_eq!(r(m, 8, 16384).suffix, "_r2u2");
+            assert_eq!(r(m, 8, 16).suffix, "_r8u1");
         }
         // Every config's rows per block is even (gated and rope-write blocks hold pairs).
         assert!(GEMV_CONFIGS.iter().all(|c| c.rows_per_block % 2 == 0));
