@@ -35,6 +35,7 @@
 //! on the device for the next step's embedding ([`CudaPicks`], `picks.rs`), so the host never
 //! stands between steps.
 
+mod attention;
 mod graph;
 mod kernels;
 mod ops;

@@ -1,0 +1,380 @@
+//! Attention launches: the tensor-core tile kernel for prefill spans and the split-K decode
+//! kernels, with the split count chosen from the shape.
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use super::graph::sig;
+use super::ops::{addr, check_geometry, expect_cols, ints, kargs, opc};
+use super::step::grow;
+use super::{CudaBackend, CudaKvPool, CudaTensor, cuda_err};
+use crate::backend::{AttnGeometry, SeqSpan};
+use crate::cpu::shape;
+use crate::{Backend, Error};
+
+/// Keys per attention tile and threads per attention block (see attention.cu).
+const ATTN_TILE: usize = 32;
+const ATTN_THREADS: usize = 128;
+/// Accumulator elements per thread: `group · head_dim ≤ 128 · 16`.
+const ATTN_MAX_ELEMS: usize = ATTN_THREADS * 16;
+/// Spans of at least this many new tokens (prefill) send a step to the tensor-core kernel.
+const MMA_MIN_ROWS: usize = 16;
+/// Keys per tile, pipeline stages and most query heads per kv head (the MMAs' 16 rows) of
+/// the tensor-core decode kernel (`DEC_TK`, `DEC_STAGES` in attention.cu).
+const DEC_TILE: usize = 64;
+const DEC_STAGES: usize = 3;
+const DEC_MAX_GROUP: usize = 16;
+/// Keys per K/V tile of the tensor-core kernel (see attention.cu).
+const MMA_TK: usize = 32;
+/// Fewest keys a decode split covers.
+const MIN_SPLIT_KEYS: usize = 64;
+/// Pipeline stages of the row kernel for splits of fewer tiles than this (they are requested
+/// whole at the start; 3 stages otherwise). On the H200 at llama3-8b batch 1, ctx 4096
+/// (4-tile splits): 5 stages −0.18 ms per decode step; at batch 8 and 32 (long splits) 5 were
+/// slower.
+const ATTN_DEEP_STAGES: usize = 5;
+
+impl CudaBackend {
+    /// Attention through the tensor-core tile kernel: every span cut into tiles of 64/g
+    /// consecutive rows (shapes, tables and metadata checked and uploaded by the caller).
+    fn attention_mma(
+        &self,
+        qkv: &CudaTensor,
+        g: &AttnGeometry,
+        spans: &[SeqSpan<'_>],
+        pool: &CudaKvPool,
+        out: &mut CudaTensor,
+    ) -> Result<(), Error> {
+        let (grp, hd, rows) = (g.group(), g.head_dim, qkv.rows);
+        let qt = 64 / grp;
+        let mut tiles = Vec::new();
+        for s in spans {
+            for i in (0..s.n_tokens).step_by(qt) {
+                tiles.push((s.first_row + i) as u32);
+                tiles.push(qt.min(s.n_tokens - i) as u32);
+            }
+        }
+        let n_tiles = tiles.len() / 2;
+        let mut st = self.lock_state("attention")?;
+        let sc = st.sc();
+        let may_alloc = !sc.defer;
+        let ob = addr(
+            grow(&self.stream, &mut sc.bf16, rows * g.n_heads * hd, may_alloc)?,
+            &self.stream,
+        );
+        let tp = addr(sc.upload_tiles(&self.stream, &tiles)?, &self.stream);
+        let m = sc.meta()?;
+        let meta = [
+            addr(&m.pos, &self.stream),
+            addr(&m.seq, &self.stream),
+            addr(&m.seq_tbl, &self.stream),
+            addr(&m.tables, &self.stream),
+        ];
+        let [width, nh, nkv, bs] = ints(
+            "attention",
+            [g.qkv_width(), g.n_heads, g.n_kv_heads, pool.block_size],
+        )?;
+        let smem = 2 * 2 * MMA_TK * (hd + 8) * 2;
+        let (qp, kp, vp, op) = (
+            addr(&qkv.buf, &self.stream),
+            addr(&pool.k, &self.stream),
+            addr(&pool.v, &self.stream),
+            addr(&out.buf, &self.stream),
+        );
+        let s = sig(&[
+            opc::ATTN_MMA,
+            qp,
+            rows as u64,
+            width as u64,
+            nh as u64,
+            nkv as u64,
+            hd as u64,
+            g.scale.to_bits() as u64,
+            meta[0],
+            meta[1],
+            meta[2],
+            meta[3],
+            kp,
+            vp,
+            bs as u64,
+            tp,
+            n_tiles as u64,
+            op,
+            ob,
+            u64::from(pool.is_bf16),
+        ]);
+        let launch = st.admit(s)?;
+        st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
+        if !launch {
+            return Ok(());
+        }
+        let is_bf16 = i32::from(pool.is_bf16);
+        let f = &self.k.attn_mma[usize::from(hd == 128)];
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&qp).arg(&width).arg(&nh).arg(&nkv).arg(&g.scale);
+        b.arg(&meta[0]).arg(&meta[1]).arg(&meta[2]).arg(&meta[3]);
+        b.arg(&kp)
+            .arg(&vp)
+            .arg(&bs)
+            .arg(&tp)
+            .arg(&op)
+            .arg(&ob)
+            .arg(&is_bf16);
+        let cfg = LaunchConfig {
+            grid_dim: (n_tiles as u32, g.n_kv_heads as u32, 1),
+            block_dim: (ATTN_THREADS as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        // SAFETY: every tile lies inside one span (rows first..first+n of one sequence, whose
+        // blocks were checked against the pool); the pool is 16-bit with head_dim 64 or 128;
+        // out and the bf16 scratch hold rows·n_heads·head_dim values; smem (≤ 35 KiB) is below
+        // the opt-in limit set at load.
+        unsafe { b.launch(cfg) }.map_err(cuda_err("attn_mma"))?;
+        Ok(())
+    }
+
+    /// Picks the number of key splits for a launch of `rows` query rows over at most
+    /// `max_ctx` keys: enough (row, kv head, split) blocks for `blocks_per_sm` per SM, each
+    /// split at least `MIN_SPLIT_KEYS` keys. The kernel divides each row's own key range.
+    fn split_count(&self, rows: usize, n_kv: usize, max_ctx: usize) -> usize {
+        let target = self.blocks_per_sm * self.sms;
+        target
+            .div_ceil(rows * n_kv)
+            .clamp(1, max_ctx.div_ceil(MIN_SPLIT_KEYS).max(1))
+    }
+
+    /// Attention over the cache (which holds this step's keys and values already).
+    pub(super) fn attention_impl(
+        &self,
+        qkv: &CudaTensor,
+        g: &AttnGeometry,
+        spans: &[SeqSpan<'_>],
+        pool: &CudaKvPool,
+        out: &mut CudaTensor,
+    ) -> Result<(), Error> {
+        expect_cols("attention", qkv, g.qkv_width())?;
+        expect_cols("attention", out, g.n_heads * g.head_dim)?;
+        check_geometry(g, pool)?;
+        if !g.head_dim.is_multiple_of(4) || g.head_dim > 256 {
+            return Err(shape(
+                "attention",
+                format!("head_dim {} is not a multiple of 4 up to 256", g.head_dim),
+            ));
+        }
+        if g.group() * g.head_dim > ATTN_MAX_ELEMS {
+            return Err(shape(
+                "attention",
+                format!(
+                    "{} query heads per kv head × head_dim {} > {ATTN_MAX_ELEMS}",
+                    g.group(),
+                    g.head_dim
+                ),
+            ));
+        }
+        let rows = qkv.rows;
+        self.set_rows(out, rows)?;
+        let mut st = self.lock_state("attention")?;
+        let epoch = st.epoch;
+        let sc = st.sc();
+        sc.prepare_spans(&self.stream, spans, rows, pool, epoch)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let grp = g.group();
+        if matches!(g.head_dim, 64 | 128)
+            && 64 % grp == 0
+            && spans.iter().any(|s| s.n_tokens >= MMA_MIN_ROWS)
+        {
+            drop(st);
+            return self.attention_mma(qkv, g, spans, pool, out);
+        }
+        let max_ctx = spans
+            .iter()
+            .map(|s| s.first_pos + s.n_tokens)
+            .max()
+            .unwrap_or(1);
+        let hd = g.head_dim;
+        // The tensor-core split kernel, else the row-parallel kernel where it is
+        // instantiated, else the tiled one.
+        let dec_kernel = (self.dec_mma && matches!(hd, 64 | 128) && grp <= DEC_MAX_GROUP)
+            .then_some(usize::from(hd == 128));
+        let rows_kernel = rows_kernel_index(hd, grp).filter(|_| dec_kernel.is_none());
+        let splits = self.split_count(rows, g.n_kv_heads, max_ctx);
+        // A split short enough to be requested in one go gets the row kernel's deeper
+        // pipeline (the decode kernel's 3 stages of 64-key tiles keep 2 tiles in flight).
+        let deep = max_ctx.div_ceil(splits).div_ceil(ATTN_TILE) < ATTN_DEEP_STAGES;
+        let parts = rows * g.n_heads * splits;
+        let may_alloc = !sc.defer;
+        let ob = addr(
+            grow(
+                &self.stream,
+                &mut sc.bf16,
+                rows * g.n_heads * g.head_dim,
+                may_alloc,
+            )?,
+            &self.stream,
+        );
+        let ml = addr(
+            grow(&self.stream, &mut sc.part_ml, 2 * parts, may_alloc)?,
+            &self.stream,
+        );
+        let acc = addr(
+            grow(
+                &self.stream,
+                &mut sc.part_acc,
+                parts * g.head_dim,
+                may_alloc,
+            )?,
+            &self.stream,
+        );
+        // Arrival counters of the fused merge: zero when allocated, reset by the kernel.
+        let counters = addr(
+            grow(
+                &self.stream,
+                &mut sc.attn_counters,
+                rows * g.n_kv_heads,
+                may_alloc,
+            )?,
+            &self.stream,
+        );
+        let m = sc.meta()?;
+        let meta = [
+            addr(&m.pos, &self.stream),
+            addr(&m.seq, &self.stream),
+            addr(&m.seq_tbl, &self.stream),
+            addr(&m.tables, &self.stream),
+        ];
+        let [width, nh, nkv, d, bs, splits_i] = ints(
+            "attention",
+            [
+                g.qkv_width(),
+                g.n_heads,
+                g.n_kv_heads,
+                g.head_dim,
+                pool.block_size,
+                splits,
+            ],
+        )?;
+        let is_bf16 = i32::from(pool.is_bf16);
+        // Decode right behind the kernel that wrote this step's keys (`write_kv`, or the qkv
+        // GEMV's rope-write epilogue, both of which trigger at their start): the kernel
+        // starts as its programmatic dependent and fetches the older keys meanwhile
+        // (attention.cu).
+        let prefetch = (rows_kernel.is_some() || dec_kernel.is_some())
+            && self.pdl
+            && st.last_write_kv
+            && spans.iter().all(|s| s.n_tokens == 1);
+        let prefetch_i = i32::from(prefetch);
+        let kernel_smem = match (dec_kernel, rows_kernel) {
+            // The pipeline's stages of a 64-key K tile and V tile (rows padded by 8 halves),
+            // then the 4 warps' states of 16 × (hd + 2) floats.
+            (Some(_), _) => (DEC_STAGES * 2 * DEC_TILE * (hd + 8) * 2).max(4 * 16 * (hd + 2) * 4),
+            // 4 warps × (32 / (hd / dims per lane)) keys per warp partial states of
+            // grp × (hd + 2) floats; 16 dims per lane for up to 4 heads per kv head, else 8.
+            (None, Some(i)) => {
+                let partials = 4 * (32 * (16 >> (i % 2)) / hd) * grp * (hd + 2) * 4;
+                // The pipeline's stages of a 32-key K tile and V tile of 16-bit values.
+                let stages = if deep { ATTN_DEEP_STAGES } else { 3 };
+                partials.max(stages * 2 * ATTN_TILE * hd * 2)
+            }
+            (None, None) => {
+                (grp * hd + ATTN_TILE * (hd + 4) + ATTN_TILE * hd + grp * ATTN_TILE + 3 * grp) * 4
+            }
+        };
+        // The fused merge's split weights and normalisers.
+        let smem = kernel_smem.max(grp * (2 * splits + 1) * 4);
+        if smem > self.smem_limit {
+            return Err(shape(
+                "attention",
+                format!(
+                    "needs {smem} bytes of shared memory, the GPU allows {}",
+                    self.smem_limit
+                ),
+            ));
+        }
+        let (qp, kp, vp, op) = (
+            addr(&qkv.buf, &self.stream),
+            addr(&pool.k, &self.stream),
+            addr(&pool.v, &self.stream),
+            addr(&out.buf, &self.stream),
+        );
+        let s = sig(&[
+            opc::ATTN,
+            qp,
+            rows as u64,
+            width as u64,
+            nh as u64,
+            nkv as u64,
+            d as u64,
+            g.scale.to_bits() as u64,
+            meta[0],
+            meta[1],
+            meta[2],
+            meta[3],
+            kp,
+            vp,
+            bs as u64,
+            is_bf16 as u64,
+            splits as u64,
+            ml,
+            acc,
+            counters,
+            op,
+            ob,
+            dec_kernel.map_or(rows_kernel.unwrap_or(99), |i| 100 + i) as u64,
+            u64::from(deep),
+            u64::from(prefetch),
+        ]);
+        let launch = st.admit(s)?;
+        st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
+        if !launch {
+            return Ok(());
+        }
+        let f = match (dec_kernel, rows_kernel) {
+            (Some(i), _) => &self.k.attn_dec[i],
+            (None, Some(i)) => &self.k.attn_rows[2 * i + usize::from(deep)],
+            (None, None) => {
+                &self.k.attn_partial[match hd {
+                    64 => 0,
+                    128 => 1,
+                    256 => 2,
+                    _ => 3,
+                }]
+            }
+        };
+        let mut params = kargs![
+            qp, width, nh, nkv, d, g.scale, meta[0], meta[1], meta[2], meta[3], kp, vp, bs,
+            is_bf16, splits_i, ml, acc, counters, op, ob, prefetch_i
+        ];
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, g.n_kv_heads as u32, splits as u32),
+            block_dim: (ATTN_THREADS as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        // SAFETY: spans tile the rows and their blocks are inside the pool (checked above);
+        // partial buffers hold rows·n_heads·splits entries and the counters rows·n_kv_heads
+        // (zero between launches: the last block of each (row, kv head) resets its own);
+        // out holds rows·n_heads·head_dim floats and the bf16 scratch as many halves; smem
+        // was checked against the opt-in limit set at load; head_dim % 4 == 0 keeps the
+        // 8-byte K/V loads of the tiled kernel and the merge's 16-byte partial loads aligned,
+        // head_dim ∈ {64, 128, 256} the 16-byte ones of the row kernel and the decode
+        // kernel (64 / 128; its fragment reads stay inside the padded rows).
+        // With `prefetch`, the kernel reads nothing the kernel ahead of it writes (the newest
+        // key, qkv) before `griddepcontrol.wait`.
+        unsafe { self.launch_ex(f, cfg, &mut params, prefetch) }.map_err(cuda_err("attention"))?;
+        Ok(())
+    }
+}
+
+/// Index of the row-parallel attention kernel for a head_dim and group (before the pipeline
+/// depth), where one is instantiated.
+fn rows_kernel_index(head_dim: usize, group: usize) -> Option<usize> {
+    match (head_dim, group) {
+        (64, 1..=4) => Some(0),
+        (64, 5..=8) => Some(1),
+        (128, 1..=4) => Some(2),
+        (128, 5..=8) => Some(3),
+        (256, 1..=4) => Some(4),
+        (256, 5..=8) => Some(5),
+        _ => None,
+    }
+}
