@@ -113,6 +113,14 @@ pub trait Backend: Send + Sync {
     fn describe(&self) -> String;
     /// Refuses KV formats this backend cannot attend over, with a message listing what it can.
     fn check_kv_dtype(&self, dtype: KvDtype, head_dim: usize) -> Result<(), Error>;
+    /// The capability query of attention: refuses what this backend cannot run over a cache
+    /// of `dtype` with `geometry` (the format, head_dim, query heads per kv head), with a
+    /// message naming what it supports. Called when a cache is made, so that an unsupported
+    /// combination is refused at construction and never meets a limit mid-step.
+    /// Default: [`Backend::check_kv_dtype`].
+    fn supports_attention(&self, geometry: &AttnGeometry, dtype: KvDtype) -> Result<(), Error> {
+        self.check_kv_dtype(dtype, geometry.head_dim)
+    }
 
     /// A zeroed tensor.
     fn tensor(&self, rows: usize, cols: usize) -> Result<Self::Tensor, Error>;

@@ -64,6 +64,17 @@ pub enum Error {
         /// What it accepts.
         accepted: &'static str,
     },
+    /// An attention shape this backend has no kernel for (see
+    /// [`Backend::supports_attention`]).
+    #[error("the {backend} backend cannot run attention with {detail} (supported: {supported})")]
+    UnsupportedAttention {
+        /// The backend.
+        backend: &'static str,
+        /// The requested shape.
+        detail: String,
+        /// What it supports.
+        supported: String,
+    },
     /// The KV codec refused an operation.
     #[error(transparent)]
     Codec(#[from] turbokv_codec::Error),

@@ -1038,6 +1038,29 @@ fn bad_inputs_are_errors() {
         "table too short"
     );
     assert!(g.check_kv_dtype(KvDtype::Bf16, 512).is_err());
+    // The capability query refuses up front what no attention kernel runs, naming the limits.
+    let llama = AttnGeometry {
+        n_heads: 32,
+        n_kv_heads: 8,
+        head_dim: 128,
+        scale: 0.088,
+    };
+    g.supports_attention(&llama, KvDtype::Bf16).unwrap();
+    g.supports_attention(&llama, KvDtype::F16).unwrap();
+    let wide = AttnGeometry {
+        n_heads: 64,
+        n_kv_heads: 2,
+        ..llama
+    };
+    let e = g.supports_attention(&wide, KvDtype::Bf16).unwrap_err();
+    assert!(
+        matches!(e, Error::UnsupportedAttention { .. }) && e.to_string().contains("head_dim"),
+        "{e}"
+    );
+    let e = g
+        .supports_attention(&llama, "tq3".parse().unwrap())
+        .unwrap_err();
+    assert!(matches!(e, Error::UnsupportedKvDtype { .. }), "{e}");
 }
 
 /// Decode steps of a one-layer model (attention, gated FFN, fused residual adds) through

@@ -87,6 +87,8 @@ pub enum BenchCommand {
     Model(BenchModelArgs),
     /// Decode (and prefill) speed of a real-shaped model against the memory roofline.
     Decode(BenchDecodeArgs),
+    /// Decode attention alone on the GPU against the copy bandwidth and PyTorch SDPA.
+    Attention(BenchAttentionArgs),
 }
 
 /// Where the model is and how to run it.
@@ -281,6 +283,57 @@ pub struct BenchDecodeArgs {
     /// Worker threads on the CPU (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Also write the results as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// `turbokv bench attention`.
+#[derive(Args, Debug, Clone)]
+pub struct BenchAttentionArgs {
+    /// Device: cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    pub device: String,
+    /// KV cache formats, comma-separated.
+    #[arg(long, default_value = "bf16")]
+    pub kv: String,
+    /// Sequences per launch, comma-separated.
+    #[arg(long, default_value = "1,8,32")]
+    pub batch: String,
+    /// Cached tokens per sequence, comma-separated (8k = 8192).
+    #[arg(long, default_value = "8k,32k,128k")]
+    pub ctx: String,
+    /// Query heads (Llama-3-8B: 32).
+    #[arg(long, default_value_t = 32)]
+    pub heads: usize,
+    /// KV heads (Llama-3-8B: 8).
+    #[arg(long, default_value_t = 8)]
+    pub kv_heads: usize,
+    /// Values per head.
+    #[arg(long, default_value_t = 128)]
+    pub head_dim: usize,
+    /// Tokens per cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Timed rounds per point (median reported).
+    #[arg(long, default_value_t = 9)]
+    pub rounds: usize,
+    /// Give each sequence consecutive cache blocks (default: a random permutation of the
+    /// pool's blocks, as a long-running server's cache ends up).
+    #[arg(long)]
+    pub contiguous_blocks: bool,
+    /// Also time every other instantiation of the decode kernel.
+    #[arg(long)]
+    pub compare_variants: bool,
+    /// Skip the PyTorch SDPA peer.
+    #[arg(long)]
+    pub no_peer: bool,
+    /// The peer script (default: bench/sdpa_peer.py under the working directory).
+    #[arg(long)]
+    pub peer_script: Option<PathBuf>,
+    /// Python with torch for the peer.
+    #[arg(long, default_value = "python3")]
+    pub python: String,
     /// Also write the results as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,

@@ -1,6 +1,7 @@
 //! The `turbokv` command line: run, chat, bench, eval.
 
 mod args;
+mod bench_attention;
 #[macro_use]
 mod generate;
 mod bench_codec;
@@ -38,6 +39,7 @@ fn threads(cmd: &Command) -> Option<usize> {
         Command::Eval(EvalCommand::Ppl(a)) => a.model.threads,
         Command::Bench(BenchCommand::Codec { .. }) => None,
         Command::Bench(BenchCommand::Decode(a)) => a.threads,
+        Command::Bench(BenchCommand::Attention(_)) => None,
     }
 }
 
@@ -48,6 +50,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Bench(BenchCommand::Codec { json }) => bench_codec::run(json.as_deref()),
         Command::Bench(BenchCommand::Model(a)) => bench_model::run(&a),
         Command::Bench(BenchCommand::Decode(a)) => bench_decode::run(&a),
+        Command::Bench(BenchCommand::Attention(a)) => bench_attention::run(&a),
         Command::Eval(EvalCommand::Ppl(a)) => eval::run(&a),
     }
 }

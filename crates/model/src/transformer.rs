@@ -224,7 +224,7 @@ impl<B: Backend> Transformer<B> {
         max_tokens: usize,
         max_tokens_per_seq: usize,
     ) -> Result<KvCache<B>, ModelError> {
-        self.backend.check_kv_dtype(dtype, self.config.head_dim)?;
+        self.backend.supports_attention(&self.geometry, dtype)?;
         let mut layout = KvLayout::uniform(
             self.config.n_layers,
             self.config.n_kv_heads,
@@ -235,7 +235,7 @@ impl<B: Backend> Transformer<B> {
         )?;
         policy.apply(&mut layout)?;
         for l in &layout.layers {
-            self.backend.check_kv_dtype(l.dtype, self.config.head_dim)?;
+            self.backend.supports_attention(&self.geometry, l.dtype)?;
         }
         let pools = (0..self.config.n_layers)
             .map(|l| self.backend.kv_pool(&layout, l))

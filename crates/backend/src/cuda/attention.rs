@@ -6,10 +6,11 @@ use cudarc::driver::{LaunchConfig, PushKernelArg};
 use super::graph::sig;
 use super::ops::{addr, check_geometry, expect_cols, ints, kargs, opc};
 use super::step::grow;
-use super::{CudaBackend, CudaKvPool, CudaTensor, cuda_err};
+use super::{CudaBackend, CudaKvPool, CudaTensor, DECODE_VARIANTS, cuda_err};
 use crate::backend::{AttnGeometry, SeqSpan};
 use crate::cpu::shape;
 use crate::{Backend, Error};
+use turbokv_codec::KvDtype;
 
 /// Keys per attention tile and threads per attention block (see attention.cu).
 const ATTN_TILE: usize = 32;
@@ -18,11 +19,13 @@ const ATTN_THREADS: usize = 128;
 const ATTN_MAX_ELEMS: usize = ATTN_THREADS * 16;
 /// Spans of at least this many new tokens (prefill) send a step to the tensor-core kernel.
 const MMA_MIN_ROWS: usize = 16;
-/// Keys per tile, pipeline stages and most query heads per kv head (the MMAs' 16 rows) of
-/// the tensor-core decode kernel (`DEC_TK`, `DEC_STAGES` in attention.cu).
-const DEC_TILE: usize = 64;
-const DEC_STAGES: usize = 3;
+/// Most query heads per kv head of the decode template (the MMAs' 16 rows).
 const DEC_MAX_GROUP: usize = 16;
+/// Splits of at most this many tiles take the deeper pipeline (see `decode_choice`).
+const SHORT_SPLIT_TILES: usize = 2;
+/// The fixed cost of one decode split block (prologue, pipeline ramp, partial store and its
+/// share of the merge), in keys streamed: the wave-aware split rule charges it per block.
+const SPLIT_OVERHEAD_KEYS: usize = 128;
 /// Keys per K/V tile of the tensor-core kernel (see attention.cu).
 const MMA_TK: usize = 32;
 /// Fewest keys a decode split covers.
@@ -47,11 +50,19 @@ impl CudaBackend {
         let (grp, hd, rows) = (g.group(), g.head_dim, qkv.rows);
         let qt = 64 / grp;
         let mut tiles = Vec::new();
+        // (keys attended, first row, rows) per tile, the heaviest first: blocks start in
+        // grid order, so the last wave is light and the launch ends without a long tail.
+        let mut order: Vec<(usize, u32, u32)> = Vec::new();
         for s in spans {
             for i in (0..s.n_tokens).step_by(qt) {
-                tiles.push((s.first_row + i) as u32);
-                tiles.push(qt.min(s.n_tokens - i) as u32);
+                let n = qt.min(s.n_tokens - i);
+                order.push((s.first_pos + i + n, (s.first_row + i) as u32, n as u32));
             }
+        }
+        order.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        for &(_, row, n) in &order {
+            tiles.push(row);
+            tiles.push(n);
         }
         let n_tiles = tiles.len() / 2;
         let mut st = self.lock_state("attention")?;
@@ -142,6 +153,31 @@ impl CudaBackend {
             .clamp(1, max_ctx.div_ceil(MIN_SPLIT_KEYS).max(1))
     }
 
+    /// [`Backend::supports_attention`]: the limits every attention kernel path meets (a step
+    /// may take the tiled kernel, e.g. a short prefill continuation), checked up front.
+    pub(super) fn check_attention(&self, g: &AttnGeometry, dtype: KvDtype) -> Result<(), Error> {
+        self.check_kv_dtype(dtype, g.head_dim)?;
+        let fits = g.n_kv_heads > 0
+            && g.n_heads.is_multiple_of(g.n_kv_heads)
+            && g.head_dim.is_multiple_of(4)
+            && (4..=256).contains(&g.head_dim)
+            && g.group() * g.head_dim <= ATTN_MAX_ELEMS;
+        if fits {
+            return Ok(());
+        }
+        Err(Error::UnsupportedAttention {
+            backend: "cuda",
+            detail: format!(
+                "{} query heads over {} kv heads of head_dim {}",
+                g.n_heads, g.n_kv_heads, g.head_dim
+            ),
+            supported: format!(
+                "head_dim a multiple of 4 up to 256, query heads a multiple of the kv heads, \
+                 (query heads per kv head) × head_dim ≤ {ATTN_MAX_ELEMS}"
+            ),
+        })
+    }
+
     /// Attention over the cache (which holds this step's keys and values already).
     pub(super) fn attention_impl(
         &self,
@@ -195,10 +231,16 @@ impl CudaBackend {
         let hd = g.head_dim;
         // The tensor-core split kernel, else the row-parallel kernel where it is
         // instantiated, else the tiled one.
-        let dec_kernel = (self.dec_mma && matches!(hd, 64 | 128) && grp <= DEC_MAX_GROUP)
-            .then_some(usize::from(hd == 128));
+        let pairs = rows * g.n_kv_heads;
+        let dec = (self.dec_mma && grp <= DEC_MAX_GROUP)
+            .then(|| self.decode_choice(hd, pairs, max_ctx))
+            .flatten();
+        let dec_kernel = dec.map(|(i, _)| i);
         let rows_kernel = rows_kernel_index(hd, grp).filter(|_| dec_kernel.is_none());
-        let splits = self.split_count(rows, g.n_kv_heads, max_ctx);
+        let splits = match dec {
+            Some((_, s)) => s,
+            None => self.split_count(rows, g.n_kv_heads, max_ctx),
+        };
         // A split short enough to be requested in one go gets the row kernel's deeper
         // pipeline (the decode kernel's 3 stages of 64-key tiles keep 2 tiles in flight).
         let deep = max_ctx.div_ceil(splits).div_ceil(ATTN_TILE) < ATTN_DEEP_STAGES;
@@ -267,7 +309,7 @@ impl CudaBackend {
         let kernel_smem = match (dec_kernel, rows_kernel) {
             // The pipeline's stages of a 64-key K tile and V tile (rows padded by 8 halves),
             // then the 4 warps' states of 16 × (hd + 2) floats.
-            (Some(_), _) => (DEC_STAGES * 2 * DEC_TILE * (hd + 8) * 2).max(4 * 16 * (hd + 2) * 4),
+            (Some(i), _) => DECODE_VARIANTS[i].smem_bytes(),
             // 4 warps × (32 / (hd / dims per lane)) keys per warp partial states of
             // grp × (hd + 2) floats; 16 dims per lane for up to 4 heads per kv head, else 8.
             (None, Some(i)) => {
@@ -347,7 +389,11 @@ impl CudaBackend {
         ];
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, g.n_kv_heads as u32, splits as u32),
-            block_dim: (ATTN_THREADS as u32, 1, 1),
+            block_dim: (
+                dec_kernel.map_or(ATTN_THREADS, |i| DECODE_VARIANTS[i].threads()) as u32,
+                1,
+                1,
+            ),
             shared_mem_bytes: smem as u32,
         };
         // SAFETY: spans tile the rows and their blocks are inside the pool (checked above);
@@ -365,6 +411,78 @@ impl CudaBackend {
     }
 }
 
+impl CudaBackend {
+    /// The decode template instantiation and split count (see [`decode_choice`]).
+    fn decode_choice(
+        &self,
+        head_dim: usize,
+        pairs: usize,
+        max_ctx: usize,
+    ) -> Option<(usize, usize)> {
+        decode_choice(
+            self.decode_variant,
+            &self.decode_slots,
+            head_dim,
+            pairs,
+            max_ctx,
+        )
+    }
+}
+
+/// The decode template instantiation (index of [`DECODE_VARIANTS`]) and split count for `pairs`
+/// (row, kv head) pairs over at most `max_ctx` keys of `head_dim`, with `slots[i]` blocks of
+/// variant i resident on the GPU at once: `forced` where it has this head_dim; else the
+/// default (the first of the head_dim), unless its splits come out no longer than
+/// [`SHORT_SPLIT_TILES`] tiles and a variant with the same tile and warps and more stages
+/// exists (every tile of such a split is then requested at once, instead of one tile's
+/// latency after another). `None` where no variant has this head_dim.
+pub(super) fn decode_choice(
+    forced: Option<super::DecodeVariant>,
+    slots: &[usize],
+    head_dim: usize,
+    pairs: usize,
+    max_ctx: usize,
+) -> Option<(usize, usize)> {
+    let of = |i: &usize| DECODE_VARIANTS[*i].head_dim == head_dim;
+    let splits = |i: usize| wave_splits(pairs, max_ctx, slots[i], DECODE_VARIANTS[i].tile);
+    if let Some(i) = forced
+        .and_then(|v| DECODE_VARIANTS.iter().position(|w| *w == v))
+        .filter(of)
+    {
+        return Some((i, splits(i)));
+    }
+    let first = (0..DECODE_VARIANTS.len()).find(of)?;
+    let (v, s) = (DECODE_VARIANTS[first], splits(first));
+    let deep = (0..DECODE_VARIANTS.len()).find(|&j| {
+        let w = DECODE_VARIANTS[j];
+        w.head_dim == head_dim && w.tile == v.tile && w.warps == v.warps && w.stages > v.stages
+    });
+    match deep {
+        Some(j) if max_ctx.div_ceil(s) <= SHORT_SPLIT_TILES * v.tile => Some((j, splits(j))),
+        _ => Some((first, s)),
+    }
+}
+
+/// The split count of a decode launch with `pairs` (row, kv head) pairs over at most `max_ctx`
+/// keys, when `slots` blocks fit on the GPU at once: the count with the least modelled time,
+/// waves × (keys per split + a fixed cost per block), so that the last wave is not a sliver
+/// (e.g. 64 pairs on 264 slots: 4 splits, one wave, not 5 splits in 1.2 waves). The key count
+/// is rounded up to a power of two first, so the count (part of a replayed graph's launch)
+/// changes rarely as a sequence grows. Ties go to fewer splits (less to merge).
+pub(super) fn wave_splits(pairs: usize, max_ctx: usize, slots: usize, tile: usize) -> usize {
+    let pairs = pairs.max(1);
+    let slots = slots.max(1);
+    let ctx = max_ctx.max(1).next_power_of_two();
+    let most = max_ctx
+        .div_ceil(MIN_SPLIT_KEYS)
+        .clamp(1, 4 * slots.div_ceil(pairs));
+    let cost = |s: usize| {
+        let keys = ctx.div_ceil(s).div_ceil(tile) * tile;
+        (pairs * s).div_ceil(slots) * (keys + SPLIT_OVERHEAD_KEYS)
+    };
+    (1..=most).min_by_key(|&s| (cost(s), s)).unwrap_or(1)
+}
+
 /// Index of the row-parallel attention kernel for a head_dim and group (before the pipeline
 /// depth), where one is instantiated.
 fn rows_kernel_index(head_dim: usize, group: usize) -> Option<usize> {
@@ -376,5 +494,83 @@ fn rows_kernel_index(head_dim: usize, group: usize) -> Option<usize> {
         (256, 1..=4) => Some(4),
         (256, 5..=8) => Some(5),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DECODE_VARIANTS, decode_choice, wave_splits};
+
+    #[test]
+    fn decode_choice_takes_the_deep_pipeline_for_short_splits() {
+        // Resident blocks per variant as on an H200 (132 SMs), by shared memory.
+        let slots: Vec<usize> = DECODE_VARIANTS
+            .iter()
+            .map(|v| (227 * 1024 / v.smem_bytes()).min(32 / v.warps.max(1)) * 132)
+            .collect();
+        let default = DECODE_VARIANTS
+            .iter()
+            .position(|v| v.head_dim == 128)
+            .unwrap();
+        // Batch 1 at 4k: splits of 2 tiles or fewer take the deeper variant of the same tile.
+        let (i, s) = decode_choice(None, &slots, 128, 8, 4096).unwrap();
+        let (v, d) = (DECODE_VARIANTS[i], DECODE_VARIANTS[default]);
+        assert!(v.stages > d.stages && v.tile == d.tile, "{v:?}");
+        assert!(4096usize.div_ceil(s) <= 2 * v.tile);
+        // Long splits keep the default.
+        assert_eq!(
+            decode_choice(None, &slots, 128, 64, 32768).unwrap().0,
+            default
+        );
+        // A forced variant is taken where it has the head_dim, ignored elsewhere.
+        let forced = DECODE_VARIANTS[DECODE_VARIANTS.len() - 1];
+        let n = DECODE_VARIANTS.len() - 1;
+        assert_eq!(
+            decode_choice(Some(forced), &slots, 128, 64, 32768)
+                .unwrap()
+                .0,
+            n
+        );
+        assert_ne!(
+            decode_choice(Some(forced), &slots, 64, 64, 32768)
+                .unwrap()
+                .0,
+            n
+        );
+        assert!(decode_choice(None, &slots, 96, 8, 4096).is_none());
+    }
+
+    #[test]
+    fn wave_splits_fill_whole_waves() {
+        // llama3-8b heads (8 kv) on 132 SMs with 2 blocks each.
+        let slots = 264;
+        assert_eq!(wave_splits(8 * 8, 32768, slots, 64), 4);
+        assert_eq!(wave_splits(32 * 8, 32768, slots, 64), 1);
+        let s = wave_splits(8, 8192, slots, 64);
+        assert!((32..=33).contains(&s), "{s}");
+        // Few keys: never below MIN_SPLIT_KEYS keys per split.
+        assert_eq!(wave_splits(8, 100, slots, 64), 2);
+        assert_eq!(wave_splits(8, 1, slots, 64), 1);
+        // Stable while a sequence grows within a power of two.
+        assert_eq!(
+            wave_splits(64, 20_000, slots, 64),
+            wave_splits(64, 32_000, slots, 64)
+        );
+        // Every choice puts whole waves to use: blocks ≤ slots, or close to whole waves.
+        for pairs in [1, 3, 8, 24, 64, 100, 256, 1024] {
+            for ctx in [64, 1000, 4096, 65536, 131072] {
+                let s = wave_splits(pairs, ctx, slots, 64);
+                assert!(
+                    s >= 1 && (s == 1 || ctx.div_ceil(s) >= 32),
+                    "{pairs} {ctx} {s}"
+                );
+                let blocks = pairs * s;
+                let waves = blocks.div_ceil(slots);
+                assert!(
+                    blocks * 10 >= waves * slots * 7 || s == 1 || blocks < slots,
+                    "{pairs} {ctx}: {s} splits fill {blocks} of {waves}×{slots}"
+                );
+            }
+        }
     }
 }

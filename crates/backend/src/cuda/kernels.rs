@@ -28,6 +28,9 @@ pub(crate) struct Kernels {
     pub gather_rows: CudaFunction,
     pub f32_to_bf16: CudaFunction,
     pub fill_random_bf16: CudaFunction,
+    /// Random 16-bit KV values (benchmark caches) and a timed busy-wait (elementwise.cu).
+    pub fill_random_kv: CudaFunction,
+    pub gpu_sleep: CudaFunction,
     /// Copies of graph inputs from mapped page-locked memory (elementwise.cu).
     pub upload_words: CudaFunction,
     pub write_kv: CudaFunction,
@@ -38,9 +41,9 @@ pub(crate) struct Kernels {
     pub attn_rows: [CudaFunction; 12],
     /// Tensor-core prefill attention for head_dim 64 and 128 (16-bit KV).
     pub attn_mma: [CudaFunction; 2],
-    /// Tensor-core split-K decode attention for head_dim 64 and 128 (16-bit KV, ≤ 16 query
-    /// heads per kv head).
-    pub attn_dec: [CudaFunction; 2],
+    /// The decode attention template for the 16-bit formats, one per entry of
+    /// [`DECODE_VARIANTS`] (same index).
+    pub attn_dec: Vec<CudaFunction>,
     /// Skinny matmuls, one set per entry of [`GEMV_CONFIGS`] (same index).
     pub gemv: Vec<GemvSet>,
     /// Per-row top-k candidates, max and log-sum-exp of logits (sample.cu).
@@ -57,6 +60,61 @@ pub(crate) const ARGMAX_THREADS: u32 = 256;
 pub(crate) const ARGMAX_PER_ROUND: usize = ARGMAX_THREADS as usize * 8;
 /// Most blocks `argmax_rows` spreads one row over.
 pub(crate) const ARGMAX_MAX_BLOCKS: usize = 128;
+
+/// One instantiation of the decode attention template (attention.cu `ATTN_DEC16`): head_dim,
+/// keys per shared-memory tile, pipeline stages, warps per block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeVariant {
+    /// Values per head.
+    pub head_dim: usize,
+    /// Keys per tile (split evenly over the warps, 16 or more each).
+    pub tile: usize,
+    /// Pipeline stages (tiles in flight + 1).
+    pub stages: usize,
+    /// Warps per block.
+    pub warps: usize,
+}
+
+const fn dec(head_dim: usize, tile: usize, stages: usize, warps: usize) -> DecodeVariant {
+    DecodeVariant {
+        head_dim,
+        tile,
+        stages,
+        warps,
+    }
+}
+
+/// Every instantiation of the 16-bit decode template; the first of each head_dim is its
+/// default. On the H200 (bench attention, llama3-8b heads) blocks resident per SM decided the
+/// bandwidth more than tiles in flight: see BENCHMARKS.md.
+pub const DECODE_VARIANTS: [DecodeVariant; 6] = [
+    dec(64, 64, 2, 4),
+    dec(128, 64, 2, 4),
+    dec(128, 64, 3, 4),
+    dec(128, 32, 2, 2),
+    dec(128, 32, 3, 2),
+    dec(128, 16, 2, 1),
+];
+
+impl DecodeVariant {
+    /// The kernel's name in attention.cu.
+    pub fn kernel_name(&self) -> String {
+        format!(
+            "attn_dec_{}_{}_{}_{}",
+            self.head_dim, self.tile, self.stages, self.warps
+        )
+    }
+    /// Threads per block.
+    pub fn threads(&self) -> usize {
+        32 * self.warps
+    }
+    /// Shared memory of the K/V pipeline (`stages` tiles of K and V rows of head_dim 16-bit
+    /// values) or of the warps' final states, whichever is larger.
+    pub fn smem_bytes(&self) -> usize {
+        (self.stages * 2 * self.tile * self.head_dim * 2)
+            .max(self.warps * 16 * (self.head_dim + 2) * 4)
+    }
+}
 
 /// Most activation rows the GEMV kernels are instantiated for.
 pub(crate) const GEMV_MAX_ROWS: usize = 8;
@@ -255,6 +313,8 @@ impl Kernels {
             gather_rows: f(&ew, "gather_rows")?,
             f32_to_bf16: f(&ew, "f32_to_bf16_kernel")?,
             fill_random_bf16: f(&ew, "fill_random_bf16")?,
+            fill_random_kv: f(&ew, "fill_random_kv")?,
+            gpu_sleep: f(&ew, "gpu_sleep")?,
             upload_words: f(&ew, "upload_words")?,
             write_kv: f(&kv, "write_kv")?,
             topk_rows: f(&sm, "topk_rows")?,
@@ -266,7 +326,10 @@ impl Kernels {
                 f(&at, "attn_partial_any")?,
             ],
             attn_mma: [f(&at, "attn_mma_64")?, f(&at, "attn_mma_128")?],
-            attn_dec: [f(&at, "attn_dec_mma_64")?, f(&at, "attn_dec_mma_128")?],
+            attn_dec: DECODE_VARIANTS
+                .iter()
+                .map(|v| f(&at, &v.kernel_name()))
+                .collect::<Result<_, _>>()?,
             attn_rows: {
                 let fs = [64, 128, 256]
                     .iter()

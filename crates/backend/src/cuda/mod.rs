@@ -36,13 +36,16 @@
 //! stands between steps.
 
 mod attention;
+mod attention_bench;
 mod graph;
 mod kernels;
 mod ops;
 mod picks;
 mod step;
 
+pub use attention_bench::{DecodeAttentionCase, DecodeAttentionTiming};
 pub use graph::GraphStats;
+pub use kernels::{DECODE_VARIANTS, DecodeVariant};
 pub use picks::CudaPicks;
 
 use std::path::PathBuf;
@@ -184,6 +187,10 @@ pub struct CudaOptions {
     /// one launch less per layer, and the attention starts right behind the matmul. Default
     /// on; the environment variable `TURBOKV_ROPE_GEMV=0` turns it off (A/B measurements).
     pub rope_gemv: bool,
+    /// The decode attention template instantiation to run for its head_dim (one of
+    /// [`DECODE_VARIANTS`]) instead of the default; for measurements (`turbokv bench
+    /// attention`). `None`: the default.
+    pub decode_variant: Option<DecodeVariant>,
 }
 
 /// See [`CudaOptions::gemv_max_rows`]. On an H200 (llama3-8b shapes) the GEMV kernel beat
@@ -212,6 +219,7 @@ impl Default for CudaOptions {
             device_top_k,
             dec_mma,
             rope_gemv,
+            decode_variant: None,
         }
     }
 }
@@ -240,6 +248,11 @@ pub struct CudaBackend {
     dec_mma: bool,
     /// See [`CudaOptions::rope_gemv`].
     rope_gemv: bool,
+    /// See [`CudaOptions::decode_variant`].
+    decode_variant: Option<DecodeVariant>,
+    /// Blocks of each decode variant (index of [`DECODE_VARIANTS`]) resident on the whole GPU
+    /// at once, from the occupancy calculator with its pipeline's shared memory.
+    decode_slots: Vec<usize>,
     state: Mutex<State>,
     /// cuBLAS workspace set on the handle (so that captured GEMMs allocate nothing).
     _blas_workspace: CudaSlice<u8>,
@@ -381,6 +394,29 @@ impl CudaBackend {
             )
             .map_err(cuda_err("function attribute"))?;
         }
+        let decode_slots = DECODE_VARIANTS
+            .iter()
+            .zip(&k.attn_dec)
+            .map(|(v, f)| {
+                f.occupancy_max_active_blocks_per_multiprocessor(
+                    v.threads() as u32,
+                    v.smem_bytes(),
+                    None,
+                )
+                .map(|n| n.max(1) as usize * sms)
+                .map_err(cuda_err("occupancy"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(v) = opts.decode_variant
+            && !DECODE_VARIANTS.contains(&v)
+        {
+            return Err(Error::Cuda {
+                op: "decode attention",
+                detail: format!(
+                    "{v:?} is not one of the instantiated variants {DECODE_VARIANTS:?}"
+                ),
+            });
+        }
         Ok(Self {
             ctx,
             stream,
@@ -397,6 +433,8 @@ impl CudaBackend {
             device_top_k: opts.device_top_k,
             dec_mma: opts.dec_mma,
             rope_gemv: opts.rope_gemv,
+            decode_variant: opts.decode_variant,
+            decode_slots,
             state: Mutex::new(State::default()),
             _blas_workspace: blas_workspace,
         })

@@ -626,6 +626,10 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn supports_attention(&self, g: &AttnGeometry, dtype: KvDtype) -> Result<(), Error> {
+        self.check_attention(g, dtype)
+    }
+
     fn tensor(&self, rows: usize, cols: usize) -> Result<CudaTensor, Error> {
         self.zeros(rows, cols)
     }

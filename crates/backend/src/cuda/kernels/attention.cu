@@ -350,12 +350,12 @@ struct PagedKv {
 // Requests (cp.async, 16-byte chunks, NT threads) the K and V rows of positions t0 .. t0+TK-1
 // into shared rows of RS halves at ks and vs: zeros from k1 on, nothing for position `skip`
 // (its row is filled later by `copy_kv_row`). The caller commits the group.
-template <int D, int TK, int RS>
+template <int D, int TK, int RS, int NTH = NT>
 __device__ __forceinline__ void stage_kv_tile(u16* ks, u16* vs, int t0, int k1, int skip,
     const PagedKv& kv, const u16* k_cache, const u16* v_cache, int tid)
 {
     constexpr int CH = D / 8;
-    for (int i = tid; i < TK * CH; i += NT) {
+    for (int i = tid; i < TK * CH; i += NTH) {
         const int j = i / CH, c = i - j * CH, p = t0 + j;
         if (p == skip) continue;
         const u16* kg = k_cache;
@@ -372,12 +372,12 @@ __device__ __forceinline__ void stage_kv_tile(u16* ks, u16* vs, int t0, int k1, 
 
 // Copies position p's K and V rows into shared rows at ks and vs with L2 loads (the row was
 // written by the kernel ahead, after `griddepcontrol.wait`).
-template <int D>
+template <int D, int NTH = NT>
 __device__ __forceinline__ void copy_kv_row(u16* ks, u16* vs, int p, const PagedKv& kv,
     const u16* k_cache, const u16* v_cache, int tid)
 {
     const u64 off = kv.row(p, D);
-    for (int c = tid; c < D / 8; c += NT) {
+    for (int c = tid; c < D / 8; c += NTH) {
         *(uint4*)(ks + c * 8) = ld_cg_u4(k_cache + off + c * 8);
         *(uint4*)(vs + c * 8) = ld_cg_u4(v_cache + off + c * 8);
     }
@@ -839,83 +839,196 @@ __device__ __forceinline__ void attn_mma_impl(u16* sh,
 ATTN_MMA(64)
 ATTN_MMA(128)
 
-// ---- Tensor-core split-K attention for decode rows (16-bit KV) --------------------------
-// Same grid, arguments, splits and merge as the row kernels (grid = (rows, n_kv, n_splits),
-// NT threads), for rows of any span; one (row, kv head, split) per block. The g <= 16 query
-// heads of the row's kv head are the M = 16 rows of m16n8k16 MMAs in the cache's type (bf16
-// or f16; queries pre-scaled by scale·log2 e and rounded to it, as in the prefill kernel; rows
-// g..15 are zero). Tiles of DEC_TK = 64 keys stream through shared memory with cp.async
-// (DEC_STAGES - 1 tiles in flight; rows padded to D + 8 halves, so fragment reads are
-// conflict-free); warp w takes keys 16w .. 16w+15 of every tile: S = Q·Kᵀ (2 · D/16 MMAs), its
-// own online softmax (rows in lane quads), O += P·V (P re-packed in the cache's type, V read
-// by ldmatrix.trans; D/8 MMAs). At the end the 4 warps' states are merged through shared
-// memory into the split's partial, and the splits by `attn_merge_last`.
-// Why: the SIMT row kernel spends ~70 warp instructions per key on unpacking, FMAs and
-// shuffles (ncu at batch 1: issue-latency bound, 2 warps per scheduler); the MMAs need a few.
-// Measured (H200, llama3-8b, ctx 4096): decode steps 14-19% faster at batch 8 and 32, 9% at
-// batch 1 with 32k context; batch 1 at 4k is unchanged (its gap is the weight path).
-// `prefetch` as in the row kernels (the newest key is filled after `griddepcontrol.wait`).
-// dynamic smem: max(DEC_STAGES * 2 * DEC_TK * (D + 8) halves, 4 * 16 * (D + 2) floats,
-// merge's g * (2 * n_splits + 1) floats). Requires d == D, g <= 16.
-#define DEC_TK 64
-#define DEC_STAGES 3
+// ---- Decode attention: one kernel template, KV number formats as hooks -------------------
+// grid = (rows, n_kv, n_splits), NW warps; one block attends the g <= 16 query
+// heads of one decode row's kv head over one split of the row's keys (each row splits its own
+// range 0..=pos into n_splits chunks of whole tiles, so a replayed graph stays valid as
+// positions advance), and the last split block to finish merges (`attn_merge_last`). The g
+// heads are the M = 16 rows of m16n8k16 MMAs (rows g..15 zero), so a kv head's bytes are read
+// once for its whole GQA group. Tiles of TK keys stream through shared memory, STAGES - 1 in
+// flight; warp w takes keys w·TK/NW .. of every tile: scores, its own online softmax (log2
+// units; rows in lane quads), O += P·V. At the end the NW warps' states are merged through
+// shared memory into the split's partial.
+//
+// A KV format F enters only through these hooks (the fattn-vec idea, with MMA fragments as the
+// interface):
+//   F::ROW_BYTES          bytes of one staged K row and one V row in shared memory (a warp's
+//                         rows start at a multiple of 16 within the tile)
+//   F::stage<TK, NTH>(ks, vs, t0, k1, skip, kv, kc, vc, tid)
+//                         request (cp.async) the K and V rows of keys t0 .. t0+TK-1 (< k1,
+//                         zeros past it, nothing for `skip`) of one kv head into shared memory
+//   F::fill_row<NTH>(ks, vs, row, p, kv, kc, vc, tid)
+//                         copy key p's rows (row `row` of its tile) in after the PDL wait
+//                         (the newest key)
+//   F::Query, F::init_query(q, q0, q1, qs, lane)
+//                         the query heads of this lane's two MMA rows, prepared once
+//   F::scores<NK>(s, q, ks, lane)
+//                         S = Q·Kᵀ for 8·NK staged keys in C-fragment layout: s[nt][e] is row
+//                         lane/4, key 8nt + 2(lane%4) + e; s[nt][2+e] row lane/4 + 8
+//   F::pack(lo, hi)       two softmax weights as one 32-bit A-fragment register for the values
+//   F::accumulate<NK>(o, pa, vs, lane)
+//                         O += P·V over 8·NK staged keys (P as NK/2 A fragments), O in
+//                         C-fragment layout (rows as above, dims 8nd + 2(lane%4) + e)
+// The 16-bit formats below are the first; a compressed format supplies its own staging of
+// code bytes and unpacks them in registers inside `scores` / `accumulate`.
+// `prefetch`: launched as a programmatic dependent of the kernel that writes this step's keys
+// and q; older keys are requested before `griddepcontrol.wait`, the newest key and q after.
+// dynamic smem: max(STAGES · 2 · TK · F::ROW_BYTES, NW · 16 · (D + 2) floats, merge's
+// g · (2 · n_splits + 1) floats). Requires d == D, g <= 16.
+
+// bf16 / f16: rows of D values, their 16-byte chunks XOR-swizzled by the row (chunk c of row j
+// at c ^ (j & 7)), so fragment reads and ldmatrix rows of 8 consecutive rows hit 8 different
+// bank groups without padding (padding cost a block per SM at some tile sizes). MMAs in the
+// cache's own type (queries pre-scaled and rounded to it).
 template <int D, bool BF16>
-__device__ __forceinline__ void attn_dec_mma_impl(float* sh, ATTN_PARAMS)
+struct Kv16 {
+    static constexpr int ROW_BYTES = D * 2;
+    static constexpr int CH = D / 8;   // 16-byte chunks per row
+    struct Query { u32 qa[D / 16][4]; };
+
+    template <int TK, int NTH>
+    __device__ static __forceinline__ void stage(unsigned char* ks, unsigned char* vs, int t0,
+        int k1, int skip, const PagedKv& kv, const void* kc, const void* vc, int tid) {
+        for (int i = tid; i < TK * CH; i += NTH) {
+            const int j = i / CH, c = i - j * CH, p = t0 + j;
+            if (p == skip) continue;
+            const u16* kg = (const u16*)kc;
+            const u16* vg = (const u16*)vc;
+            int bytes = 0;
+            if (p < k1) {
+                const u64 off = kv.row(p, D) + c * 8;
+                kg += off; vg += off; bytes = 16;
+            }
+            const int at = j * ROW_BYTES + ((c ^ (j & 7)) << 4);
+            cp_async16(smem_addr(ks + at), kg, bytes);
+            cp_async16(smem_addr(vs + at), vg, bytes);
+        }
+    }
+    // ks / vs: the staged rows of key p (row `row` of its tile).
+    template <int NTH>
+    __device__ static __forceinline__ void fill_row(unsigned char* ks, unsigned char* vs, int row,
+        int p, const PagedKv& kv, const void* kc, const void* vc, int tid) {
+        const u64 off = kv.row(p, D);
+        for (int c = tid; c < CH; c += NTH) {
+            const int at = (c ^ (row & 7)) << 4;
+            *(uint4*)(ks + at) = ld_cg_u4((const u16*)kc + off + c * 8);
+            *(uint4*)(vs + at) = ld_cg_u4((const u16*)vc + off + c * 8);
+        }
+    }
+    __device__ static __forceinline__ void init_query(Query& q, const float* q0, const float* q1,
+                                                      float qs, int lane) {
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            const int c = kk * 16 + (lane & 3) * 2;
+            float2 x00 = make_float2(0.f, 0.f), x01 = x00, x10 = x00, x11 = x00;
+            if (q0) { x00 = *(const float2*)(q0 + c); x01 = *(const float2*)(q0 + c + 8); }
+            if (q1) { x10 = *(const float2*)(q1 + c); x11 = *(const float2*)(q1 + c + 8); }
+            q.qa[kk][0] = pack16<BF16>(x00.x * qs, x00.y * qs);
+            q.qa[kk][1] = pack16<BF16>(x10.x * qs, x10.y * qs);
+            q.qa[kk][2] = pack16<BF16>(x01.x * qs, x01.y * qs);
+            q.qa[kk][3] = pack16<BF16>(x11.x * qs, x11.y * qs);
+        }
+    }
+    template <int NK>
+    __device__ static __forceinline__ void scores(float (&s)[NK][4], const Query& q,
+                                                  const unsigned char* ksb, int lane) {
+        const u16* ks = (const u16*)ksb;
+#pragma unroll
+        for (int nt = 0; nt < NK; nt++) {
+            s[nt][0] = 0.f; s[nt][1] = 0.f; s[nt][2] = 0.f; s[nt][3] = 0.f;
+            const int row = nt * 8 + (lane >> 2), sw = row & 7;
+            const u16* kr = ks + row * D + (lane & 3) * 2;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                const u32 b0 = *(const u32*)(kr + (((2 * kk) ^ sw) << 3));
+                const u32 b1 = *(const u32*)(kr + (((2 * kk + 1) ^ sw) << 3));
+                mma16<BF16>(s[nt], q.qa[kk], b0, b1);
+            }
+        }
+    }
+    __device__ static __forceinline__ u32 pack(float lo, float hi) { return pack16<BF16>(lo, hi); }
+    template <int NK>
+    __device__ static __forceinline__ void accumulate(float (&o)[D / 8][4], const u32 (&pa)[NK / 2][4],
+                                                      const unsigned char* vsb, int lane) {
+        const u16* vs = (const u16*)vsb;
+#pragma unroll
+        for (int k = 0; k < NK / 2; k++) {
+            const int row = k * 16 + (lane & 15), sw = row & 7;
+            const u16* vr = vs + row * D;
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++) {
+                u32 b0, b1;
+                ldmatrix_x2_trans(b0, b1, smem_addr(vr + ((nd ^ sw) << 3)));
+                mma16<BF16>(o[nd], pa[k], b0, b1);
+            }
+        }
+    }
+};
+
+template <class F, int D, int TK, int STAGES, int NW>
+__device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS)
 {
-    constexpr int RS = D + 8;
+    constexpr int NTH = NW * 32;
+    constexpr int KPW = TK / NW, NK = KPW / 8;   // keys per warp per tile, 8-key MMA columns
+    static_assert(KPW % 16 == 0, "a warp's keys are whole 16-key MMA steps");
     const int g = n_heads / n_kv;
     const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
     const u32 pos = tok_pos[r];
     const int kend = (int)pos + 1;
-    const int chunk = ((kend + n_splits - 1) / n_splits + DEC_TK - 1) / DEC_TK * DEC_TK;
+    const int chunk = ((kend + n_splits - 1) / n_splits + TK - 1) / TK * TK;
     const int k0 = sp * chunk;
     const int k1 = min(k0 + chunk, kend);
-    const int ntiles = k1 > k0 ? (k1 - k0 + DEC_TK - 1) / DEC_TK : 0;
+    const int ntiles = k1 > k0 ? (k1 - k0 + TK - 1) / TK : 0;
     const PagedKv kv(tables + seq_tbl[tok_seq[r]], n_kv, kh, block_size);
-    u16* stage = (u16*)sh;   // [DEC_STAGES][2][DEC_TK][RS]
+    constexpr int TILE_BYTES = TK * F::ROW_BYTES;
+    unsigned char* stage = (unsigned char*)sh;   // [STAGES][K, V][TK][ROW_BYTES]
     auto issue = [&](int t) {
         if (t < ntiles) {
-            u16* ks = stage + (u64)(t % DEC_STAGES) * 2 * DEC_TK * RS;
-            // With `prefetch` the newest key comes later (`fill_newest`).
-            stage_kv_tile<D, DEC_TK, RS>(ks, ks + DEC_TK * RS, k0 + t * DEC_TK, k1,
-                                         prefetch ? (int)pos : -1, kv, k_cache, v_cache, tid);
+            unsigned char* ks = stage + (u64)(t % STAGES) * 2 * TILE_BYTES;
+            F::template stage<TK, NTH>(ks, ks + TILE_BYTES, k0 + t * TK, k1, prefetch ? (int)pos : -1,
+                                  kv, k_cache, v_cache, tid);
         }
         cp_async_commit();
     };
     const bool holds_newest = (int)pos >= k0 && (int)pos < k1;
-    const int tn = ((int)pos - k0) / DEC_TK;
-    // With `prefetch`, the newest key (written by the kernel ahead) into its stage row.
+    const int tn = ((int)pos - k0) / TK;
     auto fill_newest = [&](int t) {
         if (!prefetch || !holds_newest || t != tn || t >= ntiles) return;
-        u16* ks = stage + (u64)(t % DEC_STAGES) * 2 * DEC_TK * RS + ((int)pos - k0 - t * DEC_TK) * RS;
-        copy_kv_row<D>(ks, ks + DEC_TK * RS, (int)pos, kv, k_cache, v_cache, tid);
+        const int row = (int)pos - k0 - t * TK;
+        unsigned char* ks = stage + (u64)(t % STAGES) * 2 * TILE_BYTES + row * F::ROW_BYTES;
+        F::template fill_row<NTH>(ks, ks + TILE_BYTES, row, (int)pos, kv, k_cache, v_cache, tid);
     };
     if (!prefetch) pdl_wait();
 #pragma unroll
-    for (int t = 0; t < DEC_STAGES - 1; t++) issue(t);
+    for (int t = 0; t < STAGES - 1; t++) issue(t);
     if (prefetch) pdl_wait();   // the kernel ahead is complete and its writes visible
 #pragma unroll
-    for (int t = 0; t < DEC_STAGES - 1; t++) fill_newest(t);
+    for (int t = 0; t < STAGES - 1; t++) fill_newest(t);
 
     // MMA row v = lane / 4 (+ 8) is query head v of the kv head.
     const int v0 = lane >> 2, v1 = v0 + 8;
     const float* qrow = qkv + (u64)r * width + (u64)kh * g * D;
-    MmaRows<D, BF16> w;
-    w.init(v0 < g ? qrow + v0 * D : nullptr, v1 < g ? qrow + v1 * D : nullptr,
-           scale * 1.4426950408889634f, lane);
-    for (int t = 0; t < ntiles; t++) {
-        cp_async_wait<DEC_STAGES - 2>();
-        __syncthreads();          // tile t landed for all; tile t-1's stage is free
-        issue(t + DEC_STAGES - 1);
-        fill_newest(t + DEC_STAGES - 1);
-        const u16* ks = stage + (u64)(t % DEC_STAGES) * 2 * DEC_TK * RS + warp * 16 * RS;
-        const u16* vs = ks + DEC_TK * RS;
-        const int key0 = k0 + t * DEC_TK + warp * 16;
-        float s[2][4];
-        w.template scores<2>(s, ks, lane);
+    typename F::Query q;
+    F::init_query(q, v0 < g ? qrow + v0 * D : nullptr, v1 < g ? qrow + v1 * D : nullptr,
+                  scale * 1.4426950408889634f, lane);
+    float o[D / 8][4];
 #pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
+    for (int nd = 0; nd < D / 8; nd++) { o[nd][0] = 0.f; o[nd][1] = 0.f; o[nd][2] = 0.f; o[nd][3] = 0.f; }
+    float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;
+    for (int t = 0; t < ntiles; t++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();          // tile t landed for all; tile t-1's stage is free
+        issue(t + STAGES - 1);
+        fill_newest(t + STAGES - 1);
+        const unsigned char* ks = stage + (u64)(t % STAGES) * 2 * TILE_BYTES + warp * KPW * F::ROW_BYTES;
+        const unsigned char* vs = ks + TILE_BYTES;
+        const int key0 = k0 + t * TK + warp * KPW;
+        float s[NK][4];
+        F::template scores<NK>(s, q, ks, lane);
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int nt = 0; nt < NK; nt++) {
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 if (key0 + nt * 8 + (lane & 3) * 2 + e >= k1) {
@@ -923,32 +1036,54 @@ __device__ __forceinline__ void attn_dec_mma_impl(float* sh, ATTN_PARAMS)
                     s[nt][2 + e] = -INFINITY;
                 }
             }
+            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
         }
-        u32 pa[1][4];
-        w.template softmax<2>(s, pa);
-        w.template accumulate<2>(pa, vs, lane);
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);
+        m0 = mx0; m1 = mx1;
+        l0 *= c0; l1 *= c1;
+#pragma unroll
+        for (int nd = 0; nd < D / 8; nd++) { o[nd][0] *= c0; o[nd][1] *= c0; o[nd][2] *= c1; o[nd][3] *= c1; }
+        u32 pa[NK / 2][4];
+#pragma unroll
+        for (int nt = 0; nt < NK; nt++) {
+            const float e0 = exp2f(s[nt][0] - m0), e1 = exp2f(s[nt][1] - m0);
+            const float e2 = exp2f(s[nt][2] - m1), e3 = exp2f(s[nt][3] - m1);
+            l0 += e0 + e1;
+            l1 += e2 + e3;
+            pa[nt >> 1][(nt & 1) * 2] = F::pack(e0, e1);
+            pa[nt >> 1][(nt & 1) * 2 + 1] = F::pack(e2, e3);
+        }
+        F::template accumulate<NK>(o, pa, vs, lane);
     }
     cp_async_wait<0>();
-    w.reduce_l();
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     __syncthreads();              // stages are reused for the warps' states
     // Per warp: m[16], l[16], acc[16][D] (log2 units).
     float* ws = sh + (u64)warp * 16 * (D + 2);
-    if ((lane & 3) == 0) { ws[v0] = w.m0; ws[16 + v0] = w.l0; ws[v1] = w.m1; ws[16 + v1] = w.l1; }
+    if ((lane & 3) == 0) { ws[v0] = m0; ws[16 + v0] = l0; ws[v1] = m1; ws[16 + v1] = l1; }
 #pragma unroll
     for (int nd = 0; nd < D / 8; nd++) {
         const int dim = nd * 8 + (lane & 3) * 2;
-        *(float2*)(ws + 32 + v0 * D + dim) = make_float2(w.o[nd][0], w.o[nd][1]);
-        *(float2*)(ws + 32 + v1 * D + dim) = make_float2(w.o[nd][2], w.o[nd][3]);
+        *(float2*)(ws + 32 + v0 * D + dim) = make_float2(o[nd][0], o[nd][1]);
+        *(float2*)(ws + 32 + v1 * D + dim) = make_float2(o[nd][2], o[nd][3]);
     }
     __syncthreads();
-    for (int e = tid; e < g * D; e += NT) {
+    for (int e = tid; e < g * D; e += NTH) {
         const int h = e / D, c = e - h * D;
         float mx = -1e30f;
 #pragma unroll
-        for (int wi = 0; wi < 4; wi++) mx = fmaxf(mx, sh[wi * 16 * (D + 2) + h]);
+        for (int wi = 0; wi < NW; wi++) mx = fmaxf(mx, sh[wi * 16 * (D + 2) + h]);
         float lt = 0.0f, at = 0.0f;
 #pragma unroll
-        for (int wi = 0; wi < 4; wi++) {
+        for (int wi = 0; wi < NW; wi++) {
             const float* pw = sh + wi * 16 * (D + 2);
             const float wt = exp2f(pw[h] - mx);
             lt = fmaf(pw[16 + h], wt, lt);
@@ -964,11 +1099,17 @@ __device__ __forceinline__ void attn_dec_mma_impl(float* sh, ATTN_PARAMS)
     attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16);
 }
 
-#define ATTN_DEC_MMA(D) \
-    extern "C" __global__ void __launch_bounds__(NT) attn_dec_mma_##D(ATTN_PARAMS) { \
+// attn_dec_{D}_{TK}_{STAGES}_{NW}: the template for the 16-bit formats (is_bf16 picks the
+// type). The list must match DECODE_VARIANTS in kernels.rs.
+#define ATTN_DEC16(D, TK, ST, NW) \
+    extern "C" __global__ void __launch_bounds__(NW * 32) attn_dec_##D##_##TK##_##ST##_##NW(ATTN_PARAMS) { \
         extern __shared__ float sh[]; \
-        if (is_bf16) attn_dec_mma_impl<D, true>(sh, ATTN_ARGS); \
-        else attn_dec_mma_impl<D, false>(sh, ATTN_ARGS); \
+        if (is_bf16) attn_decode_impl<Kv16<D, true>, D, TK, ST, NW>(sh, ATTN_ARGS); \
+        else attn_decode_impl<Kv16<D, false>, D, TK, ST, NW>(sh, ATTN_ARGS); \
     }
-ATTN_DEC_MMA(64)
-ATTN_DEC_MMA(128)
+ATTN_DEC16(64, 64, 2, 4)
+ATTN_DEC16(128, 64, 2, 4)
+ATTN_DEC16(128, 64, 3, 4)
+ATTN_DEC16(128, 32, 2, 2)
+ATTN_DEC16(128, 32, 3, 2)
+ATTN_DEC16(128, 16, 2, 1)

@@ -117,3 +117,26 @@ extern "C" __global__ void upload_words(UploadRuns runs) {
         i -= runs.len[c];
     }
 }
+
+// out[i] = a random 16-bit KV value (bf16 or f16) uniform in [-scale, scale]: benchmark caches.
+extern "C" __global__ void fill_random_kv(u16* out, u64 n, u64 seed, float scale, int is_bf16) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        u64 z = i * 0x9E3779B97F4A7C15ull + seed;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        float u = (float)(z >> 40) * (1.0f / 16777216.0f);
+        out[i] = kv_store((2.0f * u - 1.0f) * scale, is_bf16);
+    }
+}
+
+// Keeps the GPU busy for `ns` nanoseconds (one thread): benchmarks queue the launches they
+// time behind it, so the host's launch latency stays out of the measured interval.
+extern "C" __global__ void gpu_sleep(u64 ns) {
+    u64 t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}

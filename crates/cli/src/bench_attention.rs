@@ -1,0 +1,411 @@
+//! `turbokv bench attention`: decode attention alone on the GPU, per KV format, batch and
+//! context, against a device copy bandwidth measured in the same run and PyTorch's
+//! `scaled_dot_product_attention` on bf16 KV of the same shape (`bench/sdpa_peer.py`, run when
+//! `python3` with torch is present).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use turbokv_backend::cuda::{
+    CudaBackend, CudaOptions, DECODE_VARIANTS, DecodeAttentionCase, DecodeVariant,
+};
+use turbokv_backend::{AttnGeometry, Backend};
+use turbokv_codec::KvDtype;
+
+use crate::args::BenchAttentionArgs;
+
+/// One measured point.
+#[derive(Serialize, Debug, Clone)]
+pub struct AttentionRow {
+    /// KV format.
+    pub kv: String,
+    /// Kernel variant (`default`, or `head_dim/tile/stages/warps`).
+    pub variant: String,
+    pub batch: usize,
+    pub ctx: usize,
+    /// Median time of one launch.
+    pub ms: f64,
+    /// Fastest round.
+    pub best_ms: f64,
+    /// K and V bytes one launch reads.
+    pub kv_gb: f64,
+    /// kv bytes / median time.
+    pub gb_s: f64,
+    /// gb_s over the copy bandwidth of this run.
+    pub frac_copy_bw: f64,
+    /// Largest |difference| from the default variant's output on the same inputs.
+    pub max_diff_vs_default: f64,
+    /// The best SDPA backend's time on bf16 KV of this shape, and which.
+    pub sdpa_ms: Option<f64>,
+    pub sdpa_backend: Option<String>,
+    /// ms / sdpa_ms.
+    pub ratio_to_sdpa: Option<f64>,
+}
+
+/// The whole run.
+#[derive(Serialize, Debug)]
+pub struct AttentionReport {
+    pub device: String,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    /// Device copy bandwidth (read + write), GB/s.
+    pub copy_bw_gb_s: f64,
+    /// Why the peer column is empty, if it is.
+    pub peer_note: Option<String>,
+    /// Every SDPA backend's figures.
+    pub peer: Vec<PeerRow>,
+    pub rows: Vec<AttentionRow>,
+}
+
+/// One row of `bench/sdpa_peer.py`'s output.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct PeerRow {
+    pub batch: usize,
+    pub ctx: usize,
+    pub backend: String,
+    /// Median ms per call, absent when the backend refused the shape.
+    pub ms: Option<f64>,
+    pub error: Option<String>,
+}
+
+/// Parses `8192`, `8k`, `32K`, `1m`.
+pub fn parse_count(s: &str) -> Result<usize> {
+    let t = s.trim().to_ascii_lowercase();
+    let (num, mul) = match t.strip_suffix('k') {
+        Some(n) => (n, 1024),
+        None => match t.strip_suffix('m') {
+            Some(n) => (n, 1024 * 1024),
+            None => (t.as_str(), 1),
+        },
+    };
+    let v: usize = num
+        .parse()
+        .with_context(|| format!("'{s}' is not a count (e.g. 8192, 8k)"))?;
+    if v == 0 {
+        bail!("'{s}': must be positive");
+    }
+    Ok(v * mul)
+}
+
+fn parse_list(s: &str) -> Result<Vec<usize>> {
+    s.split(',').map(parse_count).collect()
+}
+
+/// Runs the benchmark and prints the table (and JSON).
+pub fn run(args: &BenchAttentionArgs) -> Result<()> {
+    if !args.device.starts_with("cuda") {
+        bail!(
+            "bench attention times the CUDA kernels: use --device cuda (got '{}')",
+            args.device
+        );
+    }
+    let batches = parse_list(&args.batch)?;
+    let ctxs = parse_list(&args.ctx)?;
+    let dtypes: Vec<KvDtype> = args
+        .kv
+        .split(',')
+        .map(|s| s.trim().parse::<KvDtype>().map_err(anyhow::Error::msg))
+        .collect::<Result<_>>()?;
+    if args.heads == 0 || args.kv_heads == 0 || args.heads % args.kv_heads != 0 {
+        bail!(
+            "--heads {} must be a positive multiple of --kv-heads {}",
+            args.heads,
+            args.kv_heads
+        );
+    }
+    let geometry = AttnGeometry {
+        n_heads: args.heads,
+        n_kv_heads: args.kv_heads,
+        head_dim: args.head_dim,
+        scale: 1.0 / (args.head_dim as f32).sqrt(),
+    };
+    let base = CudaOptions::default();
+    let backend = CudaBackend::from_spec(&args.device)?;
+    let copy_bw = backend.copy_bandwidth(1 << 32, 10)?;
+    eprintln!(
+        "{}: copy bandwidth {:.0} GB/s",
+        backend.describe(),
+        copy_bw / 1e9
+    );
+    // (label, options): the default, then (with --compare-variants) every other
+    // instantiation for this head_dim.
+    let mut configs: Vec<(String, CudaOptions)> = vec![("default".into(), base.clone())];
+    if args.compare_variants {
+        let default = DECODE_VARIANTS
+            .iter()
+            .find(|v| v.head_dim == args.head_dim)
+            .copied();
+        for v in DECODE_VARIANTS
+            .iter()
+            .filter(|v| v.head_dim == args.head_dim && Some(**v) != default)
+        {
+            configs.push((
+                variant_label(v),
+                CudaOptions {
+                    decode_variant: Some(*v),
+                    ..base.clone()
+                },
+            ));
+        }
+    }
+    let mut rows = Vec::new();
+    for (label, opts) in &configs {
+        let b = if label == "default" {
+            None
+        } else {
+            Some(CudaBackend::with_options(
+                turbokv_backend::cuda::parse_device(&args.device).unwrap_or(0),
+                opts,
+            )?)
+        };
+        let be = b.as_ref().unwrap_or(&backend);
+        for &dtype in &dtypes {
+            for &batch in &batches {
+                for &ctx in &ctxs {
+                    let case = DecodeAttentionCase {
+                        geometry,
+                        dtype,
+                        batch,
+                        ctx,
+                        block_size: args.block_size,
+                        shuffled_blocks: !args.contiguous_blocks,
+                        rounds: args.rounds,
+                        seed: 7 + batch as u64 * 1_000_003 + ctx as u64,
+                    };
+                    let t = match be.time_decode_attention(&case) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            eprintln!("{label} {dtype} batch {batch} ctx {ctx}: skipped: {e}");
+                            continue;
+                        }
+                    };
+                    let max_diff = if label == "default" {
+                        0.0
+                    } else {
+                        reference_output(&backend, &case)
+                            .map(|r| max_abs_diff(&r, &t.output))
+                            .unwrap_or(f64::NAN)
+                    };
+                    let gb_s = t.kv_bytes / t.seconds / 1e9;
+                    eprintln!(
+                        "{label} {dtype} b{batch} ctx{ctx}: {:.4} ms, {gb_s:.0} GB/s ({} caches)",
+                        t.seconds * 1e3,
+                        t.pools
+                    );
+                    rows.push(AttentionRow {
+                        kv: dtype.to_string(),
+                        variant: label.clone(),
+                        batch,
+                        ctx,
+                        ms: t.seconds * 1e3,
+                        best_ms: t.best_seconds * 1e3,
+                        kv_gb: t.kv_bytes / 1e9,
+                        gb_s,
+                        frac_copy_bw: gb_s * 1e9 / copy_bw,
+                        max_diff_vs_default: max_diff,
+                        sdpa_ms: None,
+                        sdpa_backend: None,
+                        ratio_to_sdpa: None,
+                    });
+                }
+            }
+        }
+    }
+    drop(backend);
+    let (peer, peer_note) = if args.no_peer {
+        (Vec::new(), Some("--no-peer".to_string()))
+    } else {
+        match run_peer(args, &batches, &ctxs) {
+            Ok(p) => (p, None),
+            Err(e) => (Vec::new(), Some(format!("{e:#}"))),
+        }
+    };
+    for r in &mut rows {
+        let best = peer
+            .iter()
+            .filter(|p| p.batch == r.batch && p.ctx == r.ctx)
+            .filter_map(|p| p.ms.map(|ms| (ms, p.backend.clone())))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        if let Some((ms, name)) = best {
+            r.sdpa_ms = Some(ms);
+            r.sdpa_backend = Some(name);
+            r.ratio_to_sdpa = Some(r.ms / ms);
+        }
+    }
+    let report = AttentionReport {
+        device: args.device.clone(),
+        heads: args.heads,
+        kv_heads: args.kv_heads,
+        head_dim: args.head_dim,
+        block_size: args.block_size,
+        copy_bw_gb_s: copy_bw / 1e9,
+        peer_note,
+        peer,
+        rows,
+    };
+    print_report(&report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn variant_label(v: &DecodeVariant) -> String {
+    format!("{}/{}/{}/{}", v.head_dim, v.tile, v.stages, v.warps)
+}
+
+/// The default configuration's output on `case`'s inputs.
+fn reference_output(b: &CudaBackend, case: &DecodeAttentionCase) -> Result<Vec<f32>> {
+    let one = DecodeAttentionCase {
+        rounds: 1,
+        ..case.clone()
+    };
+    Ok(b.time_decode_attention(&one)?.output)
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| {
+            let d = (x - y).abs();
+            if d.is_nan() {
+                f64::INFINITY
+            } else {
+                f64::from(d)
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Runs `bench/sdpa_peer.py` (relative to the working directory unless `--peer-script`).
+fn run_peer(args: &BenchAttentionArgs, batches: &[usize], ctxs: &[usize]) -> Result<Vec<PeerRow>> {
+    let script = args
+        .peer_script
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("bench/sdpa_peer.py"));
+    if !script.exists() {
+        bail!(
+            "peer skipped: {} not found (run from the repository root)",
+            script.display()
+        );
+    }
+    let out = std::env::temp_dir().join(format!("turbokv-sdpa-{}.json", std::process::id()));
+    let join = |v: &[usize]| {
+        v.iter()
+            .map(|x| x.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    eprintln!("running the SDPA peer ({})", script.display());
+    let status = Command::new(&args.python)
+        .arg(&script)
+        .args(["--batch", &join(batches), "--ctx", &join(ctxs)])
+        .args(["--heads", &args.heads.to_string()])
+        .args(["--kv-heads", &args.kv_heads.to_string()])
+        .args(["--head-dim", &args.head_dim.to_string()])
+        .args(["--rounds", &args.rounds.to_string()])
+        .arg("--json")
+        .arg(&out)
+        .status()
+        .with_context(|| format!("peer skipped: cannot start {}", args.python))?;
+    if !status.success() {
+        bail!("peer skipped: {} exited with {status}", script.display());
+    }
+    read_peer(&out)
+}
+
+fn read_peer(path: &Path) -> Result<Vec<PeerRow>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let _ = std::fs::remove_file(path);
+    serde_json::from_str(&text).context("parsing the peer's JSON")
+}
+
+fn print_report(r: &AttentionReport) {
+    println!(
+        "decode attention, {} heads / {} kv heads × {}, block {} | copy bandwidth {:.0} GB/s{}",
+        r.heads,
+        r.kv_heads,
+        r.head_dim,
+        r.block_size,
+        r.copy_bw_gb_s,
+        r.peer_note
+            .as_ref()
+            .map(|n| format!(" | no peer: {n}"))
+            .unwrap_or_default()
+    );
+    println!(
+        "{:<6} {:<14} {:>5} {:>7} {:>9} {:>8} {:>6} {:>10} {:>9} {:>7} {:>9}",
+        "kv",
+        "variant",
+        "batch",
+        "ctx",
+        "ms",
+        "GB/s",
+        "%copy",
+        "sdpa ms",
+        "backend",
+        "ratio",
+        "maxdiff"
+    );
+    for x in &r.rows {
+        println!(
+            "{:<6} {:<14} {:>5} {:>7} {:>9.4} {:>8.0} {:>5.0}% {:>10} {:>9} {:>7} {:>9.1e}",
+            x.kv,
+            x.variant,
+            x.batch,
+            x.ctx,
+            x.ms,
+            x.gb_s,
+            100.0 * x.frac_copy_bw,
+            x.sdpa_ms
+                .map(|m| format!("{m:.4}"))
+                .unwrap_or_else(|| "-".into()),
+            x.sdpa_backend.clone().unwrap_or_else(|| "-".into()),
+            x.ratio_to_sdpa
+                .map(|m| format!("{m:.2}x"))
+                .unwrap_or_else(|| "-".into()),
+            x.max_diff_vs_default
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_parse_with_suffixes() {
+        assert_eq!(parse_count("8192").unwrap(), 8192);
+        assert_eq!(parse_count("8k").unwrap(), 8192);
+        assert_eq!(parse_count("128K").unwrap(), 131072);
+        assert_eq!(parse_count("1m").unwrap(), 1 << 20);
+        assert!(parse_count("0").is_err());
+        assert!(parse_count("x").is_err());
+        assert_eq!(parse_list("1,8,32").unwrap(), vec![1, 8, 32]);
+    }
+
+    #[test]
+    fn peer_rows_parse_with_refusals() {
+        let dir = std::env::temp_dir().join(format!("tkv-peer-{}", std::process::id()));
+        std::fs::write(
+            &dir,
+            r#"[{"batch":1,"ctx":8192,"backend":"cudnn","ms":0.05,"error":null},
+                {"batch":1,"ctx":8192,"backend":"flash","ms":null,"error":"no kernel"}]"#,
+        )
+        .unwrap();
+        let rows = read_peer(&dir).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].ms, Some(0.05));
+        assert!(rows[1].ms.is_none());
+        assert!(!dir.exists(), "the peer's file is removed after reading");
+    }
+}
