@@ -38,6 +38,7 @@
 mod attention;
 mod graph;
 mod kernels;
+mod launch;
 mod ops;
 mod picks;
 mod step;
@@ -49,7 +50,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 use half::bf16;
 use turbokv_cache::KvLayout;
 use turbokv_codec::KvDtype;
@@ -454,15 +455,23 @@ impl CudaBackend {
         let n = rows
             .checked_mul(cols)
             .ok_or(Error::SizeOverflow { rows, cols })?;
-        let mut data = self
+        let data = self
             .stream
             .alloc_zeros::<bf16>(n.max(1))
             .map_err(cuda_err("alloc matrix"))?;
-        let n64 = n as u64;
-        let mut b = self.stream.launch_builder(&self.k.fill_random_bf16);
-        b.arg(&mut data).arg(&n64).arg(&seed).arg(&scale);
+        let mut l = launch::Launches::new(ops::opc::FILL_RANDOM);
+        l.kernel(
+            "fill_random",
+            &self.k.fill_random_bf16,
+            self.grid_1d(n),
+            false,
+        )
+        .ptr(ops::addr(&data, &self.stream))
+        .arg(n as u64)
+        .arg(seed)
+        .arg(scale);
         // SAFETY: the kernel writes `n` elements of `data`, which holds at least `n`.
-        unsafe { b.launch(self.grid_1d(n)) }.map_err(cuda_err("fill_random"))?;
+        unsafe { self.launch(&mut l) }?;
         Ok(CudaMatrix { data, rows, cols })
     }
 

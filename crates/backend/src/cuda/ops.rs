@@ -1,16 +1,16 @@
 //! [`Backend`] for [`CudaBackend`]: shape checks on the host, then kernel launches on the
 //! backend's stream.
 
-use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType};
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaStream, DevicePtr, LaunchConfig};
 use half::bf16;
 use turbokv_cache::KvLayout;
 use turbokv_codec::KvDtype;
 
-use super::graph::{Mode, sig};
+use super::graph::Mode;
 use super::kernels;
+use super::launch::{BlasGemm, KernelArg, Launches, launch_raw};
 use super::picks::{self, CudaPicks};
 use super::step::{device_addr, graph_changed, grow, pinned_words};
 use super::{
@@ -84,6 +84,10 @@ pub(super) mod opc {
     pub const GATHER: u64 = 8;
     pub const WRITE_KV: u64 = 9;
     pub const ATTN_MMA: u64 = 10;
+    /// Launched outside graphs (no signature is admitted), listed for completeness.
+    pub const TOPK: u64 = 11;
+    pub const ARGMAX: u64 = 12;
+    pub const FILL_RANDOM: u64 = 13;
 }
 
 /// One GEMV launch: `y[:, 0 .. Σ rows] (+)= x · [W₀; …]ᵀ` (x: `t ≤ 8` bf16 rows of width
@@ -128,30 +132,14 @@ struct RopeKvArgs {
     k_rows: i32,
     block_size: i32,
     is_bf16: i32,
+    /// The struct's tail padding made explicit (always 0), so that every byte is initialised.
+    pad: i32,
 }
 
-impl RopeKvArgs {
-    /// Every field, for a launch signature.
-    fn sig_parts(&self) -> [u64; 15] {
-        [
-            self.inv_freq,
-            self.bias,
-            self.tok_pos,
-            self.tok_seq,
-            self.seq_tbl,
-            self.tables,
-            self.k_cache,
-            self.v_cache,
-            self.n_pairs as u64,
-            self.half_split as u64,
-            self.head_dim as u64,
-            self.q_rows as u64,
-            self.k_rows as u64,
-            self.block_size as u64,
-            self.is_bf16 as u64,
-        ]
-    }
-}
+// SAFETY: `repr(C)` like `struct RopeKv` (eight 8-byte pointers, seven ints; C pads the
+// struct to 96 bytes, here the explicit `pad`), 8-aligned, no padding bytes.
+unsafe impl KernelArg for RopeKvArgs {}
+const _: () = assert!(std::mem::size_of::<RopeKvArgs>() == 8 * 8 + 8 * 4);
 
 /// How a matmul finishes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,18 +153,6 @@ enum Epilogue {
     /// `out = x · [Wq; Wk; Wv]ᵀ (+ bias)` with RoPE applied to q and k, and k and v stored in
     /// the paged pool (GEMV only): a decode step's `write_kv` in the matmul.
     RopeWrite(RopeKvArgs),
-}
-
-impl Epilogue {
-    /// The launch signature's part.
-    fn code(&self) -> u64 {
-        match self {
-            Self::Store => 0,
-            Self::Add => 1,
-            Self::SiluMul => 2,
-            Self::RopeWrite(_) => 3,
-        }
-    }
 }
 
 impl CudaBackend {
@@ -268,29 +244,47 @@ impl CudaBackend {
         };
         let op = addr(&out.buf, &self.stream);
         let ldc = int("matmul", out.cols)?;
-        let mut parts = vec![
-            opc::GEMM,
-            xsrc,
-            xp,
-            op,
-            t as u64,
-            k as u64,
-            ldc as u64,
-            u64::from(copy.is_some()),
-            epi.code(),
-            u64::from(gemv),
-            yb,
-            u64::from(pdl),
-            normed.map_or(0, |n| n.0),
-            normed.map_or(0, |n| u64::from(n.1.to_bits())),
-        ];
-        for w in ws {
-            parts.extend([addr(&w.data, &self.stream), w.rows as u64]);
+        let mut l = Launches::new(opc::GEMM);
+        if copy.is_none() && normed.is_none() {
+            l.kernel(
+                "f32_to_bf16",
+                &self.k.f32_to_bf16,
+                self.grid_1d(t * k),
+                false,
+            )
+            .ptr(xsrc)
+            .ptr(xp)
+            .arg((t * k) as u64);
         }
-        if let Some(r) = &rope {
-            parts.extend(r.sig_parts());
+        let accumulate = epi == Epilogue::Add;
+        let mut col = 0usize;
+        if gemv {
+            let mut pdl = pdl;
+            for group in ws.chunks(4) {
+                let g = Gemv {
+                    xp,
+                    t,
+                    k,
+                    yp: op + (col * 4) as u64,
+                    ldy: ldc,
+                    accumulate,
+                    yb,
+                    pdl,
+                    xf: xsrc,
+                    norm: normed,
+                    rope,
+                };
+                self.gemv(&mut l, &g, group)?;
+                pdl = false;
+                col += group.iter().map(|w| w.rows).sum::<usize>();
+            }
+        } else {
+            for w in ws {
+                l.gemm(self.blas_args(xp, t, k, w, op + (col * 4) as u64, ldc, accumulate)?);
+                col += w.rows;
+            }
         }
-        let launch = st.admit(sig(&parts))?;
+        let launch = st.admit(l.signature())?;
         if epi == Epilogue::SiluMul {
             st.bf16_of = Some([op, yb, t as u64, out.cols as u64]);
         }
@@ -301,50 +295,25 @@ impl CudaBackend {
         if !launch {
             return Ok(());
         }
-        if copy.is_none() && normed.is_none() {
-            let n = (t * k) as u64;
-            let mut b = self.stream.launch_builder(&self.k.f32_to_bf16);
-            b.arg(&xsrc).arg(&xp).arg(&n);
-            // SAFETY: reads t·k floats of x and writes t·k bf16 of the scratch, both at least
-            // that long (the pointers are kernel parameters of the buffers' pointer size).
-            unsafe { b.launch(self.grid_1d(t * k)) }.map_err(cuda_err("f32_to_bf16"))?;
-        }
-        let accumulate = epi == Epilogue::Add;
-        let mut col = 0usize;
-        if gemv {
-            let mut pdl = pdl;
-            for group in ws.chunks(4) {
-                let y = op + (col * 4) as u64;
-                let g = Gemv {
-                    xp,
-                    t,
-                    k,
-                    yp: y,
-                    ldy: ldc,
-                    accumulate,
-                    yb,
-                    pdl,
-                    xf: xsrc,
-                    norm: normed,
-                    rope,
-                };
-                self.gemv(&g, group)?;
-                pdl = false;
-                col += group.iter().map(|w| w.rows).sum::<usize>();
-            }
-            return Ok(());
-        }
-        for w in ws {
-            self.cublas_gemm(xp, t, k, w, op + (col * 4) as u64, ldc, accumulate)?;
-            col += w.rows;
-        }
-        Ok(())
+        // SAFETY: the conversion reads t·k floats of x and writes t·k bf16 of the scratch,
+        // both at least that long. Each GEMV: W is [rows, k] bf16 (rows summing to n_total,
+        // ends cumulative), x is [t, k] bf16 with 1 ≤ t ≤ 8 matching the kernel
+        // instantiation, y has t rows of ldy ≥ n_total f32 (n_total / 2 gated, with yb
+        // holding as many bf16; checked by the callers; normed: x is [t, k] f32 at xf, gw
+        // holds k floats); k % 8 == 0 and 256-byte aligned allocations keep the 16-byte loads
+        // aligned. With PDL the kernel reads x and y only after `griddepcontrol.wait`, and
+        // before it only the weights, written before the kernel ahead started. Rope-write
+        // (`project_qkv_write_kv` checked the geometry and the pool, uploaded the metadata
+        // and frequencies): y is [t, q + k + v rows], the tokens' slots are inside the pool,
+        // `n_pairs ≤ head_dim / 2` frequencies. cuBLAS: W is [rows, k] bf16, x [t, k] bf16,
+        // y t rows of ldc ≥ the columns written (checked by the callers).
+        unsafe { self.launch(&mut l) }
     }
 
-    /// One cuBLAS GEMM: `y[t, 0 .. w.rows] (+)= x · Wᵀ` (x: `t` bf16 rows of width `k`, y: f32
+    /// The cuBLAS GEMM `y[t, 0 .. w.rows] (+)= x · Wᵀ` (x: `t` bf16 rows of width `k`, y: f32
     /// rows of stride `ldy`).
     #[allow(clippy::too_many_arguments)]
-    fn cublas_gemm(
+    fn blas_args(
         &self,
         xp: u64,
         t: usize,
@@ -353,41 +322,22 @@ impl CudaBackend {
         yp: u64,
         ldy: i32,
         accumulate: bool,
-    ) -> Result<(), Error> {
-        let (alpha, beta) = (1f32, if accumulate { 1f32 } else { 0f32 });
-        let wp = addr(&w.data, &self.stream);
-        // SAFETY: W is [rows, k] bf16, x is [t, k] bf16, y has t rows of ldy ≥ rows f32
-        // (checked by the callers); alpha/beta are host scalars (default pointer mode).
-        unsafe {
-            cudarc::cublas::result::gemm_ex(
-                *self.blas.handle(),
-                cublasOperation_t::CUBLAS_OP_T,
-                cublasOperation_t::CUBLAS_OP_N,
-                int("matmul", w.rows)?,
-                int("matmul", t)?,
-                int("matmul", k)?,
-                (&alpha as *const f32).cast(),
-                wp as *const _,
-                cudaDataType::CUDA_R_16BF,
-                int("matmul", k)?,
-                xp as *const _,
-                cudaDataType::CUDA_R_16BF,
-                int("matmul", k)?,
-                (&beta as *const f32).cast(),
-                yp as *mut _,
-                cudaDataType::CUDA_R_32F,
-                ldy,
-                cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(cuda_err("cublas gemm"))?;
-        Ok(())
+    ) -> Result<BlasGemm, Error> {
+        Ok(BlasGemm {
+            w: addr(&w.data, &self.stream),
+            n: int("matmul", w.rows)?,
+            t: int("matmul", t)?,
+            k: int("matmul", k)?,
+            x: xp,
+            y: yp,
+            ldy,
+            accumulate,
+        })
     }
 
-    /// One launch of the GEMV kernel (see [`Gemv`]) over up to 4 matrices stacked along the
-    /// output.
-    fn gemv(&self, g: &Gemv, ws: &[&CudaMatrix]) -> Result<(), Error> {
+    /// Appends one launch of the GEMV kernel (see [`Gemv`]) over up to 4 matrices stacked
+    /// along the output to `l`.
+    fn gemv<'f>(&'f self, l: &mut Launches<'f>, g: &Gemv, ws: &[&CudaMatrix]) -> Result<(), Error> {
         let Some(first) = ws.first() else {
             return Ok(());
         };
@@ -408,7 +358,6 @@ impl CudaBackend {
             return Ok(());
         }
         let (n_total, kk) = (int("matmul", total)?, int("matmul", g.k)?);
-        let acc = i32::from(g.accumulate);
         let config = kernels::gemv_config(g.t, total, g.k, self.sms);
         let set = &self.k.gemv[config];
         let f = match (g.yb != 0, g.norm.is_some(), g.rope.is_some()) {
@@ -423,7 +372,6 @@ impl CudaBackend {
             }
         };
         let (gw, eps) = g.norm.unwrap_or((0, 0.0));
-        let xf = g.xf;
         let cfg = LaunchConfig {
             grid_dim: (
                 total.div_ceil(kernels::GEMV_CONFIGS[config].rows_per_block) as u32,
@@ -433,36 +381,27 @@ impl CudaBackend {
             block_dim: (kernels::GEMV_THREADS as u32, 1, 1),
             shared_mem_bytes: 0,
         };
-        let (xp, yp, ldy, yb) = (g.xp, g.yp, g.ldy, g.yb);
+        let a = l.kernel("gemv", f, cfg, g.pdl);
+        a.ptr(ptrs[0]).ptr(ptrs[1]).ptr(ptrs[2]).ptr(ptrs[3]);
+        a.arg(ends[0]).arg(ends[1]).arg(ends[2]).arg(n_total);
+        a.ptr(g.xp)
+            .arg(kk)
+            .ptr(g.yp)
+            .arg(g.ldy)
+            .arg(i32::from(g.accumulate));
+        a.ptr(g.yb).ptr(g.xf).ptr(gw).arg(eps);
         // The rope-write kernels take one more parameter.
-        let rope = g.rope.unwrap_or_default();
-        let mut params = kargs![
-            ptrs[0], ptrs[1], ptrs[2], ptrs[3], ends[0], ends[1], ends[2], n_total, xp, kk, yp,
-            ldy, acc, yb, xf, gw, eps, rope
-        ];
-        let n_params = if g.rope.is_some() { 18 } else { 17 };
-        // SAFETY: each W is [rows, k] bf16 (rows summing to n_total, ends cumulative), x is
-        // [t, k] bf16 with 1 ≤ t ≤ 8 matching the kernel instantiation, y has t rows of
-        // ldy ≥ n_total f32 (n_total / 2 gated, with yb holding as many bf16; checked by the
-        // callers; normed: x is [t, k] f32 at xf, gw holds k floats); k % 8 == 0 and 256-byte
-        // aligned allocations keep the 16-byte loads aligned. With PDL the kernel reads x and
-        // y only after `griddepcontrol.wait`, and before it only the weights, written before
-        // the kernel ahead started. Rope-write (`project_qkv_write_kv` checked the geometry
-        // and the pool, uploaded the metadata and frequencies): y is [t, q + k + v rows], the
-        // tokens' slots are inside the pool, `n_pairs ≤ head_dim / 2` frequencies.
-        unsafe { self.launch_ex(f, cfg, &mut params[..n_params], g.pdl) }
-            .map_err(cuda_err("gemv"))?;
+        if let Some(rope) = g.rope {
+            a.arg(rope);
+        }
         Ok(())
     }
 
-    /// Launches `f`; with `pdl`, with programmatic stream serialization: its blocks may start
-    /// once every block of the kernel ahead has run `griddepcontrol.launch_dependents` (or
-    /// exited).
+    /// Launches `f` with raw parameters (see [`launch_raw`]); for launches not yet described
+    /// by a [`Launches`] list.
     ///
     /// # Safety
-    /// `params` point at the kernel's arguments in order, with their exact types (see
-    /// `kargs!`), and the launch must be valid for `cfg`; with `pdl`, the kernel must
-    /// `griddepcontrol.wait` before touching memory that the kernels ahead of it write.
+    /// As [`launch_raw`].
     pub(super) unsafe fn launch_ex(
         &self,
         f: &cudarc::driver::CudaFunction,
@@ -470,39 +409,9 @@ impl CudaBackend {
         params: &mut [*mut std::ffi::c_void],
         pdl: bool,
     ) -> Result<(), cudarc::driver::DriverError> {
-        use cudarc::driver::sys;
-        let mut value = sys::CUlaunchAttributeValue { pad: [0; 64] };
-        value.programmaticStreamSerializationAllowed = 1;
-        let mut attr = sys::CUlaunchAttribute {
-            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-            pad: [0; 4],
-            value,
-        };
-        let config = sys::CUlaunchConfig {
-            gridDimX: cfg.grid_dim.0,
-            gridDimY: cfg.grid_dim.1,
-            gridDimZ: cfg.grid_dim.2,
-            blockDimX: cfg.block_dim.0,
-            blockDimY: cfg.block_dim.1,
-            blockDimZ: cfg.block_dim.2,
-            sharedMemBytes: cfg.shared_mem_bytes,
-            hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: u32::from(pdl),
-        };
-        self.ctx.bind_to_thread()?;
-        // SAFETY: the config, attribute and parameters outlive the call; see the contract.
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &config,
-                f.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
+        // SAFETY: the caller's contract.
+        unsafe { launch_raw(&self.stream, f, cfg, params, pdl) }
     }
-
     /// Measured rate of the backend's GEMM configuration (bf16 inputs, f32 accumulate and
     /// output, cuBLAS) on an `m × n × k` product of random matrices, in FLOP/s: the mean of
     /// `reps` back-to-back products after a warm-up.
@@ -514,7 +423,9 @@ impl CudaBackend {
         let ap = addr(&a.data, &self.stream);
         let ldc = int("gemm_rate", n)?;
         // The backend's own GEMM call, so the rate is that of the configuration it runs.
-        let run = || self.cublas_gemm(ap, m, k, &w, op, ldc, false);
+        let g = self.blas_args(ap, m, k, &w, op, ldc, false)?;
+        // SAFETY: a is [m, k] bf16, w [n, k] bf16, out [m, n] f32.
+        let run = || unsafe { self.blas_gemm(&g) };
         for _ in 0..3 {
             run()?;
         }
@@ -567,6 +478,7 @@ impl CudaBackend {
         for i in 0..reps.max(1) + 3 {
             let w = &ws[i % copies];
             start.record(&self.stream).map_err(cuda_err("event"))?;
+            let mut l = Launches::new(opc::GEMM);
             if gemv {
                 let g = Gemv {
                     xp,
@@ -581,10 +493,13 @@ impl CudaBackend {
                     xf: 0,
                     rope: None,
                 };
-                self.gemv(&g, &[w])?;
+                self.gemv(&mut l, &g, &[w])?;
             } else {
-                self.cublas_gemm(xp, m, k, w, yp, ldy, false)?;
+                l.gemm(self.blas_args(xp, m, k, w, yp, ldy, false)?);
             }
+            // SAFETY: x is [m, k] bf16 (m ≤ 8 and k % 8 == 0 for the GEMV, checked above), w
+            // [n, k] bf16, out [m, n] f32; no PDL.
+            unsafe { self.launch(&mut l) }?;
             end.record(&self.stream).map_err(cuda_err("event"))?;
             let ms = start.elapsed_ms(&end).map_err(cuda_err("event"))?;
             if i >= 3 {
@@ -717,14 +632,18 @@ impl Backend for CudaBackend {
                 addr(&t.buf, &self.stream),
                 device_addr(host, "to_host_top_k")?,
             );
-            let mut b = self.stream.launch_builder(&self.k.topk_rows);
-            b.arg(&xp).arg(&op).arg(&cols).arg(&kk);
+            let mut l = Launches::new(opc::TOPK);
+            let cfg = rows_cfg(t.rows, kernels::TOPK_THREADS, 0);
+            l.kernel("topk_rows", &self.k.topk_rows, cfg, false)
+                .ptr(xp)
+                .ptr(op)
+                .arg(cols)
+                .arg(kk);
             // SAFETY: x holds rows · cols floats; `op` is the mapped page-locked buffer of at
             // least rows · (2k + 3) words (the host reads it only after the sync below), every
             // one of which the kernel writes; 1 ≤ k ≤ TOPK_MAX (checked above), as the
             // kernel's shared candidate array requires; one block of TOPK_THREADS per row.
-            unsafe { b.launch(rows_cfg(t.rows, kernels::TOPK_THREADS, 0)) }
-                .map_err(cuda_err("topk_rows"))?;
+            unsafe { self.launch(&mut l) }?;
             self.synchronize()?;
             let words = &host.as_slice().map_err(cuda_err("download top-k"))?[..n];
             for (r, w) in words.chunks_exact(stride).enumerate() {
@@ -799,16 +718,19 @@ impl Backend for CudaBackend {
             addr(&out.buf, &self.stream),
         );
         let cols = int("embed", table.cols)?;
-        let s = sig(&[opc::EMBED, tp, idx, op, cols as u64, ids.len() as u64]);
-        if !st.admit(s)? {
+        let mut l = Launches::new(opc::EMBED);
+        let cfg = rows_cfg(ids.len(), 256, 0);
+        l.kernel("embed", &self.k.embed_bf16, cfg, false)
+            .ptr(tp)
+            .ptr(idx)
+            .ptr(op)
+            .arg(cols);
+        if !st.admit(l.signature())? {
             return Ok(());
         }
-        let mut b = self.stream.launch_builder(&self.k.embed_bf16);
-        b.arg(&tp).arg(&idx).arg(&op).arg(&cols);
         // SAFETY: ids were checked against the table's rows; out holds ids.len() rows; the
         // index buffer holds ids.len() ids (uploaded before the kernel runs).
-        unsafe { b.launch(rows_cfg(ids.len(), 256, 0)) }.map_err(cuda_err("embed"))?;
-        Ok(())
+        unsafe { self.launch(&mut l) }
     }
 
     fn new_picks(&self) -> Result<CudaPicks, Error> {
@@ -859,23 +781,24 @@ impl Backend for CudaBackend {
             &self.stream,
         );
         let xp = addr(&t.buf, &self.stream);
-        let mut b = self.stream.launch_builder(&self.k.argmax_rows);
-        b.arg(&xp)
-            .arg(&cols)
-            .arg(&partial)
-            .arg(&counters)
-            .arg(&ids)
-            .arg(&slot.dev);
         let cfg = LaunchConfig {
             grid_dim: (t.rows as u32, blocks as u32, 1),
             block_dim: (kernels::ARGMAX_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
+        let mut l = Launches::new(opc::ARGMAX);
+        l.kernel("argmax_rows", &self.k.argmax_rows, cfg, false)
+            .ptr(xp)
+            .arg(cols)
+            .ptr(partial)
+            .ptr(counters)
+            .ptr(ids)
+            .ptr(slot.dev);
         // SAFETY: x holds rows · cols floats; `partial` rows · blocks words, `counters` rows
         // (zeroed at allocation, reset by the kernel), `ids` rows ids, and the slot (mapped
         // page-locked memory, not read by the host before `done`, recorded below) at least
         // rows · WORDS words; one of each written per row.
-        unsafe { b.launch(cfg) }.map_err(cuda_err("argmax_rows"))?;
+        unsafe { self.launch(&mut l) }?;
         slot.done.record(&self.stream).map_err(cuda_err("pick"))?;
         slot.rows = t.rows;
         p.pending += 1;
@@ -915,17 +838,19 @@ impl Backend for CudaBackend {
             addr(&out.buf, &self.stream),
         );
         let cols = int("embed_picks", table.cols)?;
-        let s = sig(&[opc::EMBED, tp, idx, op, cols as u64, rows as u64]);
-        if !st.admit(s)? {
+        let mut l = Launches::new(opc::EMBED);
+        l.kernel("embed", &self.k.embed_bf16, rows_cfg(rows, 256, 0), false)
+            .ptr(tp)
+            .ptr(idx)
+            .ptr(op)
+            .arg(cols);
+        if !st.admit(l.signature())? {
             return Ok(());
         }
-        let mut b = self.stream.launch_builder(&self.k.embed_bf16);
-        b.arg(&tp).arg(&idx).arg(&op).arg(&cols);
         // SAFETY: `ids` holds `rows` ids below the table's rows (checked above: each is an
         // index into a row of `vocab ≤ table.rows` logits, or 0), written by the selection
         // queued before this launch; out holds `rows` rows of the table's width.
-        unsafe { b.launch(rows_cfg(rows, 256, 0)) }.map_err(cuda_err("embed"))?;
-        Ok(())
+        unsafe { self.launch(&mut l) }
     }
 
     fn rms_norm(
@@ -954,34 +879,29 @@ impl Backend for CudaBackend {
             addr(&w.data, &self.stream),
             addr(&out.buf, &self.stream),
         );
-        let s = sig(&[
-            opc::NORM,
-            xp,
-            wp,
-            op,
-            ob,
-            cols as u64,
-            x.rows as u64,
-            eps.to_bits() as u64,
-        ]);
-        let launch = st.admit(s)?;
-        st.bf16_of = Some([op, ob, x.rows as u64, x.cols as u64]);
-        if !launch {
-            return Ok(());
-        }
         let threads = if x.cols.is_multiple_of(4) {
             (x.cols / 4).div_ceil(32).clamp(1, 32) as u32 * 32
         } else {
             256
         };
-        let mut params = kargs![xp, wp, op, cols, eps, ob];
+        let mut l = Launches::new(opc::NORM);
         let cfg = rows_cfg(x.rows, threads, 0);
+        l.kernel("rms_norm", &self.k.rms_norm, cfg, false)
+            .ptr(xp)
+            .ptr(wp)
+            .ptr(op)
+            .arg(cols)
+            .arg(eps)
+            .ptr(ob);
+        let launch = st.admit(l.signature())?;
+        st.bf16_of = Some([op, ob, x.rows as u64, x.cols as u64]);
+        if !launch {
+            return Ok(());
+        }
         // SAFETY: x and out hold rows·cols floats, w holds cols, the bf16 scratch rows·cols
         // halves; the block size is a multiple of 32 up to 1024; allocations are 256-byte
         // aligned, so the float4 loads (cols % 4 == 0) are aligned.
-        unsafe { self.launch_ex(&self.k.rms_norm, cfg, &mut params, false) }
-            .map_err(cuda_err("rms_norm"))?;
-        Ok(())
+        unsafe { self.launch(&mut l) }
     }
 
     fn matmul(&self, x: &CudaTensor, w: &CudaMatrix, out: &mut CudaTensor) -> Result<(), Error> {
@@ -1106,17 +1026,17 @@ impl Backend for CudaBackend {
         }
         let (n64, cols) = (n as u64, int("add_bias", x.cols)?);
         let (xp, bp) = (addr(&x.buf, &self.stream), addr(&bias.data, &self.stream));
-        if !self
-            .lock_state("add_bias")?
-            .admit(sig(&[opc::BIAS, xp, bp, n64, cols as u64]))?
-        {
+        let mut l = Launches::new(opc::BIAS);
+        l.kernel("add_bias", &self.k.add_bias, self.grid_1d(n), false)
+            .ptr(xp)
+            .ptr(bp)
+            .arg(n64)
+            .arg(cols);
+        if !self.lock_state("add_bias")?.admit(l.signature())? {
             return Ok(());
         }
-        let mut b = self.stream.launch_builder(&self.k.add_bias);
-        b.arg(&xp).arg(&bp).arg(&n64).arg(&cols);
         // SAFETY: x holds n floats, bias holds cols.
-        unsafe { b.launch(self.grid_1d(n)) }.map_err(cuda_err("add_bias"))?;
-        Ok(())
+        unsafe { self.launch(&mut l) }
     }
 
     fn add_assign(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<(), Error> {
@@ -1132,17 +1052,16 @@ impl Backend for CudaBackend {
         }
         let n64 = n as u64;
         let (xp, yp) = (addr(&x.buf, &self.stream), addr(&y.buf, &self.stream));
-        if !self
-            .lock_state("add_assign")?
-            .admit(sig(&[opc::ADD, xp, yp, n64]))?
-        {
+        let mut l = Launches::new(opc::ADD);
+        l.kernel("add_assign", &self.k.add_assign, self.grid_1d(n), false)
+            .ptr(xp)
+            .ptr(yp)
+            .arg(n64);
+        if !self.lock_state("add_assign")?.admit(l.signature())? {
             return Ok(());
         }
-        let mut b = self.stream.launch_builder(&self.k.add_assign);
-        b.arg(&xp).arg(&yp).arg(&n64);
         // SAFETY: x and y hold n floats each.
-        unsafe { b.launch(self.grid_1d(n)) }.map_err(cuda_err("add_assign"))?;
-        Ok(())
+        unsafe { self.launch(&mut l) }
     }
 
     fn silu_mul(&self, gate_up: &CudaTensor, out: &mut CudaTensor) -> Result<(), Error> {
@@ -1164,16 +1083,20 @@ impl Backend for CudaBackend {
             grow(&self.stream, &mut sc.bf16, n, may_alloc)?,
             &self.stream,
         );
-        let launch = st.admit(sig(&[opc::SILU, gp, op, ob, n64, f as u64]))?;
+        let mut l = Launches::new(opc::SILU);
+        l.kernel("silu_mul", &self.k.silu_mul, self.grid_1d(n), false)
+            .ptr(gp)
+            .ptr(op)
+            .arg(n64)
+            .arg(f)
+            .ptr(ob);
+        let launch = st.admit(l.signature())?;
         st.bf16_of = Some([op, ob, out.rows as u64, out.cols as u64]);
         if !launch {
             return Ok(());
         }
-        let mut b = self.stream.launch_builder(&self.k.silu_mul);
-        b.arg(&gp).arg(&op).arg(&n64).arg(&f).arg(&ob);
         // SAFETY: gate_up holds rows·2f floats, out rows·f, the bf16 scratch rows·f halves.
-        unsafe { b.launch(self.grid_1d(n)) }.map_err(cuda_err("silu_mul"))?;
-        Ok(())
+        unsafe { self.launch(&mut l) }
     }
 
     fn gather_rows(
@@ -1195,15 +1118,18 @@ impl Backend for CudaBackend {
         let idx = addr(st.sc().upload_idx(&self.stream, &ids, true)?, &self.stream);
         let (xp, op) = (addr(&x.buf, &self.stream), addr(&out.buf, &self.stream));
         let cols = int("gather_rows", x.cols)?;
-        let s = sig(&[opc::GATHER, xp, idx, op, cols as u64, ids.len() as u64]);
-        if !st.admit(s)? {
+        let mut l = Launches::new(opc::GATHER);
+        let cfg = rows_cfg(rows.len(), 256, 0);
+        l.kernel("gather_rows", &self.k.gather_rows, cfg, false)
+            .ptr(xp)
+            .ptr(idx)
+            .ptr(op)
+            .arg(cols);
+        if !st.admit(l.signature())? {
             return Ok(());
         }
-        let mut b = self.stream.launch_builder(&self.k.gather_rows);
-        b.arg(&xp).arg(&idx).arg(&op).arg(&cols);
         // SAFETY: every index is below x.rows; out holds rows.len() rows.
-        unsafe { b.launch(rows_cfg(rows.len(), 256, 0)) }.map_err(cuda_err("gather_rows"))?;
-        Ok(())
+        unsafe { self.launch(&mut l) }
     }
 
     fn write_kv(
@@ -1252,51 +1178,28 @@ impl Backend for CudaBackend {
             addr(&pool.k, &self.stream),
             addr(&pool.v, &self.stream),
         );
-        let s = sig(&[
-            opc::WRITE_KV,
-            qp,
-            rows as u64,
-            width as u64,
-            nh as u64,
-            nkv as u64,
-            d as u64,
-            meta[0],
-            meta[1],
-            meta[2],
-            meta[3],
-            inv_freq,
-            pairs as u64,
-            half_split as u64,
-            qn,
-            kn,
-            eps.to_bits() as u64,
-            has_norm as u64,
-            kp,
-            vp,
-            bs as u64,
-            is_bf16 as u64,
-        ]);
-        let launch = st.admit(s)?;
-        st.last_write_kv = true;
-        if !launch {
-            return Ok(());
-        }
-        let mut params = kargs![
-            qp, width, nh, nkv, d, meta[0], meta[1], meta[2], meta[3], inv_freq, pairs, half_split,
-            qn, kn, eps, has_norm, kp, vp, bs, is_bf16
-        ];
         let threads = g.head_dim.div_ceil(32).clamp(1, 8) as u32 * 32;
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, (g.n_heads + 2 * g.n_kv_heads) as u32, 1),
             block_dim: (threads, 1, 1),
             shared_mem_bytes: ((g.head_dim + 32) * 4) as u32,
         };
+        let mut l = Launches::new(opc::WRITE_KV);
+        let a = l.kernel("write_kv", &self.k.write_kv, cfg, false);
+        a.ptr(qp).arg(width).arg(nh).arg(nkv).arg(d);
+        a.ptr(meta[0]).ptr(meta[1]).ptr(meta[2]).ptr(meta[3]);
+        a.ptr(inv_freq).arg(pairs).arg(half_split);
+        a.ptr(qn).ptr(kn).arg(eps).arg(has_norm);
+        a.ptr(kp).ptr(vp).arg(bs).arg(is_bf16);
+        let launch = st.admit(l.signature())?;
+        st.last_write_kv = true;
+        if !launch {
+            return Ok(());
+        }
         // SAFETY: spans tile the rows and every block they touch is inside the pool (checked
         // above); qkv rows are qkv_width wide; the norm/rope vectors have the lengths passed;
         // the metadata buffer holds the encoded spans (uploaded before the kernel runs).
-        unsafe { self.launch_ex(&self.k.write_kv, cfg, &mut params, false) }
-            .map_err(cuda_err("write_kv"))?;
-        Ok(())
+        unsafe { self.launch(&mut l) }
     }
 
     fn attention(
@@ -1375,6 +1278,7 @@ impl Backend for CudaBackend {
                 k_rows,
                 block_size,
                 is_bf16: i32::from(pool.is_bf16),
+                pad: 0,
             }
         };
         let refs: Vec<&CudaMatrix> = proj.weights.iter().collect();
