@@ -429,7 +429,7 @@ impl CudaBackend {
         cols: usize,
     ) -> Result<CudaTensor, Error> {
         if data.len() != rows * cols {
-            return Err(crate::cpu::shape(
+            return Err(crate::shape::shape(
                 "tensor",
                 format!("{} values for [{rows}, {cols}]", data.len()),
             ));
@@ -538,7 +538,7 @@ impl CudaBackend {
 
     fn pool(&self, layout: &KvLayout, layer: usize) -> Result<CudaKvPool, Error> {
         let lk = layout.layers.get(layer).ok_or_else(|| {
-            crate::cpu::shape(
+            crate::shape::shape(
                 "kv_pool",
                 format!("layer {layer} of {}", layout.layers.len()),
             )

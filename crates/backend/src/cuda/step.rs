@@ -22,7 +22,7 @@ use super::launch::{KernelArg, KernelArgs, launch_kernel};
 use super::{CudaKvPool, cuda_err};
 use crate::Error;
 use crate::backend::SeqSpan;
-use crate::cpu::shape;
+use crate::shape::shape;
 
 /// Reusable device buffers (grown on demand, never shrunk).
 #[derive(Default)]

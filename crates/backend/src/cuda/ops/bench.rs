@@ -3,10 +3,10 @@
 use super::matmul::Gemv;
 use super::{addr, int, opc};
 use crate::Error;
-use crate::cpu::shape;
 use crate::cuda::kernels;
 use crate::cuda::launch::Launches;
 use crate::cuda::{CudaBackend, CudaMatrix, cuda_err};
+use crate::shape::shape;
 
 impl CudaBackend {
     /// Measured rate of the backend's GEMM configuration (bf16 inputs, f32 accumulate and

@@ -3,11 +3,11 @@
 use super::{addr, expect_cols, int, opc, rows_cfg};
 use crate::Error;
 use crate::backend::Backend;
-use crate::cpu::shape;
 use crate::cuda::launch::Launches;
 use crate::cuda::picks::CudaPicks;
 use crate::cuda::step::grow;
 use crate::cuda::{CudaBackend, CudaMatrix, CudaTensor, CudaVector};
+use crate::shape::shape;
 
 impl CudaBackend {
     /// [`Backend::rms_norm`].

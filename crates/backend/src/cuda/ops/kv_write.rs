@@ -7,10 +7,10 @@ use crate::Error;
 use crate::backend::{
     AttnGeometry, Backend, QkNorm, QkvProjection, Rope, RopeStyle, SeqSpan, separate_qkv_write_kv,
 };
-use crate::cpu::shape;
 use crate::cuda::kernels;
 use crate::cuda::launch::Launches;
 use crate::cuda::{CudaBackend, CudaKvPool, CudaMatrix, CudaTensor, CudaVector};
+use crate::shape::shape;
 use cudarc::driver::LaunchConfig;
 
 impl CudaBackend {

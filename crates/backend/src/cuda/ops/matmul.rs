@@ -4,11 +4,11 @@
 use super::{addr, expect_cols, int, opc};
 use crate::Error;
 use crate::backend::Backend;
-use crate::cpu::shape;
 use crate::cuda::kernels;
 use crate::cuda::launch::{BlasGemm, KernelArg, Launches};
 use crate::cuda::step::grow;
 use crate::cuda::{CudaBackend, CudaMatrix, CudaTensor, CudaVector};
+use crate::shape::shape;
 use cudarc::driver::LaunchConfig;
 
 /// One GEMV launch: `y[:, 0 .. Σ rows] (+)= x · [W₀; …]ᵀ` (x: `t ≤ 8` bf16 rows of width

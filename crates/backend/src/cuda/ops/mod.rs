@@ -23,7 +23,7 @@ use super::{
     CudaBackend, CudaKvPool, CudaMatrix, CudaTensor, CudaVector, cuda_err, unsupported_kv,
 };
 use crate::backend::{AttnGeometry, Backend, QkNorm, QkvProjection, Rope, SeqSpan};
-use crate::cpu::shape;
+use crate::shape::shape;
 use crate::{Error, TopK, WeightMatrix};
 
 pub(super) fn describe(b: &CudaBackend) -> String {

@@ -2,12 +2,12 @@
 
 use super::{addr, int, opc, rows_cfg};
 use crate::backend::Backend;
-use crate::cpu::shape;
 use crate::cuda::kernels;
 use crate::cuda::launch::Launches;
 use crate::cuda::picks::{self, CudaPicks};
 use crate::cuda::step::{device_addr, grow, pinned_words};
 use crate::cuda::{CudaBackend, CudaTensor, cuda_err};
+use crate::shape::shape;
 use crate::topk::{check_k, select_top_k};
 use crate::{Error, TopK};
 use cudarc::driver::LaunchConfig;
