@@ -7,7 +7,9 @@
 mod backend;
 pub mod cpu;
 pub mod cuda;
+mod picks;
 pub mod quant;
+mod shape;
 mod topk;
 
 pub use backend::{AttnGeometry, Backend, QkNorm, QkvProjection, Rope, RopeStyle, SeqSpan};

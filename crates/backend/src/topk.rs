@@ -121,7 +121,7 @@ fn better_first(a: &(f32, u32), b: &(f32, u32)) -> Ordering {
 pub fn select_top_k(data: &[f32], cols: usize, k: usize, out: &mut TopK) -> Result<(), Error> {
     check_k(k)?;
     if cols == 0 || !data.len().is_multiple_of(cols) {
-        return Err(crate::cpu::shape(
+        return Err(crate::shape::shape(
             "to_host_top_k",
             format!("{} values are not rows of {cols}", data.len()),
         ));

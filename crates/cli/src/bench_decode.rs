@@ -8,7 +8,7 @@
 //! logits copied back), through a CUDA graph ([`CudaBackend::run_graphed`]) ending in the full
 //! logits copy (the main "graph" figure), and through the graph ending in a greedy pick
 //! (`to_host_top_k` with k = 1, what greedy generation copies back: a top-1 copy with the
-//! device selection, the default; with `TURBOKV_DEVICE_TOPK=0` the full copy and a host pick).
+//! device selection).
 
 use std::time::Instant;
 

@@ -40,10 +40,11 @@ pub fn select_device(spec: &str) -> Result<Device> {
     if spec == "cpu" {
         return Ok(Device::Cpu(CpuBackend::new()));
     }
-    if turbokv_backend::cuda::parse_device(spec).is_none() {
+    let Some(ordinal) = turbokv_backend::cuda::parse_device(spec) else {
         bail!("unknown --device {spec:?}; use cpu, cuda or cuda:N");
-    }
-    match CudaBackend::from_spec(spec) {
+    };
+    let opts = crate::env_options::from_env()?;
+    match CudaBackend::with_options(ordinal, &opts.cuda) {
         Ok(b) => Ok(Device::Cuda(Box::new(b))),
         Err(e) => {
             eprintln!("turbokv: {e}; falling back to the CPU");
@@ -78,6 +79,9 @@ pub fn load<B: Backend>(backend: B, args: &ModelArgs, cache: &CacheArgs) -> Resu
     let path = args.model_path()?;
     let model = Model::load(&path, backend, &LoadOptions { progress: true })
         .with_context(|| format!("loading {}", path.display()))?;
+    model
+        .transformer
+        .set_step_graphs(crate::env_options::from_env()?.step_graphs);
     let tokenizer = load_tokenizer(&path, &model)?;
     let policy = build_policy(
         &model.transformer,

@@ -9,6 +9,7 @@ mod bench_decode;
 mod bench_model;
 #[cfg(test)]
 mod cli_tests;
+mod env_options;
 mod eval;
 mod kvspec;
 

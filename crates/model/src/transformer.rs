@@ -173,10 +173,7 @@ impl<B: Backend> Transformer<B> {
             geometry,
             rope,
             weights,
-            // `TURBOKV_STEP_GRAPHS=0` turns graph replay off (A/B runs and debugging).
-            step_graphs: AtomicBool::new(
-                std::env::var("TURBOKV_STEP_GRAPHS").map_or(true, |v| v != "0"),
-            ),
+            step_graphs: AtomicBool::new(true),
         }
     }
 

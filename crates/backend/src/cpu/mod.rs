@@ -64,9 +64,7 @@ impl CpuTensor {
     }
 }
 
-pub(crate) fn shape(op: &'static str, detail: String) -> Error {
-    Error::Shape { op, detail }
-}
+pub(crate) use crate::shape::shape;
 
 fn expect_cols(op: &'static str, t: &CpuTensor, cols: usize) -> Result<(), Error> {
     if t.cols != cols {
@@ -179,7 +177,7 @@ impl Backend for CpuBackend {
         out: &mut CpuTensor,
     ) -> Result<(), Error> {
         let ids = picks.latest()?;
-        crate::cpu::picks::check_rows(ids.len(), rows)?;
+        crate::picks::check_rows(ids.len(), rows)?;
         self.embed(table, ids, out)
     }
 

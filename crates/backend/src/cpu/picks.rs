@@ -2,6 +2,7 @@
 
 use std::collections::VecDeque;
 
+use crate::picks::{MAX_PENDING, nothing_pending, nothing_picked, too_many_pending};
 use crate::{Error, TopK};
 
 /// The CPU backend's [`Backend::Picks`](crate::Backend::Picks).
@@ -12,9 +13,6 @@ pub struct CpuPicks {
     /// The latest pick's ids (0 for a row with nothing to pick), for the next embedding.
     latest: Vec<u32>,
 }
-
-/// Most picks that may be pending at once (the GPU's double-buffered host copy).
-pub(crate) const MAX_PENDING: usize = 2;
 
 impl CpuPicks {
     /// Queues the top-1 rows of `top` as a pick.
@@ -56,41 +54,6 @@ impl CpuPicks {
             return Err(nothing_picked());
         }
         Ok(&self.latest)
-    }
-}
-
-/// Checks that the latest pick has the `rows` rows a step embeds.
-pub(crate) fn check_rows(picked: usize, rows: usize) -> Result<(), Error> {
-    if picked != rows {
-        return Err(Error::Shape {
-            op: "embed_picks",
-            detail: format!("the last pick has {picked} rows, the step {rows}"),
-        });
-    }
-    Ok(())
-}
-
-/// The error of a third pending pick.
-pub(crate) fn too_many_pending() -> Error {
-    Error::Shape {
-        op: "pick_greedy",
-        detail: format!("{MAX_PENDING} picks are already pending; wait for one first"),
-    }
-}
-
-/// The error of waiting with no pick pending.
-pub(crate) fn nothing_pending() -> Error {
-    Error::Shape {
-        op: "wait_picks",
-        detail: "no pick is pending".into(),
-    }
-}
-
-/// The error of embedding picks before any was made.
-pub(crate) fn nothing_picked() -> Error {
-    Error::Shape {
-        op: "embed_picks",
-        detail: "no greedy pick has been made yet".into(),
     }
 }
 

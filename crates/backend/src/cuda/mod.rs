@@ -39,6 +39,7 @@ mod attention;
 mod attention_bench;
 mod graph;
 mod kernels;
+mod launch;
 mod ops;
 mod picks;
 mod step;
@@ -52,7 +53,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 use half::bf16;
 use turbokv_cache::KvLayout;
 use turbokv_codec::KvDtype;
@@ -155,37 +156,33 @@ pub struct CudaOptions {
     /// Attention splits long key ranges until there are this many blocks per SM (decode of
     /// few sequences); at least 1. The default, 2, was the best overall of 1/2/4/8 on an H200
     /// (llama3-8b shape, batch 1/8/32 at 4k context, batch 1 at 32k); 1/4/8 were again no
-    /// better at batch 1 with the GEMV kernel. The environment variable
-    /// `TURBOKV_ATTN_BLOCKS_PER_SM` overrides the default.
+    /// better at batch 1 with the GEMV kernel.
     pub attention_blocks_per_sm: usize,
     /// Matmuls of at most this many activation rows (decode of a few sequences) run on the
     /// GEMV kernel (`kernels/gemv.cu`), larger ones on cuBLAS; 0 sends everything to cuBLAS.
-    /// Capped at 8 (the kernels instantiated). The default is [`DEFAULT_GEMV_MAX_ROWS`], or
-    /// the environment variable `TURBOKV_GEMV_MAX_ROWS` when set (for A/B measurements).
+    /// Capped at 8 (the kernels instantiated). The default is [`DEFAULT_GEMV_MAX_ROWS`].
     pub gemv_max_rows: usize,
     /// Launch the GEMV kernel with programmatic dependent launch (Hopper and newer) when the
     /// kernel ahead of it is one of the backend's own (norm, attention combine, GEMV): it
     /// starts and streams its first weights while that kernel finishes. (Launching the norm,
     /// KV write and attention kernels that way too measured no better, and all five together
-    /// worse: 5.1 vs 4.85 ms per llama3-8b decode step.) Default on; the environment variable
-    /// `TURBOKV_PDL=0` turns it off.
+    /// worse: 5.1 vs 4.85 ms per llama3-8b decode step.) Default on.
     pub pdl: bool,
     /// `to_host_top_k` selects on the device (`kernels/sample.cu`) and copies back only the
     /// candidates instead of whole logit rows (513 KB per sequence for a 128k vocabulary:
     /// 0.06 / 0.4 / 1.1 ms of a llama3-8b step at batch 1 / 8 / 32 on an H200). Default on;
-    /// the environment variable `TURBOKV_DEVICE_TOPK=0` turns it off (the rows are then
-    /// copied and selected on the host).
+    /// off copies the rows and selects on the host (tests compare the two).
     pub device_top_k: bool,
     /// Attention with head_dim 64 or 128 and at most 16 query heads per kv head runs the
     /// tensor-core split-K kernel (`attn_dec_mma_*`, MMAs in the cache's bf16 or f16) where
-    /// the SIMT row kernel would otherwise run (decode, short spans). Default on; the environment
-    /// variable `TURBOKV_DEC_MMA=0` turns it off (A/B measurements).
+    /// the SIMT row kernel would otherwise run (decode, short spans). Default on; off runs the
+    /// SIMT kernels (tests cover both).
     pub dec_mma: bool,
     /// A decode step's KV write (RoPE, then the new keys and values into the pool) runs in
     /// the epilogue of the qkv matmul where that takes the GEMV kernel and the model has no
     /// q/k norm ([`Backend::project_qkv_write_kv`](crate::Backend::project_qkv_write_kv)):
     /// one launch less per layer, and the attention starts right behind the matmul. Default
-    /// on; the environment variable `TURBOKV_ROPE_GEMV=0` turns it off (A/B measurements).
+    /// on; off runs the separate `write_kv` launch (tests cover both).
     pub rope_gemv: bool,
     /// The decode attention template instantiation to run for its head_dim (one of
     /// [`DECODE_VARIANTS`]) instead of the default; for measurements (`turbokv bench
@@ -199,26 +196,14 @@ pub const DEFAULT_GEMV_MAX_ROWS: usize = 2;
 
 impl Default for CudaOptions {
     fn default() -> Self {
-        let gemv_max_rows = std::env::var("TURBOKV_GEMV_MAX_ROWS")
-            .ok()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(DEFAULT_GEMV_MAX_ROWS);
-        let pdl = std::env::var("TURBOKV_PDL").map_or(true, |v| v.trim() != "0");
-        let env_off = |name: &str| std::env::var(name).is_ok_and(|v| v.trim() == "0");
-        let device_top_k = !env_off("TURBOKV_DEVICE_TOPK");
-        let dec_mma = !env_off("TURBOKV_DEC_MMA");
-        let rope_gemv = !env_off("TURBOKV_ROPE_GEMV");
         Self {
             ptx_cache: Some(std::env::temp_dir().join("turbokv-ptx")),
-            attention_blocks_per_sm: std::env::var("TURBOKV_ATTN_BLOCKS_PER_SM")
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(2),
-            gemv_max_rows,
-            pdl,
-            device_top_k,
-            dec_mma,
-            rope_gemv,
+            attention_blocks_per_sm: 2,
+            gemv_max_rows: DEFAULT_GEMV_MAX_ROWS,
+            pdl: true,
+            device_top_k: true,
+            dec_mma: true,
+            rope_gemv: true,
             decode_variant: None,
         }
     }
@@ -466,7 +451,7 @@ impl CudaBackend {
         cols: usize,
     ) -> Result<CudaTensor, Error> {
         if data.len() != rows * cols {
-            return Err(crate::cpu::shape(
+            return Err(crate::shape::shape(
                 "tensor",
                 format!("{} values for [{rows}, {cols}]", data.len()),
             ));
@@ -492,15 +477,23 @@ impl CudaBackend {
         let n = rows
             .checked_mul(cols)
             .ok_or(Error::SizeOverflow { rows, cols })?;
-        let mut data = self
+        let data = self
             .stream
             .alloc_zeros::<bf16>(n.max(1))
             .map_err(cuda_err("alloc matrix"))?;
-        let n64 = n as u64;
-        let mut b = self.stream.launch_builder(&self.k.fill_random_bf16);
-        b.arg(&mut data).arg(&n64).arg(&seed).arg(&scale);
+        let mut l = launch::Launches::new(ops::opc::FILL_RANDOM);
+        l.kernel(
+            "fill_random",
+            &self.k.fill_random_bf16,
+            self.grid_1d(n),
+            false,
+        )
+        .ptr(ops::addr(&data, &self.stream))
+        .arg(n as u64)
+        .arg(seed)
+        .arg(scale);
         // SAFETY: the kernel writes `n` elements of `data`, which holds at least `n`.
-        unsafe { b.launch(self.grid_1d(n)) }.map_err(cuda_err("fill_random"))?;
+        unsafe { self.launch(&mut l) }?;
         Ok(CudaMatrix { data, rows, cols })
     }
 
@@ -567,7 +560,7 @@ impl CudaBackend {
 
     fn pool(&self, layout: &KvLayout, layer: usize) -> Result<CudaKvPool, Error> {
         let lk = layout.layers.get(layer).ok_or_else(|| {
-            crate::cpu::shape(
+            crate::shape::shape(
                 "kv_pool",
                 format!("layer {layer} of {}", layout.layers.len()),
             )

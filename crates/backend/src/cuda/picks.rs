@@ -18,9 +18,7 @@
 use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
 
 use crate::Error;
-use crate::cpu::picks::{
-    MAX_PENDING, check_rows, nothing_pending, nothing_picked, too_many_pending,
-};
+use crate::picks::{MAX_PENDING, check_rows, nothing_pending, nothing_picked, too_many_pending};
 
 /// Words per row of the selection's output: `[id, 1 if the row had an eligible logit]`.
 pub(crate) const WORDS: usize = 2;

@@ -14,14 +14,15 @@ use std::sync::Arc;
 
 use cudarc::driver::{
     CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, DevicePtr, DeviceRepr, LaunchConfig,
-    PinnedHostSlice, PushKernelArg, ValidAsZeroBits,
+    PinnedHostSlice, ValidAsZeroBits,
 };
 use half::bf16;
 
+use super::launch::{KernelArg, KernelArgs, launch_kernel};
 use super::{CudaKvPool, cuda_err};
 use crate::Error;
 use crate::backend::SeqSpan;
-use crate::cpu::shape;
+use crate::shape::shape;
 
 /// Reusable device buffers (grown on demand, never shrunk).
 #[derive(Default)]
@@ -486,15 +487,17 @@ const UPLOAD_RUNS: usize = 4;
 /// `struct UploadRuns` of elementwise.cu, field for field: source (mapped host) and
 /// destination device addresses and lengths in words; unused runs have length 0.
 #[repr(C)]
-#[derive(Default)]
+#[derive(Clone, Copy, Default)]
 struct UploadRuns {
     src: [u64; UPLOAD_RUNS],
     dst: [u64; UPLOAD_RUNS],
     len: [i32; UPLOAD_RUNS],
 }
 
-// SAFETY: plain integers laid out as the kernel's struct parameter (`repr(C)`).
-unsafe impl DeviceRepr for UploadRuns {}
+// SAFETY: plain integers laid out as the kernel's struct parameter (`repr(C)`, 4 + 4 u64
+// then 4 i32: 8-aligned, no padding bytes).
+unsafe impl KernelArg for UploadRuns {}
+const _: () = assert!(std::mem::size_of::<UploadRuns>() == UPLOAD_RUNS * 20);
 
 fn launch_upload(
     stream: &Arc<CudaStream>,
@@ -508,13 +511,13 @@ fn launch_upload(
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut b = stream.launch_builder(upload);
-    b.arg(runs);
-    // SAFETY: each run's source is `len` words of the mapped staging buffer, filled above and
-    // kept until `staging_done` (recorded after this launch) has passed; each destination is
-    // a device buffer of at least `len` words (grown above).
-    unsafe { b.launch(cfg) }.map_err(cuda_err("upload graph inputs"))?;
-    Ok(())
+    let mut args = KernelArgs::default();
+    args.arg(*runs);
+    // SAFETY: `upload_words` takes one `UploadRuns` by value. Each run's source is `len`
+    // words of the mapped staging buffer, filled above and kept until `staging_done`
+    // (recorded after this launch) has passed; each destination is a device buffer of at
+    // least `len` words (grown above).
+    unsafe { launch_kernel(stream, "upload graph inputs", upload, cfg, false, &mut args) }
 }
 
 #[cfg(test)]

@@ -1,0 +1,132 @@
+//! The only place that reads the engine's tuning switches from the environment: the
+//! libraries take them as options ([`CudaOptions`], [`Transformer::set_step_graphs`]).
+//!
+//! | variable | effect |
+//! |---|---|
+//! | `TURBOKV_STEP_GRAPHS=0\|1` | replay decode steps as CUDA graphs (default 1) |
+//! | `TURBOKV_PDL=0\|1` | programmatic dependent launch of the GEMV kernel (default 1) |
+//! | `TURBOKV_GEMV_MAX_ROWS=N` | matmuls of at most N rows on the GEMV kernel (default 2, 0 = cuBLAS only) |
+//! | `TURBOKV_ATTN_BLOCKS_PER_SM=N` | decode attention splits until N blocks per SM (default 2, ≥ 1) |
+//!
+//! A value that does not parse is an error naming the variable, never silently ignored.
+//!
+//! [`Transformer::set_step_graphs`]: turbokv_model::Transformer::set_step_graphs
+
+use anyhow::{Result, bail};
+use turbokv_backend::cuda::CudaOptions;
+
+/// Switches retired once their A/B question was settled (BENCHMARKS.md, "Retired switches"),
+/// with what now always runs.
+const RETIRED: [(&str, &str); 4] = [
+    ("TURBOKV_DEVICE_TOPK", "the device top-k selection"),
+    ("TURBOKV_DEC_MMA", "the tensor-core decode attention"),
+    ("TURBOKV_ROPE_GEMV", "the KV write in the qkv GEMV epilogue"),
+    (
+        "TURBOKV_FUSED_KV_WRITE",
+        "the KV write outside the attention launch",
+    ),
+];
+
+/// What the environment sets.
+#[derive(Clone, Debug)]
+pub struct EnvOptions {
+    /// Options for a CUDA backend.
+    pub cuda: CudaOptions,
+    /// Whether decode steps replay CUDA graphs.
+    pub step_graphs: bool,
+}
+
+/// The options from the process environment.
+pub fn from_env() -> Result<EnvOptions> {
+    let opts = from_lookup(|name| std::env::var(name).ok())?;
+    for (name, now) in RETIRED {
+        if std::env::var_os(name).is_some() {
+            tracing::warn!("{name} is retired and ignored: {now} always runs (BENCHMARKS.md)");
+        }
+    }
+    Ok(opts)
+}
+
+/// The options from `get` (the environment's lookup; a map in tests).
+fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<EnvOptions> {
+    let mut cuda = CudaOptions::default();
+    let flag = |name: &str, default: bool| -> Result<bool> {
+        match get(name).as_deref().map(str::trim) {
+            None => Ok(default),
+            Some("0") => Ok(false),
+            Some("1") => Ok(true),
+            Some(v) => bail!("{name}={v:?}: expected 0 or 1"),
+        }
+    };
+    let count = |name: &str, default: usize, min: usize| -> Result<usize> {
+        match get(name) {
+            None => Ok(default),
+            Some(v) => match v.trim().parse::<usize>() {
+                Ok(n) if n >= min => Ok(n),
+                _ => bail!("{name}={v:?}: expected a whole number of at least {min}"),
+            },
+        }
+    };
+    cuda.pdl = flag("TURBOKV_PDL", cuda.pdl)?;
+    cuda.gemv_max_rows = count("TURBOKV_GEMV_MAX_ROWS", cuda.gemv_max_rows, 0)?;
+    cuda.attention_blocks_per_sm = count(
+        "TURBOKV_ATTN_BLOCKS_PER_SM",
+        cuda.attention_blocks_per_sm,
+        1,
+    )?;
+    let step_graphs = flag("TURBOKV_STEP_GRAPHS", true)?;
+    Ok(EnvOptions { cuda, step_graphs })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(vars: &[(&str, &str)]) -> Result<EnvOptions> {
+        from_lookup(|name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn unset_variables_give_the_library_defaults() {
+        let o = parse(&[]).unwrap();
+        let d = CudaOptions::default();
+        assert!(o.step_graphs);
+        assert_eq!(o.cuda.pdl, d.pdl);
+        assert_eq!(o.cuda.gemv_max_rows, d.gemv_max_rows);
+        assert_eq!(o.cuda.attention_blocks_per_sm, d.attention_blocks_per_sm);
+        assert!(o.cuda.device_top_k && o.cuda.dec_mma && o.cuda.rope_gemv);
+    }
+
+    #[test]
+    fn set_variables_reach_the_options() {
+        let o = parse(&[
+            ("TURBOKV_STEP_GRAPHS", "0"),
+            ("TURBOKV_PDL", " 0 "),
+            ("TURBOKV_GEMV_MAX_ROWS", "0"),
+            ("TURBOKV_ATTN_BLOCKS_PER_SM", "4"),
+        ])
+        .unwrap();
+        assert!(!o.step_graphs);
+        assert!(!o.cuda.pdl);
+        assert_eq!(o.cuda.gemv_max_rows, 0);
+        assert_eq!(o.cuda.attention_blocks_per_sm, 4);
+    }
+
+    #[test]
+    fn unparsable_values_are_errors_naming_the_variable() {
+        for (name, v) in [
+            ("TURBOKV_PDL", "off"),
+            ("TURBOKV_STEP_GRAPHS", "2"),
+            ("TURBOKV_GEMV_MAX_ROWS", "-1"),
+            ("TURBOKV_ATTN_BLOCKS_PER_SM", "0"),
+            ("TURBOKV_ATTN_BLOCKS_PER_SM", "two"),
+        ] {
+            let e = parse(&[(name, v)]).unwrap_err().to_string();
+            assert!(e.contains(name) && e.contains(v), "{e}");
+        }
+    }
+}
