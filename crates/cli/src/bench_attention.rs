@@ -110,7 +110,7 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
         .split(',')
         .map(|s| s.trim().parse::<KvDtype>().map_err(anyhow::Error::msg))
         .collect::<Result<_>>()?;
-    if args.heads == 0 || args.kv_heads == 0 || args.heads % args.kv_heads != 0 {
+    if args.heads == 0 || args.kv_heads == 0 || !args.heads.is_multiple_of(args.kv_heads) {
         bail!(
             "--heads {} must be a positive multiple of --kv-heads {}",
             args.heads,
@@ -131,18 +131,11 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
         backend.describe(),
         copy_bw / 1e9
     );
-    // (label, options): the default, then (with --compare-variants) every other
-    // instantiation for this head_dim.
+    // (label, options): the default choice, then (with --compare-variants) each
+    // instantiation for this head_dim forced for every shape.
     let mut configs: Vec<(String, CudaOptions)> = vec![("default".into(), base.clone())];
     if args.compare_variants {
-        let default = DECODE_VARIANTS
-            .iter()
-            .find(|v| v.head_dim == args.head_dim)
-            .copied();
-        for v in DECODE_VARIANTS
-            .iter()
-            .filter(|v| v.head_dim == args.head_dim && Some(**v) != default)
-        {
+        for v in DECODE_VARIANTS.iter().filter(|v| v.head_dim == args.head_dim) {
             configs.push((
                 variant_label(v),
                 CudaOptions {

@@ -1,14 +1,15 @@
 //! Attention launches: the tensor-core tile kernel for prefill spans and the split-K decode
 //! kernels, with the split count chosen from the shape.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
-use super::graph::sig;
-use super::ops::{addr, check_geometry, expect_cols, ints, kargs, opc};
+use super::kernels::{DECODE_SETS, MANY_PAIRS};
+use super::launch::Launches;
+use super::ops::{addr, check_geometry, expect_cols, ints, opc};
 use super::step::grow;
-use super::{CudaBackend, CudaKvPool, CudaTensor, DECODE_VARIANTS, cuda_err};
+use super::{CudaBackend, CudaKvPool, CudaTensor, DECODE_VARIANTS, DecodeVariant};
 use crate::backend::{AttnGeometry, SeqSpan};
-use crate::cpu::shape;
+use crate::shape::shape;
 use crate::{Backend, Error};
 use turbokv_codec::KvDtype;
 
@@ -59,7 +60,7 @@ impl CudaBackend {
                 order.push((s.first_pos + i + n, (s.first_row + i) as u32, n as u32));
             }
         }
-        order.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        order.sort_unstable_by_key(|t| std::cmp::Reverse(t.0));
         for &(_, row, n) in &order {
             tiles.push(row);
             tiles.push(n);
@@ -91,55 +92,45 @@ impl CudaBackend {
             addr(&pool.v, &self.stream),
             addr(&out.buf, &self.stream),
         );
-        let s = sig(&[
-            opc::ATTN_MMA,
-            qp,
-            rows as u64,
-            width as u64,
-            nh as u64,
-            nkv as u64,
-            hd as u64,
-            g.scale.to_bits() as u64,
-            meta[0],
-            meta[1],
-            meta[2],
-            meta[3],
-            kp,
-            vp,
-            bs as u64,
-            tp,
-            n_tiles as u64,
-            op,
-            ob,
-            u64::from(pool.is_bf16),
-        ]);
-        let launch = st.admit(s)?;
-        st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
-        if !launch {
-            return Ok(());
-        }
         let is_bf16 = i32::from(pool.is_bf16);
-        let f = &self.k.attn_mma[usize::from(hd == 128)];
-        let mut b = self.stream.launch_builder(f);
-        b.arg(&qp).arg(&width).arg(&nh).arg(&nkv).arg(&g.scale);
-        b.arg(&meta[0]).arg(&meta[1]).arg(&meta[2]).arg(&meta[3]);
-        b.arg(&kp)
-            .arg(&vp)
-            .arg(&bs)
-            .arg(&tp)
-            .arg(&op)
-            .arg(&ob)
-            .arg(&is_bf16);
         let cfg = LaunchConfig {
             grid_dim: (n_tiles as u32, g.n_kv_heads as u32, 1),
             block_dim: (ATTN_THREADS as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
+        let mut l = Launches::new(opc::ATTN_MMA);
+        l.kernel(
+            "attn_mma",
+            &self.k.attn_mma[usize::from(hd == 128)],
+            cfg,
+            false,
+        )
+        .ptr(qp)
+        .arg(width)
+        .arg(nh)
+        .arg(nkv)
+        .arg(g.scale)
+        .ptr(meta[0])
+        .ptr(meta[1])
+        .ptr(meta[2])
+        .ptr(meta[3])
+        .ptr(kp)
+        .ptr(vp)
+        .arg(bs)
+        .ptr(tp)
+        .ptr(op)
+        .ptr(ob)
+        .arg(is_bf16);
+        let launch = st.admit(l.signature())?;
+        st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
+        if !launch {
+            return Ok(());
+        }
         // SAFETY: every tile lies inside one span (rows first..first+n of one sequence, whose
         // blocks were checked against the pool); the pool is 16-bit with head_dim 64 or 128;
         // out and the bf16 scratch hold rows·n_heads·head_dim values; smem (≤ 35 KiB) is below
         // the opt-in limit set at load.
-        unsafe { b.launch(cfg) }.map_err(cuda_err("attn_mma"))?;
+        unsafe { self.launch(&mut l) }?;
         Ok(())
     }
 
@@ -339,38 +330,6 @@ impl CudaBackend {
             addr(&pool.v, &self.stream),
             addr(&out.buf, &self.stream),
         );
-        let s = sig(&[
-            opc::ATTN,
-            qp,
-            rows as u64,
-            width as u64,
-            nh as u64,
-            nkv as u64,
-            d as u64,
-            g.scale.to_bits() as u64,
-            meta[0],
-            meta[1],
-            meta[2],
-            meta[3],
-            kp,
-            vp,
-            bs as u64,
-            is_bf16 as u64,
-            splits as u64,
-            ml,
-            acc,
-            counters,
-            op,
-            ob,
-            dec_kernel.map_or(rows_kernel.unwrap_or(99), |i| 100 + i) as u64,
-            u64::from(deep),
-            u64::from(prefetch),
-        ]);
-        let launch = st.admit(s)?;
-        st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
-        if !launch {
-            return Ok(());
-        }
         let f = match (dec_kernel, rows_kernel) {
             (Some(i), _) => &self.k.attn_dec[i],
             (None, Some(i)) => &self.k.attn_rows[2 * i + usize::from(deep)],
@@ -383,10 +342,6 @@ impl CudaBackend {
                 }]
             }
         };
-        let mut params = kargs![
-            qp, width, nh, nkv, d, g.scale, meta[0], meta[1], meta[2], meta[3], kp, vp, bs,
-            is_bf16, splits_i, ml, acc, counters, op, ob, prefetch_i
-        ];
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, g.n_kv_heads as u32, splits as u32),
             block_dim: (
@@ -396,6 +351,34 @@ impl CudaBackend {
             ),
             shared_mem_bytes: smem as u32,
         };
+        let mut l = Launches::new(opc::ATTN);
+        l.kernel("attention", f, cfg, prefetch)
+            .ptr(qp)
+            .arg(width)
+            .arg(nh)
+            .arg(nkv)
+            .arg(d)
+            .arg(g.scale)
+            .ptr(meta[0])
+            .ptr(meta[1])
+            .ptr(meta[2])
+            .ptr(meta[3])
+            .ptr(kp)
+            .ptr(vp)
+            .arg(bs)
+            .arg(is_bf16)
+            .arg(splits_i)
+            .ptr(ml)
+            .ptr(acc)
+            .ptr(counters)
+            .ptr(op)
+            .ptr(ob)
+            .arg(prefetch_i);
+        let launch = st.admit(l.signature())?;
+        st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
+        if !launch {
+            return Ok(());
+        }
         // SAFETY: spans tile the rows and their blocks are inside the pool (checked above);
         // partial buffers hold rows·n_heads·splits entries and the counters rows·n_kv_heads
         // (zero between launches: the last block of each (row, kv head) resets its own);
@@ -406,7 +389,7 @@ impl CudaBackend {
         // kernel (64 / 128; its fragment reads stay inside the padded rows).
         // With `prefetch`, the kernel reads nothing the kernel ahead of it writes (the newest
         // key, qkv) before `griddepcontrol.wait`.
-        unsafe { self.launch_ex(f, cfg, &mut params, prefetch) }.map_err(cuda_err("attention"))?;
+        unsafe { self.launch(&mut l) }?;
         Ok(())
     }
 }
@@ -431,36 +414,37 @@ impl CudaBackend {
 
 /// The decode template instantiation (index of [`DECODE_VARIANTS`]) and split count for `pairs`
 /// (row, kv head) pairs over at most `max_ctx` keys of `head_dim`, with `slots[i]` blocks of
-/// variant i resident on the GPU at once: `forced` where it has this head_dim; else the
-/// default (the first of the head_dim), unless its splits come out no longer than
-/// [`SHORT_SPLIT_TILES`] tiles and a variant with the same tile and warps and more stages
-/// exists (every tile of such a split is then requested at once, instead of one tile's
-/// latency after another). `None` where no variant has this head_dim.
+/// variant i resident on the GPU at once: `forced` where it has this head_dim; else from the
+/// head_dim's [`DECODE_SETS`] entry — `many` from [`MANY_PAIRS`] pairs on, else `few` — and
+/// `short` instead where that one's splits come out no longer than [`SHORT_SPLIT_TILES`]
+/// tiles (every tile of such a split is then requested at once, instead of one tile's latency
+/// after another). `None` where no variant has this head_dim.
 pub(super) fn decode_choice(
-    forced: Option<super::DecodeVariant>,
+    forced: Option<DecodeVariant>,
     slots: &[usize],
     head_dim: usize,
     pairs: usize,
     max_ctx: usize,
 ) -> Option<(usize, usize)> {
-    let of = |i: &usize| DECODE_VARIANTS[*i].head_dim == head_dim;
-    let splits = |i: usize| wave_splits(pairs, max_ctx, slots[i], DECODE_VARIANTS[i].tile);
-    if let Some(i) = forced
-        .and_then(|v| DECODE_VARIANTS.iter().position(|w| *w == v))
-        .filter(of)
-    {
-        return Some((i, splits(i)));
+    let index = |v: DecodeVariant| DECODE_VARIANTS.iter().position(|w| *w == v);
+    let with_splits = |i: usize| {
+        let s = wave_splits(pairs, max_ctx, slots[i], DECODE_VARIANTS[i].tile);
+        (i, s)
+    };
+    if let Some(i) = forced.filter(|v| v.head_dim == head_dim).and_then(index) {
+        return Some(with_splits(i));
     }
-    let first = (0..DECODE_VARIANTS.len()).find(of)?;
-    let (v, s) = (DECODE_VARIANTS[first], splits(first));
-    let deep = (0..DECODE_VARIANTS.len()).find(|&j| {
-        let w = DECODE_VARIANTS[j];
-        w.head_dim == head_dim && w.tile == v.tile && w.warps == v.warps && w.stages > v.stages
-    });
-    match deep {
-        Some(j) if max_ctx.div_ceil(s) <= SHORT_SPLIT_TILES * v.tile => Some((j, splits(j))),
-        _ => Some((first, s)),
+    let set = DECODE_SETS.iter().find(|s| s.few.head_dim == head_dim)?;
+    let base = if pairs >= MANY_PAIRS {
+        set.many
+    } else {
+        set.few
+    };
+    let (i, s) = with_splits(index(base)?);
+    if max_ctx.div_ceil(s) <= SHORT_SPLIT_TILES * base.tile {
+        return Some(with_splits(index(set.short)?));
     }
+    Some((i, s))
 }
 
 /// The split count of a decode launch with `pairs` (row, kv head) pairs over at most `max_ctx`
@@ -499,45 +483,48 @@ fn rows_kernel_index(head_dim: usize, group: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::{DECODE_VARIANTS, decode_choice, wave_splits};
+    use super::{DECODE_SETS, DECODE_VARIANTS, decode_choice, wave_splits};
 
     #[test]
-    fn decode_choice_takes_the_deep_pipeline_for_short_splits() {
+    fn decode_choice_follows_the_sets() {
         // Resident blocks per variant as on an H200 (132 SMs), by shared memory.
         let slots: Vec<usize> = DECODE_VARIANTS
             .iter()
             .map(|v| (227 * 1024 / v.smem_bytes()).min(32 / v.warps.max(1)) * 132)
             .collect();
-        let default = DECODE_VARIANTS
-            .iter()
-            .position(|v| v.head_dim == 128)
-            .unwrap();
-        // Batch 1 at 4k: splits of 2 tiles or fewer take the deeper variant of the same tile.
+        let set = DECODE_SETS[1];
+        let pick =
+            |pairs, ctx| DECODE_VARIANTS[decode_choice(None, &slots, 128, pairs, ctx).unwrap().0];
+        // One sequence, 8 kv heads: `few`; many sequences: `many`.
+        assert_eq!(pick(8, 32768), set.few);
+        assert_eq!(pick(64, 32768), set.many);
+        assert_eq!(pick(256, 131072), set.many);
+        // Batch 1 at 4k: splits of 2 tiles or fewer take the short-split variant.
         let (i, s) = decode_choice(None, &slots, 128, 8, 4096).unwrap();
-        let (v, d) = (DECODE_VARIANTS[i], DECODE_VARIANTS[default]);
-        assert!(v.stages > d.stages && v.tile == d.tile, "{v:?}");
-        assert!(4096usize.div_ceil(s) <= 2 * v.tile);
-        // Long splits keep the default.
-        assert_eq!(
-            decode_choice(None, &slots, 128, 64, 32768).unwrap().0,
-            default
-        );
+        assert_eq!(DECODE_VARIANTS[i], set.short);
+        assert!(4096usize.div_ceil(s) <= 2 * set.short.tile.max(set.few.tile));
         // A forced variant is taken where it has the head_dim, ignored elsewhere.
-        let forced = DECODE_VARIANTS[DECODE_VARIANTS.len() - 1];
-        let n = DECODE_VARIANTS.len() - 1;
+        let forced = set.short;
         assert_eq!(
-            decode_choice(Some(forced), &slots, 128, 64, 32768)
+            DECODE_VARIANTS[decode_choice(Some(forced), &slots, 128, 256, 131072)
                 .unwrap()
-                .0,
-            n
+                .0],
+            forced
         );
-        assert_ne!(
-            decode_choice(Some(forced), &slots, 64, 64, 32768)
+        assert_eq!(
+            DECODE_VARIANTS[decode_choice(Some(forced), &slots, 64, 256, 131072)
                 .unwrap()
-                .0,
-            n
+                .0]
+                .head_dim,
+            64
         );
         assert!(decode_choice(None, &slots, 96, 8, 4096).is_none());
+        // Every set names instantiated variants.
+        for s in DECODE_SETS {
+            for v in [s.few, s.many, s.short] {
+                assert!(DECODE_VARIANTS.contains(&v), "{v:?}");
+            }
+        }
     }
 
     #[test]

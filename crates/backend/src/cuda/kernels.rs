@@ -84,16 +84,46 @@ const fn dec(head_dim: usize, tile: usize, stages: usize, warps: usize) -> Decod
     }
 }
 
-/// Every instantiation of the 16-bit decode template; the first of each head_dim is its
-/// default. On the H200 (bench attention, llama3-8b heads) blocks resident per SM decided the
-/// bandwidth more than tiles in flight: see BENCHMARKS.md.
-pub const DECODE_VARIANTS: [DecodeVariant; 6] = [
+/// Every instantiation of the 16-bit decode template (see [`DECODE_SETS`] for which runs when).
+pub const DECODE_VARIANTS: [DecodeVariant; 5] = [
     dec(64, 64, 2, 4),
+    dec(64, 64, 3, 4),
     dec(128, 64, 2, 4),
     dec(128, 64, 3, 4),
     dec(128, 32, 2, 2),
-    dec(128, 32, 3, 2),
-    dec(128, 16, 2, 1),
+];
+
+/// The decode variants of one head_dim by the launch they suit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeSet {
+    /// Few (row, kv head) pairs (decode of one or a few sequences): larger blocks, so that
+    /// fewer splits are merged.
+    pub few: DecodeVariant,
+    /// At least [`MANY_PAIRS`] pairs: the variant that streams fastest.
+    pub many: DecodeVariant,
+    /// Splits of a couple of tiles: a deeper pipeline, every tile requested at once.
+    pub short: DecodeVariant,
+}
+
+/// Pairs from which [`DecodeSet::many`] runs.
+pub const MANY_PAIRS: usize = 32;
+
+/// Which variant runs when, per head_dim. Measured on the H200 (`turbokv bench attention
+/// --compare-variants`, llama3-8b heads; BENCHMARKS.md): blocks resident per SM decided the
+/// bandwidth more than tiles in flight (one tile in flight, 3-7 blocks per SM, beat 2-4 tiles
+/// in flight at 1-2 blocks per SM), and 2-warp blocks of 32 keys beat 4-warp blocks of 64 when
+/// there are many pairs, but not for one sequence (more splits to merge).
+pub const DECODE_SETS: [DecodeSet; 2] = [
+    DecodeSet {
+        few: dec(64, 64, 2, 4),
+        many: dec(64, 64, 2, 4),
+        short: dec(64, 64, 3, 4),
+    },
+    DecodeSet {
+        few: dec(128, 64, 2, 4),
+        many: dec(128, 32, 2, 2),
+        short: dec(128, 64, 3, 4),
+    },
 ];
 
 impl DecodeVariant {

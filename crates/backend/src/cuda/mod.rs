@@ -46,7 +46,7 @@ mod step;
 
 pub use attention_bench::{DecodeAttentionCase, DecodeAttentionTiming};
 pub use graph::GraphStats;
-pub use kernels::{DECODE_VARIANTS, DecodeVariant};
+pub use kernels::{DECODE_SETS, DECODE_VARIANTS, DecodeSet, DecodeVariant, MANY_PAIRS};
 pub use picks::CudaPicks;
 
 use std::path::PathBuf;

@@ -886,22 +886,28 @@ struct Kv16 {
     static constexpr int CH = D / 8;   // 16-byte chunks per row
     struct Query { u32 qa[D / 16][4]; };
 
+    // Two phases: every chunk's source offset first (the block-table reads issued together),
+    // then the copies, so no copy waits on its own table read.
     template <int TK, int NTH>
     __device__ static __forceinline__ void stage(unsigned char* ks, unsigned char* vs, int t0,
         int k1, int skip, const PagedKv& kv, const void* kc, const void* vc, int tid) {
-        for (int i = tid; i < TK * CH; i += NTH) {
-            const int j = i / CH, c = i - j * CH, p = t0 + j;
-            if (p == skip) continue;
-            const u16* kg = (const u16*)kc;
-            const u16* vg = (const u16*)vc;
-            int bytes = 0;
-            if (p < k1) {
-                const u64 off = kv.row(p, D) + c * 8;
-                kg += off; vg += off; bytes = 16;
-            }
+        constexpr int N = (TK * CH + NTH - 1) / NTH;
+        u64 off[N];
+        int bytes[N];
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+            const int i = tid + n * NTH, j = i / CH, c = i - j * CH, p = t0 + j;
+            const bool live = i < TK * CH && p < k1;
+            off[n] = live ? kv.row(p, D) + c * 8 : 0;
+            bytes[n] = i < TK * CH && p != skip ? (live ? 16 : 0) : -1;
+        }
+#pragma unroll
+        for (int n = 0; n < N; n++) {
+            if (bytes[n] < 0) continue;
+            const int i = tid + n * NTH, j = i / CH, c = i - j * CH;
             const int at = j * ROW_BYTES + ((c ^ (j & 7)) << 4);
-            cp_async16(smem_addr(ks + at), kg, bytes);
-            cp_async16(smem_addr(vs + at), vg, bytes);
+            cp_async16(smem_addr(ks + at), (const u16*)kc + off[n], bytes[n]);
+            cp_async16(smem_addr(vs + at), (const u16*)vc + off[n], bytes[n]);
         }
     }
     // ks / vs: the staged rows of key p (row `row` of its tile).
@@ -1108,8 +1114,7 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS)
         else attn_decode_impl<Kv16<D, false>, D, TK, ST, NW>(sh, ATTN_ARGS); \
     }
 ATTN_DEC16(64, 64, 2, 4)
+ATTN_DEC16(64, 64, 3, 4)
 ATTN_DEC16(128, 64, 2, 4)
 ATTN_DEC16(128, 64, 3, 4)
 ATTN_DEC16(128, 32, 2, 2)
-ATTN_DEC16(128, 32, 3, 2)
-ATTN_DEC16(128, 16, 2, 1)

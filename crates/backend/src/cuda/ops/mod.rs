@@ -16,7 +16,6 @@ use turbokv_cache::KvLayout;
 use turbokv_codec::KvDtype;
 
 use super::graph::Mode;
-use super::launch::launch_raw;
 use super::picks::CudaPicks;
 use super::step::graph_changed;
 use super::{
@@ -66,15 +65,6 @@ pub(super) fn addr<T, P: DevicePtr<T>>(p: &P, stream: &Arc<CudaStream>) -> u64 {
     a
 }
 
-/// The argument array of [`CudaBackend::launch_ex`]: a pointer to each value, in order (the
-/// values must have the kernel parameters' exact types and outlive the launch call).
-macro_rules! kargs {
-    ($($a:expr),* $(,)?) => {
-        [$((&$a as *const _ as *mut std::ffi::c_void)),*]
-    };
-}
-pub(super) use kargs;
-
 /// Op codes that start each launch signature.
 pub(super) mod opc {
     pub const GEMM: u64 = 1;
@@ -91,24 +81,6 @@ pub(super) mod opc {
     pub const TOPK: u64 = 11;
     pub const ARGMAX: u64 = 12;
     pub const FILL_RANDOM: u64 = 13;
-}
-
-impl CudaBackend {
-    /// Launches `f` with raw parameters (see [`launch_raw`]); for launches not yet described
-    /// by a [`Launches`] list.
-    ///
-    /// # Safety
-    /// As [`launch_raw`].
-    pub(super) unsafe fn launch_ex(
-        &self,
-        f: &cudarc::driver::CudaFunction,
-        cfg: LaunchConfig,
-        params: &mut [*mut std::ffi::c_void],
-        pdl: bool,
-    ) -> Result<(), cudarc::driver::DriverError> {
-        // SAFETY: the caller's contract.
-        unsafe { launch_raw(&self.stream, f, cfg, params, pdl) }
-    }
 }
 
 impl Backend for CudaBackend {
