@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 
 use half::{bf16, f16};
 use turbokv_backend::cpu::{CpuBackend, CpuTensor};
-use turbokv_backend::cuda::{CudaBackend, CudaOptions, CudaTensor};
+use turbokv_backend::cuda::{CudaBackend, CudaOptions, CudaTensor, DECODE_VARIANTS};
 use turbokv_backend::{
     AttnGeometry, Backend, Error, QkNorm, QkvProjection, Rope, RopeStyle, SeqSpan, TOPK_MAX, TopK,
     WeightMatrix, select_top_k,
@@ -756,6 +756,28 @@ fn write_kv_and_attention_match_cpu() {
             };
             seed += 1;
             run_case(g, &case, seed);
+        }
+    }
+    // Every instantiation of the decode template, forced for every launch, on the same cases
+    // (the default choice above runs only the variant each shape picks).
+    for v in DECODE_VARIANTS {
+        let opts = CudaOptions {
+            decode_variant: Some(v),
+            ..test_options()
+        };
+        let forced = CudaBackend::with_options(0, &opts).expect("a CUDA backend");
+        for (group, dtype) in [(1, KvDtype::Bf16), (4, KvDtype::F16), (8, KvDtype::Bf16)] {
+            let case = Case {
+                heads: 2 * group,
+                kv_heads: 2,
+                d: v.head_dim,
+                dtype,
+                style: RopeStyle::HalfSplit,
+                norm: false,
+            };
+            seed += 1;
+            eprintln!("forced decode variant {v:?}");
+            run_case(&forced, &case, seed);
         }
     }
 }
