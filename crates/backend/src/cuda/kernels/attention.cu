@@ -354,19 +354,24 @@ template <int D, int TK, int RS, int NTH = NT>
 __device__ __forceinline__ void stage_kv_tile(u16* ks, u16* vs, int t0, int k1, int skip,
     const PagedKv& kv, const u16* k_cache, const u16* v_cache, int tid)
 {
-    constexpr int CH = D / 8;
-    for (int i = tid; i < TK * CH; i += NTH) {
-        const int j = i / CH, c = i - j * CH, p = t0 + j;
-        if (p == skip) continue;
-        const u16* kg = k_cache;
-        const u16* vg = v_cache;
-        int bytes = 0;
-        if (p < k1) {
-            const u64 off = kv.row(p, D) + c * 8;
-            kg += off; vg += off; bytes = 16;
-        }
-        cp_async16(smem_addr(ks + j * RS + c * 8), kg, bytes);
-        cp_async16(smem_addr(vs + j * RS + c * 8), vg, bytes);
+    // Every chunk's source offset first (the block-table reads issued together), then the
+    // copies, so no copy waits on its own table read.
+    constexpr int CH = D / 8, N = (TK * CH + NTH - 1) / NTH;
+    u64 off[N];
+    int bytes[N];
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+        const int i = tid + n * NTH, j = i / CH, c = i - j * CH, p = t0 + j;
+        const bool live = i < TK * CH && p < k1;
+        off[n] = live ? kv.row(p, D) + c * 8 : 0;
+        bytes[n] = i < TK * CH && p != skip ? (live ? 16 : 0) : -1;
+    }
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+        if (bytes[n] < 0) continue;
+        const int i = tid + n * NTH, j = i / CH, c = i - j * CH;
+        cp_async16(smem_addr(ks + j * RS + c * 8), k_cache + off[n], bytes[n]);
+        cp_async16(smem_addr(vs + j * RS + c * 8), v_cache + off[n], bytes[n]);
     }
 }
 
