@@ -347,15 +347,15 @@ struct PagedKv {
     }
 };
 
-// Requests (cp.async, 16-byte chunks, NT threads) the K and V rows of positions t0 .. t0+TK-1
-// into shared rows of RS halves at ks and vs: zeros from k1 on, nothing for position `skip`
-// (its row is filled later by `copy_kv_row`). The caller commits the group.
-template <int D, int TK, int RS, int NTH = NT>
-__device__ __forceinline__ void stage_kv_tile(u16* ks, u16* vs, int t0, int k1, int skip,
-    const PagedKv& kv, const u16* k_cache, const u16* v_cache, int tid)
+// Requests (cp.async, 16-byte chunks, NTH threads) the K and V rows of positions
+// t0 .. t0+TK-1 into shared memory, chunk c of tile row j at byte dst(j, c) of ks and vs:
+// zeros from k1 on, nothing for position `skip` (its row is filled later, after the PDL wait).
+// Every chunk's source offset is computed first (the block-table reads issued together), then
+// the copies, so no copy waits on its own table read. The caller commits the group.
+template <int D, int TK, int NTH, class Dst>
+__device__ __forceinline__ void stage_rows(unsigned char* ks, unsigned char* vs, int t0, int k1,
+    int skip, const PagedKv& kv, const u16* k_cache, const u16* v_cache, int tid, Dst dst)
 {
-    // Every chunk's source offset first (the block-table reads issued together), then the
-    // copies, so no copy waits on its own table read.
     constexpr int CH = D / 8, N = (TK * CH + NTH - 1) / NTH;
     u64 off[N];
     int bytes[N];
@@ -370,9 +370,19 @@ __device__ __forceinline__ void stage_kv_tile(u16* ks, u16* vs, int t0, int k1, 
     for (int n = 0; n < N; n++) {
         if (bytes[n] < 0) continue;
         const int i = tid + n * NTH, j = i / CH, c = i - j * CH;
-        cp_async16(smem_addr(ks + j * RS + c * 8), k_cache + off[n], bytes[n]);
-        cp_async16(smem_addr(vs + j * RS + c * 8), v_cache + off[n], bytes[n]);
+        const int at = dst(j, c);
+        cp_async16(smem_addr(ks + at), k_cache + off[n], bytes[n]);
+        cp_async16(smem_addr(vs + at), v_cache + off[n], bytes[n]);
     }
+}
+
+// stage_rows into rows of RS halves at ks and vs (row-major, no swizzle).
+template <int D, int TK, int RS, int NTH = NT>
+__device__ __forceinline__ void stage_kv_tile(u16* ks, u16* vs, int t0, int k1, int skip,
+    const PagedKv& kv, const u16* k_cache, const u16* v_cache, int tid)
+{
+    stage_rows<D, TK, NTH>((unsigned char*)ks, (unsigned char*)vs, t0, k1, skip, kv, k_cache,
+                           v_cache, tid, [](int j, int c) { return (j * RS + c * 8) * 2; });
 }
 
 // Copies position p's K and V rows into shared rows at ks and vs with L2 loads (the row was
@@ -891,29 +901,11 @@ struct Kv16 {
     static constexpr int CH = D / 8;   // 16-byte chunks per row
     struct Query { u32 qa[D / 16][4]; };
 
-    // Two phases: every chunk's source offset first (the block-table reads issued together),
-    // then the copies, so no copy waits on its own table read.
     template <int TK, int NTH>
     __device__ static __forceinline__ void stage(unsigned char* ks, unsigned char* vs, int t0,
         int k1, int skip, const PagedKv& kv, const void* kc, const void* vc, int tid) {
-        constexpr int N = (TK * CH + NTH - 1) / NTH;
-        u64 off[N];
-        int bytes[N];
-#pragma unroll
-        for (int n = 0; n < N; n++) {
-            const int i = tid + n * NTH, j = i / CH, c = i - j * CH, p = t0 + j;
-            const bool live = i < TK * CH && p < k1;
-            off[n] = live ? kv.row(p, D) + c * 8 : 0;
-            bytes[n] = i < TK * CH && p != skip ? (live ? 16 : 0) : -1;
-        }
-#pragma unroll
-        for (int n = 0; n < N; n++) {
-            if (bytes[n] < 0) continue;
-            const int i = tid + n * NTH, j = i / CH, c = i - j * CH;
-            const int at = j * ROW_BYTES + ((c ^ (j & 7)) << 4);
-            cp_async16(smem_addr(ks + at), (const u16*)kc + off[n], bytes[n]);
-            cp_async16(smem_addr(vs + at), (const u16*)vc + off[n], bytes[n]);
-        }
+        stage_rows<D, TK, NTH>(ks, vs, t0, k1, skip, kv, (const u16*)kc, (const u16*)vc, tid,
+                               [](int j, int c) { return j * ROW_BYTES + ((c ^ (j & 7)) << 4); });
     }
     // ks / vs: the staged rows of key p (row `row` of its tile).
     template <int NTH>

@@ -87,16 +87,20 @@ extern "C" __global__ void f32_to_bf16_kernel(const float* x, u16* out, u64 n) {
         out[i] = f32_to_bf16(x[i]);
 }
 
+// A uniform value in [-scale, scale] for element i (splitmix64 of i and the seed).
+__device__ __forceinline__ float uniform_at(u64 i, u64 seed, float scale) {
+    u64 z = i * 0x9E3779B97F4A7C15ull + seed;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float u = (float)(z >> 40) * (1.0f / 16777216.0f);
+    return (2.0f * u - 1.0f) * scale;
+}
+
 // out[i] = bf16(uniform(-scale, scale)) from a counter hash (random weights for benchmarks).
 extern "C" __global__ void fill_random_bf16(u16* out, u64 n, u64 seed, float scale) {
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        u64 z = i * 0x9E3779B97F4A7C15ull + seed;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        float u = (float)(z >> 40) * (1.0f / 16777216.0f);
-        out[i] = f32_to_bf16((2.0f * u - 1.0f) * scale);
-    }
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        out[i] = f32_to_bf16(uniform_at(i, seed, scale));
 }
 
 // The uploads of a replayed graph step: up to UPLOAD_CHUNKS runs of 32-bit words copied from
@@ -120,14 +124,8 @@ extern "C" __global__ void upload_words(UploadRuns runs) {
 
 // out[i] = a random 16-bit KV value (bf16 or f16) uniform in [-scale, scale]: benchmark caches.
 extern "C" __global__ void fill_random_kv(u16* out, u64 n, u64 seed, float scale, int is_bf16) {
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
-        u64 z = i * 0x9E3779B97F4A7C15ull + seed;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        float u = (float)(z >> 40) * (1.0f / 16777216.0f);
-        out[i] = kv_store((2.0f * u - 1.0f) * scale, is_bf16);
-    }
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        out[i] = kv_store(uniform_at(i, seed, scale), is_bf16);
 }
 
 // Keeps the GPU busy for `ns` nanoseconds (one thread): benchmarks queue the launches they
