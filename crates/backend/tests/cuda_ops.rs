@@ -780,6 +780,27 @@ fn write_kv_and_attention_match_cpu() {
             run_case(&forced, &case, seed);
         }
     }
+    // The 8-warp prefill tile kernel (128 query vectors per block).
+    let opts = CudaOptions {
+        prefill_warps: 8,
+        ..test_options()
+    };
+    let wide = CudaBackend::with_options(0, &opts).expect("a CUDA backend");
+    for d in [64, 128] {
+        for (group, dtype) in [(1, KvDtype::Bf16), (4, KvDtype::F16), (8, KvDtype::Bf16)] {
+            let case = Case {
+                heads: 2 * group,
+                kv_heads: 2,
+                d,
+                dtype,
+                style: RopeStyle::Interleaved,
+                norm: group == 4,
+            };
+            seed += 1;
+            eprintln!("8-warp prefill, d {d}, group {group}");
+            run_case(&wide, &case, seed);
+        }
+    }
 }
 
 /// The host-side inputs of one `project_qkv_write_kv` call.

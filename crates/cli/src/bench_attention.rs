@@ -135,7 +135,10 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
     // instantiation for this head_dim forced for every shape.
     let mut configs: Vec<(String, CudaOptions)> = vec![("default".into(), base.clone())];
     if args.compare_variants {
-        for v in DECODE_VARIANTS.iter().filter(|v| v.head_dim == args.head_dim) {
+        for v in DECODE_VARIANTS
+            .iter()
+            .filter(|v| v.head_dim == args.head_dim)
+        {
             configs.push((
                 variant_label(v),
                 CudaOptions {

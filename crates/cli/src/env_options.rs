@@ -6,7 +6,8 @@
 //! | `TURBOKV_STEP_GRAPHS=0\|1` | replay decode steps as CUDA graphs (default 1) |
 //! | `TURBOKV_PDL=0\|1` | programmatic dependent launch of the GEMV kernel (default 1) |
 //! | `TURBOKV_GEMV_MAX_ROWS=N` | matmuls of at most N rows on the GEMV kernel (default 2, 0 = cuBLAS only) |
-//! | `TURBOKV_ATTN_BLOCKS_PER_SM=N` | decode attention splits until N blocks per SM (default 2, ≥ 1) |
+//! | `TURBOKV_ATTN_BLOCKS_PER_SM=N` | SIMT decode attention splits until N blocks per SM (default 2, ≥ 1) |
+//! | `TURBOKV_PREFILL_WARPS=4\|8` | warps per block of the tensor-core prefill attention (default 4) |
 //!
 //! A value that does not parse is an error naming the variable, never silently ignored.
 //!
@@ -74,6 +75,10 @@ fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<EnvOptions> {
         cuda.attention_blocks_per_sm,
         1,
     )?;
+    cuda.prefill_warps = match count("TURBOKV_PREFILL_WARPS", cuda.prefill_warps, 4)? {
+        n @ (4 | 8) => n,
+        n => bail!("TURBOKV_PREFILL_WARPS=\"{n}\": expected 4 or 8"),
+    };
     let step_graphs = flag("TURBOKV_STEP_GRAPHS", true)?;
     Ok(EnvOptions { cuda, step_graphs })
 }
@@ -108,8 +113,10 @@ mod tests {
             ("TURBOKV_PDL", " 0 "),
             ("TURBOKV_GEMV_MAX_ROWS", "0"),
             ("TURBOKV_ATTN_BLOCKS_PER_SM", "4"),
+            ("TURBOKV_PREFILL_WARPS", "8"),
         ])
         .unwrap();
+        assert_eq!(o.cuda.prefill_warps, 8);
         assert!(!o.step_graphs);
         assert!(!o.cuda.pdl);
         assert_eq!(o.cuda.gemv_max_rows, 0);
@@ -124,6 +131,7 @@ mod tests {
             ("TURBOKV_GEMV_MAX_ROWS", "-1"),
             ("TURBOKV_ATTN_BLOCKS_PER_SM", "0"),
             ("TURBOKV_ATTN_BLOCKS_PER_SM", "two"),
+            ("TURBOKV_PREFILL_WARPS", "6"),
         ] {
             let e = parse(&[(name, v)]).unwrap_err().to_string();
             assert!(e.contains(name) && e.contains(v), "{e}");

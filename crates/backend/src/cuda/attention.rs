@@ -38,8 +38,8 @@ const MIN_SPLIT_KEYS: usize = 64;
 const ATTN_DEEP_STAGES: usize = 5;
 
 impl CudaBackend {
-    /// Attention through the tensor-core tile kernel: every span cut into tiles of 64/g
-    /// consecutive rows (shapes, tables and metadata checked and uploaded by the caller).
+    /// Attention through the tensor-core tile kernel: every span cut into tiles of
+    /// 16·`prefill_warps`/g consecutive rows (shapes, tables and metadata checked and uploaded by the caller).
     fn attention_mma(
         &self,
         qkv: &CudaTensor,
@@ -49,7 +49,7 @@ impl CudaBackend {
         out: &mut CudaTensor,
     ) -> Result<(), Error> {
         let (grp, hd, rows) = (g.group(), g.head_dim, qkv.rows);
-        let qt = 64 / grp;
+        let qt = 16 * self.prefill_warps / grp;
         let mut tiles = Vec::new();
         // (keys attended, first row, rows) per tile, the heaviest first: blocks start in
         // grid order, so the last wave is light and the launch ends without a long tail.
@@ -95,13 +95,17 @@ impl CudaBackend {
         let is_bf16 = i32::from(pool.is_bf16);
         let cfg = LaunchConfig {
             grid_dim: (n_tiles as u32, g.n_kv_heads as u32, 1),
-            block_dim: (ATTN_THREADS as u32, 1, 1),
+            block_dim: (32 * self.prefill_warps as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
         let mut l = Launches::new(opc::ATTN_MMA);
         l.kernel(
             "attn_mma",
-            &self.k.attn_mma[usize::from(hd == 128)],
+            &if self.prefill_warps == 8 {
+                &self.k.attn_mma8
+            } else {
+                &self.k.attn_mma
+            }[usize::from(hd == 128)],
             cfg,
             false,
         )
@@ -208,7 +212,7 @@ impl CudaBackend {
         }
         let grp = g.group();
         if matches!(g.head_dim, 64 | 128)
-            && 64 % grp == 0
+            && (16 * self.prefill_warps).is_multiple_of(grp)
             && spans.iter().any(|s| s.n_tokens >= MMA_MIN_ROWS)
         {
             drop(st);

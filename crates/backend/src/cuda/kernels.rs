@@ -41,6 +41,8 @@ pub(crate) struct Kernels {
     pub attn_rows: [CudaFunction; 12],
     /// Tensor-core prefill attention for head_dim 64 and 128 (16-bit KV).
     pub attn_mma: [CudaFunction; 2],
+    /// The same with 8 warps (128 query vectors per block).
+    pub attn_mma8: [CudaFunction; 2],
     /// The decode attention template for the 16-bit formats, one per entry of
     /// [`DECODE_VARIANTS`] (same index).
     pub attn_dec: Vec<CudaFunction>,
@@ -356,6 +358,7 @@ impl Kernels {
                 f(&at, "attn_partial_any")?,
             ],
             attn_mma: [f(&at, "attn_mma_64")?, f(&at, "attn_mma_128")?],
+            attn_mma8: [f(&at, "attn_mma8_64")?, f(&at, "attn_mma8_128")?],
             attn_dec: DECODE_VARIANTS
                 .iter()
                 .map(|v| f(&at, &v.kernel_name()))

@@ -188,6 +188,9 @@ pub struct CudaOptions {
     /// [`DECODE_VARIANTS`]) instead of the default; for measurements (`turbokv bench
     /// attention`). `None`: the default.
     pub decode_variant: Option<DecodeVariant>,
+    /// Warps per block of the tensor-core prefill attention: 4 (64 query vectors per block)
+    /// or 8 (128: each K/V tile read from L2 once for twice the queries). Others are an error.
+    pub prefill_warps: usize,
 }
 
 /// See [`CudaOptions::gemv_max_rows`]. On an H200 (llama3-8b shapes) the GEMV kernel beat
@@ -205,6 +208,7 @@ impl Default for CudaOptions {
             dec_mma: true,
             rope_gemv: true,
             decode_variant: None,
+            prefill_warps: 4,
         }
     }
 }
@@ -235,6 +239,8 @@ pub struct CudaBackend {
     rope_gemv: bool,
     /// See [`CudaOptions::decode_variant`].
     decode_variant: Option<DecodeVariant>,
+    /// See [`CudaOptions::prefill_warps`].
+    prefill_warps: usize,
     /// Blocks of each decode variant (index of [`DECODE_VARIANTS`]) resident on the whole GPU
     /// at once, from the occupancy calculator with its pipeline's shared memory.
     decode_slots: Vec<usize>,
@@ -367,6 +373,7 @@ impl CudaBackend {
             .iter()
             .chain(&k.attn_rows)
             .chain(&k.attn_mma)
+            .chain(&k.attn_mma8)
             .chain(&k.attn_dec)
         {
             // The opt-in limit covers static and dynamic shared memory together.
@@ -402,6 +409,15 @@ impl CudaBackend {
                 ),
             });
         }
+        if !matches!(opts.prefill_warps, 4 | 8) {
+            return Err(Error::Cuda {
+                op: "prefill attention",
+                detail: format!(
+                    "{} warps per block: 4 or 8 are instantiated",
+                    opts.prefill_warps
+                ),
+            });
+        }
         Ok(Self {
             ctx,
             stream,
@@ -419,6 +435,7 @@ impl CudaBackend {
             dec_mma: opts.dec_mma,
             rope_gemv: opts.rope_gemv,
             decode_variant: opts.decode_variant,
+            prefill_warps: opts.prefill_warps,
             decode_slots,
             state: Mutex::new(State::default()),
             _blas_workspace: blas_workspace,

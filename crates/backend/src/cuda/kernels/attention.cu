@@ -752,16 +752,17 @@ struct MmaRows {
 
 #define MMA_TK 32
 // One block per (tile of consecutive query rows of one sequence, kv head): the tile's
-// 64 query vectors (64/g rows × the g query heads of the kv head; vector v = row·g + head)
-// are split over 4 warps, 16 each, held as MMA fragments in the cache's 16-bit type (bf16 or
+// 16·NW query vectors (16·NW/g rows × the g query heads of the kv head; vector v = row·g +
+// head) are split over NW warps, 16 each, held as MMA fragments in the cache's 16-bit type (bf16 or
 // f16; pre-scaled by scale·log2 e). K/V tiles of MMA_TK keys stream through shared memory (2 stages, cp.async,
 // rows padded to D + 8 halves so fragment reads are conflict-free); per tile each warp
 // computes S = Q·Kᵀ (m16n8k16 MMAs), masks causally, updates its online softmax (rows live
 // in lane quads), and accumulates O += P·V with P re-packed as A fragments and V read
 // by ldmatrix.trans (see `MmaRows`). Writes the normalised rows straight to `out` (and their bf16 copy).
-// tiles[2i] = first row, tiles[2i+1] = rows (≤ 64/g). grid = (tiles, n_kv), NT threads.
-// dynamic smem: 2 * 2 * MMA_TK * (D + 8) halves. Requires 64 % g == 0.
-template <int D, bool BF16>
+// More warps per block share each K/V tile among more query vectors (fewer L2 reads per FLOP).
+// tiles[2i] = first row, tiles[2i+1] = rows (≤ 16·NW/g). grid = (tiles, n_kv), 32·NW threads.
+// dynamic smem: 2 * 2 * MMA_TK * (D + 8) halves. Requires 16·NW % g == 0.
+template <int D, bool BF16, int NW>
 __device__ __forceinline__ void attn_mma_impl(u16* sh,
     const float* __restrict__ qkv, int width, int n_heads, int n_kv, float scale,
     const u32* __restrict__ tok_pos, const u32* __restrict__ tok_seq, const u32* __restrict__ seq_tbl,
@@ -787,8 +788,8 @@ __device__ __forceinline__ void attn_mma_impl(u16* sh,
     auto issue = [&](int t) {
         if (t < ntiles) {
             u16* kst = sh + (t & 1) * 2 * MMA_TK * RS;
-            stage_kv_tile<D, MMA_TK, RS>(kst, kst + MMA_TK * RS, t * MMA_TK, kmax, -1, kv,
-                                         k_cache, v_cache, tid);
+            stage_kv_tile<D, MMA_TK, RS, 32 * NW>(kst, kst + MMA_TK * RS, t * MMA_TK, kmax, -1, kv,
+                                                  k_cache, v_cache, tid);
         }
         cp_async_commit();
     };
@@ -837,22 +838,25 @@ __device__ __forceinline__ void attn_mma_impl(u16* sh,
     }
 }
 
-#define ATTN_MMA(D) \
-    extern "C" __global__ void __launch_bounds__(NT) attn_mma_##D( \
+// attn_mma_{D} (4 warps, 64 query vectors) and attn_mma8_{D} (8 warps, 128).
+#define ATTN_MMA(NAME, D, NW) \
+    extern "C" __global__ void __launch_bounds__(32 * NW) NAME( \
         const float* qkv, int width, int n_heads, int n_kv, float scale, const u32* tok_pos, \
         const u32* tok_seq, const u32* seq_tbl, const u32* tables, const u16* k_cache, \
         const u16* v_cache, int block_size, const u32* tiles, float* out, u16* out_bf16, \
         int is_bf16) { \
         extern __shared__ float shf[]; \
         if (is_bf16) \
-            attn_mma_impl<D, true>((u16*)shf, qkv, width, n_heads, n_kv, scale, tok_pos, tok_seq, \
-                                   seq_tbl, tables, k_cache, v_cache, block_size, tiles, out, out_bf16); \
+            attn_mma_impl<D, true, NW>((u16*)shf, qkv, width, n_heads, n_kv, scale, tok_pos, \
+                tok_seq, seq_tbl, tables, k_cache, v_cache, block_size, tiles, out, out_bf16); \
         else \
-            attn_mma_impl<D, false>((u16*)shf, qkv, width, n_heads, n_kv, scale, tok_pos, tok_seq, \
-                                    seq_tbl, tables, k_cache, v_cache, block_size, tiles, out, out_bf16); \
+            attn_mma_impl<D, false, NW>((u16*)shf, qkv, width, n_heads, n_kv, scale, tok_pos, \
+                tok_seq, seq_tbl, tables, k_cache, v_cache, block_size, tiles, out, out_bf16); \
     }
-ATTN_MMA(64)
-ATTN_MMA(128)
+ATTN_MMA(attn_mma_64, 64, 4)
+ATTN_MMA(attn_mma_128, 128, 4)
+ATTN_MMA(attn_mma8_64, 64, 8)
+ATTN_MMA(attn_mma8_128, 128, 8)
 
 // ---- Decode attention: one kernel template, KV number formats as hooks -------------------
 // grid = (rows, n_kv, n_splits), NW warps; one block attends the g <= 16 query
