@@ -42,9 +42,12 @@ pub enum EvalCommand {
 pub struct EvalPplArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Evaluation text (default: the cleaned Wikipedia text from scripts/fetch-assets.sh).
-    #[arg(long)]
-    pub text: Option<PathBuf>,
+    /// Evaluation texts, comma-separated: files, or directories whose `*.txt` files are each
+    /// one text (default: the evaluation set of scripts/fetch-assets.sh, `data/eval` in the
+    /// cache: Wikipedia prose, Python source, dialogue). Each text is reported on its own
+    /// and the worst case over all of them after.
+    #[arg(long, value_delimiter = ',')]
+    pub text: Vec<PathBuf>,
     /// Tokens per window.
     #[arg(long, default_value_t = 1024)]
     pub ctx: usize,
@@ -71,6 +74,10 @@ pub struct EvalPplArgs {
     /// Also write the rows as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Also draw perplexity and KL against bits per element as an SVG (one colour per text,
+    /// every KV cache a labelled point).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
 }
 
 // Parsed once per process; boxing the large variant would buy nothing.

@@ -10,6 +10,7 @@ mod bench_model;
 mod cli_tests;
 mod eval;
 mod kvspec;
+mod plot;
 
 use anyhow::{Context, Result};
 use clap::Parser;
