@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail, ensure};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use turbokv_backend::Backend;
 use turbokv_codec::KvDtype;
 use turbokv_model::Session;
@@ -14,7 +14,7 @@ use crate::generate::load;
 use crate::kvspec::{KvDefaults, KvSpec, build_policy};
 use turbokv_cache::{KvPolicy, KvWindow};
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 struct Row {
     kv: String,
     bits_per_element: f64,
@@ -35,9 +35,55 @@ struct Acc {
     n: usize,
 }
 
-/// Runs the evaluation.
+/// Runs the evaluation (or, with `--from-json`, reports saved runs again).
 pub fn run(args: &EvalPplArgs) -> Result<()> {
+    if !args.from_json.is_empty() {
+        return report_saved(args);
+    }
     crate::with_device!(&args.model.device, b => run_on(b, args))
+}
+
+/// A saved `--json` document: what [`report`] needs of it.
+#[derive(Deserialize)]
+struct Saved {
+    model: String,
+    ctx: usize,
+    windows: usize,
+    texts: Vec<TextResult>,
+}
+
+/// The tables, worst case, `--json` and `--plot` of earlier runs' `--json` files, whose texts
+/// are put side by side (each run must have the same context, windows and caches in the same
+/// order, e.g. one run per text).
+fn report_saved(args: &EvalPplArgs) -> Result<()> {
+    let mut results: Vec<TextResult> = Vec::new();
+    let mut shape: Option<(String, usize, usize, Vec<String>)> = None;
+    for path in &args.from_json {
+        let doc: Saved = serde_json::from_str(
+            &std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?,
+        )
+        .with_context(|| format!("{}: not an `eval ppl --json` file", path.display()))?;
+        for t in doc.texts {
+            let kvs: Vec<String> = t.rows.iter().map(|r| r.kv.clone()).collect();
+            let this = (doc.model.clone(), doc.ctx, doc.windows, kvs);
+            match &shape {
+                None => shape = Some(this),
+                Some(s) => ensure!(
+                    *s == this,
+                    "{}: text {} was run with another model, context, window count or caches \
+                     than the first file",
+                    path.display(),
+                    t.name
+                ),
+            }
+            results.push(t);
+        }
+    }
+    let Some((model, ctx, windows, _)) = shape else {
+        bail!("--from-json: the files hold no texts");
+    };
+    report(&model, ctx, windows, &results, args)
 }
 
 fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
@@ -146,23 +192,31 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
         });
     }
     bar.finish_and_clear();
-    for r in &results {
-        print_table(&format!("{}: ", r.name), &r.rows, args);
+    report(&loaded.model.name, args.ctx, args.windows, &results, args)
+}
+
+/// Prints every text's table and the worst case, and writes `--plot` and `--json`.
+fn report(
+    model: &str,
+    ctx: usize,
+    windows: usize,
+    results: &[TextResult],
+    args: &EvalPplArgs,
+) -> Result<()> {
+    for r in results {
+        print_table(&format!("{}: ", r.name), &r.rows, ctx, windows);
     }
-    let worst = worst_case(&results);
+    let worst = worst_case(results);
     if results.len() > 1 {
-        print_worst(&worst, results.len(), args);
+        print_worst(&worst, results.len(), ctx, windows);
     }
     if let Some(path) = &args.plot {
-        let title = format!(
-            "{}: KV cache quality, ctx {} × {} windows",
-            loaded.model.name, args.ctx, args.windows
-        );
-        crate::plot::write_svg(path, &title, &plot_series(&results))?;
+        let title = format!("{model}: KV cache quality, ctx {ctx} × {windows} windows");
+        crate::plot::write_svg(path, &title, &plot_series(results))?;
     }
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
-            "model": loaded.model.name, "ctx": args.ctx, "windows": args.windows,
+            "model": model, "ctx": ctx, "windows": windows,
             "texts": results, "worst": worst,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)
@@ -180,7 +234,7 @@ struct EvalText {
 }
 
 /// The rows of one text.
-#[derive(Serialize, Debug)]
+#[derive(Serialize, Deserialize, Debug)]
 struct TextResult {
     name: String,
     path: String,
@@ -375,17 +429,12 @@ fn row<B: Backend>(
     let n = cfg.n_layers as i64;
     let bits = (0..n)
         .map(|l| {
-            let d = layers
+            let dtype = layers
                 .iter()
                 .rev()
                 .find(|(i, _)| (if *i < 0 { n + i } else { *i }) == l)
                 .map_or(kv.dtype, |(_, d)| *d);
-            let window = if matches!(d, KvDtype::F16 | KvDtype::Bf16) {
-                0.0
-            } else {
-                kv.window.bits_overhead(ctx) + if kv.center { 32.0 / ctx as f64 } else { 0.0 }
-            };
-            d.bits_per_element(head_dim, kv.key_mode) + window
+            KvSpec { dtype, ..kv }.bits_per_element(head_dim, ctx)
         })
         .sum::<f64>()
         / n as f64;
@@ -401,8 +450,8 @@ fn row<B: Backend>(
     }
 }
 
-fn print_table(prefix: &str, rows: &[Row], args: &EvalPplArgs) {
-    println!("{prefix}ctx {} × {} windows", args.ctx, args.windows);
+fn print_table(prefix: &str, rows: &[Row], ctx: usize, windows: usize) {
+    println!("{prefix}ctx {ctx} × {windows} windows");
     println!(
         "{:>24} {:>9} {:>10} {:>9} {:>8} {:>10} {:>8}",
         "kv", "bits/el", "KV B/tok", "ppl", "Δppl %", "KL", "top-1"
@@ -421,11 +470,8 @@ fn print_table(prefix: &str, rows: &[Row], args: &EvalPplArgs) {
     }
 }
 
-fn print_worst(rows: &[WorstRow], texts: usize, args: &EvalPplArgs) {
-    println!(
-        "worst of {texts} texts: ctx {} × {} windows",
-        args.ctx, args.windows
-    );
+fn print_worst(rows: &[WorstRow], texts: usize, ctx: usize, windows: usize) {
+    println!("worst of {texts} texts: ctx {ctx} × {windows} windows");
     println!(
         "{:>24} {:>9} {:>8} {:>10} {:>10} {:>10} {:>8} {:>10}",
         "kv", "bits/el", "Δppl %", "on", "KL", "on", "top-1", "on"
@@ -496,6 +542,63 @@ mod tests {
             top1_agree: top1,
             tokens: 1,
         }
+    }
+
+    fn eval_args(args: &[&str]) -> EvalPplArgs {
+        use clap::Parser;
+        let cli = crate::args::Cli::try_parse_from(
+            ["turbokv", "eval", "ppl"]
+                .into_iter()
+                .chain(args.iter().copied()),
+        )
+        .unwrap();
+        match cli.command {
+            crate::args::Command::Eval(crate::args::EvalCommand::Ppl(a)) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn saved(dir: &std::path::Path, name: &str, ctx: usize, rows: Vec<Row>) -> PathBuf {
+        let path = dir.join(format!("{name}.json"));
+        let doc = serde_json::json!({
+            "model": "demo", "ctx": ctx, "windows": 4,
+            "texts": [TextResult { name: name.into(), path: String::new(), rows }],
+        });
+        std::fs::write(&path, doc.to_string()).unwrap();
+        path
+    }
+
+    #[test]
+    fn saved_runs_are_reported_side_by_side_with_their_worst_case() {
+        let d = scratch_dir("saved");
+        let a = saved(&d, "wiki", 1024, vec![r("tq3", 2.0, 0.05, 0.9)]);
+        let b = saved(&d, "code", 1024, vec![r("tq3", 3.0, 0.04, 0.8)]);
+        let (out, svg) = (d.join("all.json"), d.join("all.svg"));
+        let list = format!("{},{}", a.display(), b.display());
+        let args = eval_args(&[
+            "--from-json",
+            &list,
+            "--json",
+            out.to_str().unwrap(),
+            "--plot",
+            svg.to_str().unwrap(),
+        ]);
+        run(&args).unwrap();
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        assert_eq!(doc["texts"].as_array().unwrap().len(), 2);
+        assert_eq!(doc["worst"][0]["delta_ppl_pct"], 3.0);
+        assert_eq!(doc["worst"][0]["delta_ppl_text"], "code");
+        assert_eq!(doc["worst"][0]["kl_text"], "wiki");
+        assert!(std::fs::read_to_string(&svg).unwrap().contains("code"));
+        // Runs of another context or other caches do not go side by side.
+        let c = saved(&d, "dialogue", 512, vec![r("tq3", 1.0, 0.01, 0.9)]);
+        let list = format!("{},{}", a.display(), c.display());
+        let err = run(&eval_args(&["--from-json", &list])).unwrap_err();
+        assert!(format!("{err:#}").contains("dialogue"), "{err:#}");
+        let e = saved(&d, "other", 1024, vec![r("tq4", 1.0, 0.01, 0.9)]);
+        let list = format!("{},{}", a.display(), e.display());
+        assert!(run(&eval_args(&["--from-json", &list])).is_err());
     }
 
     #[test]
