@@ -60,12 +60,17 @@ pub fn write_svg(path: &Path, title: &str, series: &[Series]) -> Result<()> {
         let root = root.titled(title, ("sans-serif", 22))?;
         let (left, right) = root.split_horizontally(700);
         for (area, kl) in [(&left, false), (&right, true)] {
-            let (lo, hi) = if kl { (kmin, kmax) } else { (rmin, rmax) };
+            // KL spans decades; the ppl ratio a few tens of percent, so its axis stays tight.
+            let (lo, hi) = if kl {
+                (kmin / 1.2, kmax * 1.4)
+            } else {
+                (rmin / 1.01, rmax * 1.03)
+            };
             let mut chart = ChartBuilder::on(area)
                 .margin(16)
                 .x_label_area_size(44)
                 .y_label_area_size(70)
-                .build_cartesian_2d(x.clone(), (lo / 1.2..hi * 1.4).log_scale())?;
+                .build_cartesian_2d(x.clone(), (lo..hi).log_scale())?;
             chart
                 .configure_mesh()
                 .x_desc("bits per element (K+V average)")
