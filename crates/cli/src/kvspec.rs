@@ -54,8 +54,8 @@ impl KvDefaults {
 /// Presets, chosen by `eval ppl` measurements (BENCHMARKS.md): name → spec.
 /// A trailing `+c` centers the preset (its calibration pass runs at load).
 pub const PRESETS: &[(&str, &str)] = &[
-    ("balanced", "k4v3@w32s1"),
-    ("compact", "tq3@w15s1"),
+    ("balanced", "k4v3@w47s1"),
+    ("compact", "k4v2@w15s1"),
     ("tiny", "tq2@w19s1+c"),
 ];
 
@@ -121,7 +121,7 @@ impl KvSpec {
     }
 
     /// The name printed in tables: the preset or dtype, `/prod` for prod keys, the window
-    /// when it has one, `+c` when centered (`tq4/prod`, `tq3+c`, `balanced(k4v3@w32s1)+c`).
+    /// when it has one, `+c` when centered (`tq4/prod`, `tq3+c`, `balanced(k4v3@w47s1)+c`).
     pub fn label(&self, spec: &str) -> String {
         let w = self.window;
         let mut inner = self.dtype.to_string();
@@ -401,13 +401,13 @@ mod tests {
         assert_eq!(
             preset.window,
             KvWindow {
-                recent: 32,
+                recent: 47,
                 sinks: 1
             }
         );
         assert_eq!(
             preset.label("balanced/prod+c"),
-            "balanced(k4v3/prod@w32s1)+c"
+            "balanced(k4v3/prod@w47s1)+c"
         );
         // Command-line defaults, and a spec that overrides them.
         let d = KvDefaults {
