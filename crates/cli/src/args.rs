@@ -42,9 +42,12 @@ pub enum EvalCommand {
 pub struct EvalPplArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Evaluation text (default: the cleaned Wikipedia text from scripts/fetch-assets.sh).
-    #[arg(long)]
-    pub text: Option<PathBuf>,
+    /// Evaluation texts, comma-separated: files, or directories whose `*.txt` files are each
+    /// one text (default: the evaluation set of scripts/fetch-assets.sh, `data/eval` in the
+    /// cache: Wikipedia prose, Python source, dialogue). Each text is reported on its own
+    /// and the worst case over all of them after.
+    #[arg(long, value_delimiter = ',')]
+    pub text: Vec<PathBuf>,
     /// Tokens per window.
     #[arg(long, default_value_t = 1024)]
     pub ctx: usize,
@@ -52,7 +55,7 @@ pub struct EvalPplArgs {
     #[arg(long, default_value_t = 4)]
     pub windows: usize,
     /// KV caches to compare with bf16, comma-separated: dtypes (f16,int8,tq4,tq3,k4v3), presets
-    /// (balanced, compact), or a dtype with its own full-precision window, `k4v3@w16s1`
+    /// (balanced, compact, tiny), or a dtype with its own full-precision window, `k4v3@w16s1`
     /// (16 most recent tokens and 1 sink token exact); `/prod` or `/mse` after the dtype sets
     /// the key mode of that entry (`tq4/prod`), a trailing `+c` centers it (`tq3+c`).
     #[arg(long, value_delimiter = ',', default_value = "f16")]
@@ -71,6 +74,14 @@ pub struct EvalPplArgs {
     /// Also write the rows as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Also draw perplexity and KL against bits per element as an SVG (one colour per text,
+    /// every KV cache a labelled point).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Evaluate nothing: report the texts of earlier runs' `--json` files side by side
+    /// (tables, worst case, `--json`, `--plot`), e.g. of one run per text.
+    #[arg(long, value_delimiter = ',')]
+    pub from_json: Vec<PathBuf>,
 }
 
 // Parsed once per process; boxing the large variant would buy nothing.
@@ -112,7 +123,7 @@ pub struct ModelArgs {
 #[derive(Args, Debug, Clone)]
 pub struct CacheArgs {
     /// KV cache: f16, bf16, int8, tq4/tq3/tq2, tq3.5/tq2.5, k{b}v{b}, a preset (balanced,
-    /// compact), or a compressed format with a full-precision window (`k4v3@w32s1`: the 32
+    /// compact, tiny), or a compressed format with a full-precision window (`k4v3@w32s1`: the 32
     /// most recent and the first token kept at f16); `tq4/prod` sets the key mode, a trailing
     /// `+c` centers the cache (`tq3+c`).
     #[arg(long, default_value = "f16")]

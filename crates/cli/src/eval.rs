@@ -3,8 +3,8 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, ensure};
-use serde::Serialize;
+use anyhow::{Context, Result, bail, ensure};
+use serde::{Deserialize, Serialize};
 use turbokv_backend::Backend;
 use turbokv_codec::KvDtype;
 use turbokv_model::Session;
@@ -14,7 +14,7 @@ use crate::generate::load;
 use crate::kvspec::{KvDefaults, KvSpec, build_policy};
 use turbokv_cache::{KvPolicy, KvWindow};
 
-#[derive(Serialize, Clone, Debug)]
+#[derive(Serialize, Deserialize, Clone, Debug)]
 struct Row {
     kv: String,
     bits_per_element: f64,
@@ -35,9 +35,55 @@ struct Acc {
     n: usize,
 }
 
-/// Runs the evaluation.
+/// Runs the evaluation (or, with `--from-json`, reports saved runs again).
 pub fn run(args: &EvalPplArgs) -> Result<()> {
+    if !args.from_json.is_empty() {
+        return report_saved(args);
+    }
     crate::with_device!(&args.model.device, b => run_on(b, args))
+}
+
+/// A saved `--json` document: what [`report`] needs of it.
+#[derive(Deserialize)]
+struct Saved {
+    model: String,
+    ctx: usize,
+    windows: usize,
+    texts: Vec<TextResult>,
+}
+
+/// The tables, worst case, `--json` and `--plot` of earlier runs' `--json` files, whose texts
+/// are put side by side (each run must have the same context, windows and caches in the same
+/// order, e.g. one run per text).
+fn report_saved(args: &EvalPplArgs) -> Result<()> {
+    let mut results: Vec<TextResult> = Vec::new();
+    let mut shape: Option<(String, usize, usize, Vec<String>)> = None;
+    for path in &args.from_json {
+        let doc: Saved = serde_json::from_str(
+            &std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?,
+        )
+        .with_context(|| format!("{}: not an `eval ppl --json` file", path.display()))?;
+        for t in doc.texts {
+            let kvs: Vec<String> = t.rows.iter().map(|r| r.kv.clone()).collect();
+            let this = (doc.model.clone(), doc.ctx, doc.windows, kvs);
+            match &shape {
+                None => shape = Some(this),
+                Some(s) => ensure!(
+                    *s == this,
+                    "{}: text {} was run with another model, context, window count or caches \
+                     than the first file",
+                    path.display(),
+                    t.name
+                ),
+            }
+            results.push(t);
+        }
+    }
+    let Some((model, ctx, windows, _)) = shape else {
+        bail!("--from-json: the files hold no texts");
+    };
+    report(&model, ctx, windows, &results, args)
 }
 
 fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
@@ -57,6 +103,16 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
         .filter(|(label, _)| label != "bf16")
         .collect();
     let layers = KvPolicy::parse_layers(&args.kv_layers).context("--kv-layers")?;
+    let texts = read_texts(&args.text)?;
+    for text in &texts {
+        if let Some(passage) = turbokv_model::calibrate::calibration_passage_in(&text.body) {
+            bail!(
+                "{} contains the KV calibration text (\"{passage}…\"); evaluate on text the \
+                 calibration has not seen",
+                text.path.display()
+            );
+        }
+    }
     let loaded = load(backend, &args.model, &cache)?;
     // Refuse a bad layer index or dtype now, not after the first reference window; calibrate
     // once for every entry that needs it.
@@ -75,72 +131,233 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
             Ok((label, k, policy))
         })
         .collect::<Result<_>>()?;
-    let text_path: PathBuf = args
-        .text
-        .clone()
-        .unwrap_or_else(|| cache_dir().join("data/wiki.txt"));
-    let text = std::fs::read_to_string(&text_path).with_context(|| {
-        format!(
-            "reading {} (run scripts/fetch-assets.sh)",
-            text_path.display()
-        )
-    })?;
     let need = args.ctx * args.windows;
-    // Tokenize only as much text as the windows need (~4 characters per token, with margin).
-    let ids = loaded
-        .tokenizer
-        .encode(&text[..floor_char(&text, need * 8)], false, false)?;
-    ensure!(
-        ids.len() >= need,
-        "{} holds {} tokens; {} windows of {} need {need}",
-        text_path.display(),
-        ids.len(),
-        args.windows,
-        args.ctx
-    );
+    let mut domains = Vec::with_capacity(texts.len());
+    for text in texts {
+        // Tokenize only as much text as the windows need (~4 characters per token, with margin).
+        let ids = loaded.tokenizer.encode(
+            &text.body[..floor_char(&text.body, need * 8)],
+            false,
+            false,
+        )?;
+        ensure!(
+            ids.len() >= need,
+            "{} holds {} tokens; {} windows of {} need {need}",
+            text.path.display(),
+            ids.len(),
+            args.windows,
+            args.ctx
+        );
+        domains.push((text, ids));
+    }
     let vocab = loaded.model.transformer.config().vocab_size;
-    let bar = indicatif::ProgressBar::new((args.windows * (dtypes.len() + 1)) as u64);
+    let bar =
+        indicatif::ProgressBar::new((domains.len() * args.windows * (dtypes.len() + 1)) as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
-            "eval {bar:30} {pos}/{len} window×dtype {elapsed}/{eta}",
+            "eval {bar:30} {pos}/{len} text×window×dtype {elapsed}/{eta}",
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let mut base = Acc::default();
-    let mut accs = vec![Acc::default(); dtypes.len()];
-    for w in 0..args.windows {
-        let window = &ids[w * args.ctx..(w + 1) * args.ctx];
-        let reference = window_logits(&loaded, KvDtype::Bf16, &KvPolicy::default(), window)?;
-        let ref_lp = log_softmax_rows(&reference, vocab);
-        drop(reference);
-        score(&ref_lp, &ref_lp, window, vocab, &mut base);
-        bar.inc(1);
-        for ((_, d, policy), acc) in dtypes.iter().zip(&mut accs) {
-            let lp = log_softmax_rows(&window_logits(&loaded, d.dtype, policy, window)?, vocab);
-            score(&lp, &ref_lp, window, vocab, acc);
+    let bf16 = KvSpec::parse("bf16", KvDefaults::default())?;
+    let mut results = Vec::with_capacity(domains.len());
+    for (text, ids) in &domains {
+        let mut base = Acc::default();
+        let mut accs = vec![Acc::default(); dtypes.len()];
+        for w in 0..args.windows {
+            let window = &ids[w * args.ctx..(w + 1) * args.ctx];
+            let reference = window_logits(&loaded, KvDtype::Bf16, &KvPolicy::default(), window)?;
+            let ref_lp = log_softmax_rows(&reference, vocab);
+            drop(reference);
+            score(&ref_lp, &ref_lp, window, vocab, &mut base);
             bar.inc(1);
+            for ((_, d, policy), acc) in dtypes.iter().zip(&mut accs) {
+                let lp = log_softmax_rows(&window_logits(&loaded, d.dtype, policy, window)?, vocab);
+                score(&lp, &ref_lp, window, vocab, acc);
+                bar.inc(1);
+            }
         }
+        let base_ppl = (base.nll / base.n as f64).exp();
+        let mut rows = vec![row("bf16", bf16, &[], &base, base_ppl, args.ctx, &loaded)];
+        rows.extend(
+            dtypes
+                .iter()
+                .zip(&accs)
+                .map(|((name, d, _), a)| row(name, *d, &layers, a, base_ppl, args.ctx, &loaded)),
+        );
+        results.push(TextResult {
+            name: text.name.clone(),
+            path: text.path.display().to_string(),
+            rows,
+        });
     }
     bar.finish_and_clear();
-    let base_ppl = (base.nll / base.n as f64).exp();
-    let bf16 = KvSpec::parse("bf16", KvDefaults::default())?;
-    let mut rows = vec![row("bf16", bf16, &[], &base, base_ppl, args.ctx, &loaded)];
-    rows.extend(
-        dtypes
-            .iter()
-            .zip(&accs)
-            .map(|((name, d, _), a)| row(name, *d, &layers, a, base_ppl, args.ctx, &loaded)),
-    );
-    print_table(&rows, args);
+    report(&loaded.model.name, args.ctx, args.windows, &results, args)
+}
+
+/// Prints every text's table and the worst case, and writes `--plot` and `--json`.
+fn report(
+    model: &str,
+    ctx: usize,
+    windows: usize,
+    results: &[TextResult],
+    args: &EvalPplArgs,
+) -> Result<()> {
+    for r in results {
+        print_table(&format!("{}: ", r.name), &r.rows, ctx, windows);
+    }
+    let worst = worst_case(results);
+    if results.len() > 1 {
+        print_worst(&worst, results.len(), ctx, windows);
+    }
+    if let Some(path) = &args.plot {
+        let title = format!("{model}: KV cache quality, ctx {ctx} × {windows} windows");
+        crate::plot::write_svg(path, &title, &plot_series(results))?;
+    }
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
-            "model": loaded.model.name, "ctx": args.ctx, "windows": args.windows,
-            "text": text_path.display().to_string(), "rows": rows,
+            "model": model, "ctx": ctx, "windows": windows,
+            "texts": results, "worst": worst,
         });
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// One evaluation text: its name in tables (the file stem), where it came from, its content.
+#[derive(Debug)]
+struct EvalText {
+    name: String,
+    path: PathBuf,
+    body: String,
+}
+
+/// The rows of one text.
+#[derive(Serialize, Deserialize, Debug)]
+struct TextResult {
+    name: String,
+    path: String,
+    rows: Vec<Row>,
+}
+
+/// One KV cache's worst figures over the texts, each with the text it came from.
+#[derive(Serialize, Clone, Debug, PartialEq)]
+struct WorstRow {
+    kv: String,
+    bits_per_element: f64,
+    delta_ppl_pct: f64,
+    delta_ppl_text: String,
+    kl_vs_bf16: f64,
+    kl_text: String,
+    top1_agree: f64,
+    top1_text: String,
+}
+
+/// The evaluation texts named by `--text` (files, or directories of `*.txt` files in name
+/// order); none given means the evaluation set `scripts/fetch-assets.sh` builds.
+fn read_texts(given: &[PathBuf]) -> Result<Vec<EvalText>> {
+    let default = [cache_dir().join("data/eval")];
+    let given = if given.is_empty() {
+        &default[..]
+    } else {
+        given
+    };
+    let mut files = Vec::new();
+    for path in given {
+        if path.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(path)
+                .with_context(|| format!("listing {}", path.display()))?
+                .map(|e| e.map(|e| e.path()))
+                .collect::<std::io::Result<Vec<_>>>()
+                .with_context(|| format!("listing {}", path.display()))?
+                .into_iter()
+                .filter(|p| p.extension().is_some_and(|e| e == "txt"))
+                .collect();
+            ensure!(
+                !found.is_empty(),
+                "{} holds no .txt files to evaluate on",
+                path.display()
+            );
+            found.sort();
+            files.extend(found);
+        } else {
+            files.push(path.clone());
+        }
+    }
+    let mut texts: Vec<EvalText> = Vec::with_capacity(files.len());
+    for path in files {
+        let body = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "reading evaluation text {} (run scripts/fetch-assets.sh)",
+                path.display()
+            )
+        })?;
+        let stem = path.file_stem().map_or_else(
+            || path.display().to_string(),
+            |s| s.to_string_lossy().into(),
+        );
+        // Two texts of one name (from different directories) are told apart by their paths.
+        let name = if texts.iter().any(|t| t.name == stem) {
+            path.display().to_string()
+        } else {
+            stem
+        };
+        texts.push(EvalText { name, path, body });
+    }
+    Ok(texts)
+}
+
+/// The plot's series: per text, every row as (bits, ppl / bf16 ppl, KL).
+fn plot_series(results: &[TextResult]) -> Vec<crate::plot::Series> {
+    results
+        .iter()
+        .map(|r| crate::plot::Series {
+            text: r.name.clone(),
+            points: r
+                .rows
+                .iter()
+                .map(|row| crate::plot::Point {
+                    kv: row.kv.clone(),
+                    bits: row.bits_per_element,
+                    ppl_ratio: 1.0 + row.delta_ppl_pct / 100.0,
+                    kl: row.kl_vs_bf16,
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Per KV cache (same order as every text's rows), the largest Δppl and KL and the lowest
+/// top-1 agreement over `results`.
+fn worst_case(results: &[TextResult]) -> Vec<WorstRow> {
+    let Some(first) = results.first() else {
+        return Vec::new();
+    };
+    (0..first.rows.len())
+        .map(|i| {
+            let pick = |better: fn(f64, f64) -> bool, of: fn(&Row) -> f64| {
+                results
+                    .iter()
+                    .map(|r| (of(&r.rows[i]), r.name.clone()))
+                    .reduce(|a, b| if better(b.0, a.0) { b } else { a })
+                    .unwrap_or_default()
+            };
+            let (delta_ppl_pct, delta_ppl_text) = pick(|b, a| b > a, |r| r.delta_ppl_pct);
+            let (kl_vs_bf16, kl_text) = pick(|b, a| b > a, |r| r.kl_vs_bf16);
+            let (top1_agree, top1_text) = pick(|b, a| b < a, |r| r.top1_agree);
+            WorstRow {
+                kv: first.rows[i].kv.clone(),
+                bits_per_element: first.rows[i].bits_per_element,
+                delta_ppl_pct,
+                delta_ppl_text,
+                kl_vs_bf16,
+                kl_text,
+                top1_agree,
+                top1_text,
+            }
+        })
+        .collect()
 }
 
 fn floor_char(s: &str, mut i: usize) -> usize {
@@ -212,17 +429,12 @@ fn row<B: Backend>(
     let n = cfg.n_layers as i64;
     let bits = (0..n)
         .map(|l| {
-            let d = layers
+            let dtype = layers
                 .iter()
                 .rev()
                 .find(|(i, _)| (if *i < 0 { n + i } else { *i }) == l)
                 .map_or(kv.dtype, |(_, d)| *d);
-            let window = if matches!(d, KvDtype::F16 | KvDtype::Bf16) {
-                0.0
-            } else {
-                kv.window.bits_overhead(ctx) + if kv.center { 32.0 / ctx as f64 } else { 0.0 }
-            };
-            d.bits_per_element(head_dim, kv.key_mode) + window
+            KvSpec { dtype, ..kv }.bits_per_element(head_dim, ctx)
         })
         .sum::<f64>()
         / n as f64;
@@ -238,8 +450,8 @@ fn row<B: Backend>(
     }
 }
 
-fn print_table(rows: &[Row], args: &EvalPplArgs) {
-    println!("ctx {} × {} windows", args.ctx, args.windows);
+fn print_table(prefix: &str, rows: &[Row], ctx: usize, windows: usize) {
+    println!("{prefix}ctx {ctx} × {windows} windows");
     println!(
         "{:>24} {:>9} {:>10} {:>9} {:>8} {:>10} {:>8}",
         "kv", "bits/el", "KV B/tok", "ppl", "Δppl %", "KL", "top-1"
@@ -255,5 +467,164 @@ fn print_table(rows: &[Row], args: &EvalPplArgs) {
             r.kl_vs_bf16,
             100.0 * r.top1_agree
         );
+    }
+}
+
+fn print_worst(rows: &[WorstRow], texts: usize, ctx: usize, windows: usize) {
+    println!("worst of {texts} texts: ctx {ctx} × {windows} windows");
+    println!(
+        "{:>24} {:>9} {:>8} {:>10} {:>10} {:>10} {:>8} {:>10}",
+        "kv", "bits/el", "Δppl %", "on", "KL", "on", "top-1", "on"
+    );
+    for r in rows {
+        println!(
+            "{:>24} {:>9.3} {:>+8.2} {:>10} {:>10.5} {:>10} {:>7.1}% {:>10}",
+            r.kv,
+            r.bits_per_element,
+            r.delta_ppl_pct,
+            r.delta_ppl_text,
+            r.kl_vs_bf16,
+            r.kl_text,
+            100.0 * r.top1_agree,
+            r.top1_text
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch_dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("turbokv-eval-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_directory_is_its_txt_files_in_name_order_and_files_come_as_given() {
+        let d = scratch_dir("dir");
+        for (f, body) in [("b.txt", "bee"), ("a.txt", "ay"), ("notes.md", "skip")] {
+            std::fs::write(d.join(f), body).unwrap();
+        }
+        let other = scratch_dir("other");
+        std::fs::write(other.join("a.txt"), "second a").unwrap();
+        let texts = read_texts(&[d.clone(), other.join("a.txt")]).unwrap();
+        let names: Vec<&str> = texts.iter().map(|t| t.name.as_str()).collect();
+        let second_a = other.join("a.txt").display().to_string();
+        assert_eq!(names, ["a", "b", second_a.as_str()]);
+        assert_eq!(texts[1].body, "bee");
+        assert_eq!(texts[2].body, "second a");
+    }
+
+    #[test]
+    fn a_missing_text_or_an_empty_directory_is_an_error_naming_it() {
+        let d = scratch_dir("empty");
+        let err = read_texts(std::slice::from_ref(&d)).unwrap_err();
+        assert!(format!("{err:#}").contains("no .txt files"), "{err:#}");
+        let missing = d.join("absent.txt");
+        let err = format!("{:#}", read_texts(&[missing]).unwrap_err());
+        assert!(
+            err.contains("absent.txt") && err.contains("fetch-assets"),
+            "{err}"
+        );
+    }
+
+    fn r(kv: &str, delta: f64, kl: f64, top1: f64) -> Row {
+        Row {
+            kv: kv.into(),
+            bits_per_element: 3.5,
+            kv_bytes_per_token: 0.0,
+            ppl: 0.0,
+            delta_ppl_pct: delta,
+            kl_vs_bf16: kl,
+            top1_agree: top1,
+            tokens: 1,
+        }
+    }
+
+    fn eval_args(args: &[&str]) -> EvalPplArgs {
+        use clap::Parser;
+        let cli = crate::args::Cli::try_parse_from(
+            ["turbokv", "eval", "ppl"]
+                .into_iter()
+                .chain(args.iter().copied()),
+        )
+        .unwrap();
+        match cli.command {
+            crate::args::Command::Eval(crate::args::EvalCommand::Ppl(a)) => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn saved(dir: &std::path::Path, name: &str, ctx: usize, rows: Vec<Row>) -> PathBuf {
+        let path = dir.join(format!("{name}.json"));
+        let doc = serde_json::json!({
+            "model": "demo", "ctx": ctx, "windows": 4,
+            "texts": [TextResult { name: name.into(), path: String::new(), rows }],
+        });
+        std::fs::write(&path, doc.to_string()).unwrap();
+        path
+    }
+
+    #[test]
+    fn saved_runs_are_reported_side_by_side_with_their_worst_case() {
+        let d = scratch_dir("saved");
+        let a = saved(&d, "wiki", 1024, vec![r("tq3", 2.0, 0.05, 0.9)]);
+        let b = saved(&d, "code", 1024, vec![r("tq3", 3.0, 0.04, 0.8)]);
+        let (out, svg) = (d.join("all.json"), d.join("all.svg"));
+        let list = format!("{},{}", a.display(), b.display());
+        let args = eval_args(&[
+            "--from-json",
+            &list,
+            "--json",
+            out.to_str().unwrap(),
+            "--plot",
+            svg.to_str().unwrap(),
+        ]);
+        run(&args).unwrap();
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        assert_eq!(doc["texts"].as_array().unwrap().len(), 2);
+        assert_eq!(doc["worst"][0]["delta_ppl_pct"], 3.0);
+        assert_eq!(doc["worst"][0]["delta_ppl_text"], "code");
+        assert_eq!(doc["worst"][0]["kl_text"], "wiki");
+        assert!(std::fs::read_to_string(&svg).unwrap().contains("code"));
+        // Runs of another context or other caches do not go side by side.
+        let c = saved(&d, "dialogue", 512, vec![r("tq3", 1.0, 0.01, 0.9)]);
+        let list = format!("{},{}", a.display(), c.display());
+        let err = run(&eval_args(&["--from-json", &list])).unwrap_err();
+        assert!(format!("{err:#}").contains("dialogue"), "{err:#}");
+        let e = saved(&d, "other", 1024, vec![r("tq4", 1.0, 0.01, 0.9)]);
+        let list = format!("{},{}", a.display(), e.display());
+        assert!(run(&eval_args(&["--from-json", &list])).is_err());
+    }
+
+    #[test]
+    fn the_worst_case_takes_each_figure_from_the_text_where_it_is_worst() {
+        let results = [
+            TextResult {
+                name: "wiki".into(),
+                path: String::new(),
+                rows: vec![r("tq3", 2.0, 0.05, 0.90), r("int8", 0.1, 0.004, 0.96)],
+            },
+            TextResult {
+                name: "code".into(),
+                path: String::new(),
+                rows: vec![r("tq3", 3.0, 0.04, 0.85), r("int8", 0.3, 0.003, 0.97)],
+            },
+        ];
+        let w = worst_case(&results);
+        assert_eq!(w.len(), 2);
+        assert_eq!(
+            (w[0].delta_ppl_pct, w[0].delta_ppl_text.as_str()),
+            (3.0, "code")
+        );
+        assert_eq!((w[0].kl_vs_bf16, w[0].kl_text.as_str()), (0.05, "wiki"));
+        assert_eq!((w[0].top1_agree, w[0].top1_text.as_str()), (0.85, "code"));
+        assert_eq!((w[1].kl_vs_bf16, w[1].kl_text.as_str()), (0.004, "wiki"));
+        assert_eq!((w[1].top1_agree, w[1].top1_text.as_str()), (0.96, "wiki"));
+        assert!(worst_case(&[]).is_empty());
     }
 }

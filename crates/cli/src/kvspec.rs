@@ -52,7 +52,12 @@ impl KvDefaults {
 }
 
 /// Presets, chosen by `eval ppl` measurements (BENCHMARKS.md): name → spec.
-pub const PRESETS: &[(&str, &str)] = &[("balanced", "k4v3@w32s1"), ("compact", "tq3@w15s1")];
+/// A trailing `+c` centers the preset (its calibration pass runs at load).
+pub const PRESETS: &[(&str, &str)] = &[
+    ("balanced", "k4v3@w47s1"),
+    ("compact", "k4v2@w15s1"),
+    ("tiny", "tq2@w19s1+c"),
+];
 
 const GRAMMAR: &str = "a spec is DTYPE or PRESET, then optionally /mse or /prod, \
                        @w<recent>s<sinks> and +c, e.g. tq3, tq4/prod, k4v3@w32s1+c, balanced+c";
@@ -82,15 +87,18 @@ impl KvSpec {
             ),
             None => (head, defaults.key_mode),
         };
-        let (dtype_text, preset_window) = match PRESETS.iter().find(|(n, _)| *n == base.trim()) {
-            Some((_, p)) => {
-                let (d, w) = p.split_once('@').unwrap_or((p, ""));
-                (d, Some(parse_window(w)?))
-            }
-            None => (base, None),
-        };
+        let (dtype_text, preset_window, preset_center) =
+            match PRESETS.iter().find(|(n, _)| *n == base.trim()) {
+                Some((_, p)) => {
+                    let (p, c) = p.strip_suffix("+c").map_or((*p, false), |p| (p, true));
+                    let (d, w) = p.split_once('@').unwrap_or((p, ""));
+                    (d, Some(parse_window(w)?), c)
+                }
+                None => (base, None, false),
+            };
+        let center = center || preset_center;
         let dtype: KvDtype = dtype_text.parse().map_err(|e| {
-            anyhow::anyhow!("--kv {spec}: {e}; presets: balanced, compact; {GRAMMAR}")
+            anyhow::anyhow!("--kv {spec}: {e}; presets: balanced, compact, tiny; {GRAMMAR}")
         })?;
         let window = window.or(preset_window).unwrap_or(defaults.window);
         let window = if !dtype.is_compressed() {
@@ -113,7 +121,7 @@ impl KvSpec {
     }
 
     /// The name printed in tables: the preset or dtype, `/prod` for prod keys, the window
-    /// when it has one, `+c` when centered (`tq4/prod`, `tq3+c`, `balanced(k4v3@w32s1)+c`).
+    /// when it has one, `+c` when centered (`tq4/prod`, `tq3+c`, `balanced(k4v3@w47s1)+c`).
     pub fn label(&self, spec: &str) -> String {
         let w = self.window;
         let mut inner = self.dtype.to_string();
@@ -134,6 +142,19 @@ impl KvSpec {
             out.push_str("+c");
         }
         out
+    }
+
+    /// Bits per element of this spec's cache, K and V averaged, at `ctx` tokens of context:
+    /// the codes and their side scalars, plus for a compressed dtype the f16 copies of its
+    /// sink and recent tokens and (centered) one f32 center per head dimension for K and
+    /// for V, both amortised over `ctx`.
+    pub fn bits_per_element(&self, head_dim: usize, ctx: usize) -> f64 {
+        let extra = if self.dtype.is_compressed() {
+            self.window.bits_overhead(ctx) + if self.center { 32.0 / ctx as f64 } else { 0.0 }
+        } else {
+            0.0
+        };
+        self.dtype.bits_per_element(head_dim, self.key_mode) + extra
     }
 
     /// The cache policy of this spec with per-layer overrides and (if centered) `centers`;
@@ -278,6 +299,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_preset_fits_its_bit_budget_at_a_1k_context() {
+        // Budgets of issue 19 at the demo model's head dim 64.
+        for (name, budget) in [("balanced", 4.5), ("compact", 3.5), ("tiny", 2.6)] {
+            let spec = KvSpec::parse(name, KvDefaults::default()).unwrap();
+            let bits = spec.bits_per_element(64, 1024);
+            assert!(bits <= budget, "{name}: {bits} bits > {budget}");
+            // A longer context only amortises the window further.
+            assert!(spec.bits_per_element(64, 4096) < bits, "{name}");
+        }
+        let tiny = KvSpec::parse("tiny", KvDefaults::default()).unwrap();
+        assert!(tiny.center && tiny.dtype == "tq2".parse().unwrap());
+        assert!(tiny.label("tiny").starts_with("tiny(tq2@w") && tiny.label("tiny").ends_with("+c"));
+        // A preset's own centering cannot be switched off by an uncentered default.
+        assert!(
+            KvSpec::parse("tiny@w8s1", KvDefaults::default())
+                .unwrap()
+                .center
+        );
+        // Plain formats pay for nothing but their codes.
+        let f16 = KvSpec::parse("f16", KvDefaults::default()).unwrap();
+        assert_eq!(f16.bits_per_element(64, 1024), 16.0);
+    }
+
+    #[test]
     fn presets_plain_and_windowed() {
         let none = KvDefaults::default();
         let b = KvSpec::parse("balanced", none).unwrap();
@@ -356,13 +401,13 @@ mod tests {
         assert_eq!(
             preset.window,
             KvWindow {
-                recent: 32,
+                recent: 47,
                 sinks: 1
             }
         );
         assert_eq!(
             preset.label("balanced/prod+c"),
-            "balanced(k4v3/prod@w32s1)+c"
+            "balanced(k4v3/prod@w47s1)+c"
         );
         // Command-line defaults, and a spec that overrides them.
         let d = KvDefaults {

@@ -12,6 +12,7 @@ mod cli_tests;
 mod env_options;
 mod eval;
 mod kvspec;
+mod plot;
 
 use anyhow::{Context, Result};
 use clap::Parser;

@@ -122,6 +122,25 @@ fn norm(v: &[f32]) -> f32 {
     v.iter().map(|x| x * x).sum::<f32>().sqrt()
 }
 
+/// The first passage of [`CALIBRATION_TEXT`] that `text` contains, if any: an evaluation
+/// text must not share what the centers and outlier channels were measured on, or a
+/// centered cache would be scored on the text it was fitted to. A passage is the first
+/// 48 bytes of one of the calibration text's paragraphs (quotes and line breaks included),
+/// long enough never to occur by chance.
+pub fn calibration_passage_in(text: &str) -> Option<&'static str> {
+    const PASSAGE: usize = 48;
+    CALIBRATION_TEXT
+        .split("\n\n")
+        .map(|p| {
+            let mut end = PASSAGE.min(p.len());
+            while !p.is_char_boundary(end) {
+                end -= 1;
+            }
+            &p[..end]
+        })
+        .find(|p| text.contains(p))
+}
+
 /// [`CALIBRATION_TEXT`] in the model's tokens (with the tokenizer's BOS, as a prompt has).
 pub fn calibration_tokens(tokenizer: &Tokenizer) -> Result<Vec<u32>, ModelError> {
     Ok(tokenizer.encode(CALIBRATION_TEXT, true, false)?)
@@ -247,4 +266,21 @@ pub fn calibrate_kv_centers_on<B: Backend>(
         "KV centers calibrated (‖mean key‖ / mean ‖k‖ per head)"
     );
     Ok(cal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_evaluation_text_holding_a_calibration_passage_is_found() {
+        let paragraph = CALIBRATION_TEXT.split("\n\n").nth(3).unwrap();
+        let text = format!("Some other prose first.\n\n{paragraph}\n\nAnd after.");
+        let found = calibration_passage_in(&text).expect("the paragraph is found");
+        assert!(paragraph.starts_with(found) && found.len() >= 40, "{found}");
+        // Ordinary text about the same things is not a match.
+        let unrelated = "The town sits on a river. A map drawn in 1742 shows streets.";
+        assert_eq!(calibration_passage_in(unrelated), None);
+        assert_eq!(calibration_passage_in(""), None);
+    }
 }

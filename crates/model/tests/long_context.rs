@@ -260,7 +260,8 @@ fn long_context_k4v3() {
     check("k4v3", "k4v3", NONE, 0.25, None);
 }
 
-/// The CLI's `balanced` preset (crates/cli/src/kvspec.rs): k4v3, 32 recent + 1 sink exact.
+/// k4v3 with 32 recent + 1 sink exact (the CLI's `balanced` preset until issue 19 widened
+/// its window to 47).
 #[test]
 fn long_context_balanced() {
     let w = KvWindow {
@@ -270,7 +271,8 @@ fn long_context_balanced() {
     check("balanced", "k4v3", w, 0.05, Some(0.1));
 }
 
-/// The CLI's `compact` preset: tq3, 15 recent + 1 sink exact.
+/// tq3 with 15 recent + 1 sink exact (the CLI's `compact` preset until issue 19 moved it to
+/// k4v2 with the same window).
 #[test]
 fn long_context_compact() {
     let w = KvWindow {

@@ -426,8 +426,19 @@ impl CodecStore {
         let lo = (s.first_pos + 1).saturating_sub(self.window.recent.max(1));
         let first_dead = self.window.sinks.div_ceil(block_size);
         let end_dead = lo / block_size;
-        for &b in s.blocks.get(first_dead..end_dead).unwrap_or(&[]) {
-            self.shadow.remove(&(b as usize));
+        // Blocks die in position order and every call drops all of its dead ones, so the scan
+        // runs from the newest dead block down and stops at the first one already gone: one
+        // or two lookups per decode step instead of one per block of the context.
+        for &b in s
+            .blocks
+            .get(first_dead..end_dead)
+            .unwrap_or(&[])
+            .iter()
+            .rev()
+        {
+            if self.shadow.remove(&(b as usize)).is_none() {
+                break;
+            }
         }
     }
 }
@@ -451,5 +462,76 @@ fn decode16(storage: KvStorage, src: &[u16], dst: &mut [f32]) {
     match storage {
         KvStorage::Bf16 => src.reinterpret_cast::<bf16>().convert_to_f32_slice(dst),
         _ => src.reinterpret_cast::<f16>().convert_to_f32_slice(dst),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Shadows held after writing `chunks` (token counts) of one sequence into a windowed
+    /// tq3 pool, after each chunk.
+    fn shadows_after(window: KvWindow, chunks: &[usize]) -> Vec<usize> {
+        let (heads, d, bs) = (1, 64, 16);
+        let total: usize = chunks.iter().sum();
+        let mut layout =
+            KvLayout::uniform(1, heads, d, "tq3".parse::<KvDtype>().unwrap(), bs, total).unwrap();
+        layout.window = window;
+        let mut pool = CpuKvPool::new(&layout, 0).unwrap();
+        let blocks: Vec<u32> = (0..total.div_ceil(bs) as u32).rev().collect();
+        let g = AttnGeometry {
+            n_heads: 1,
+            n_kv_heads: heads,
+            head_dim: d,
+            scale: 0.125,
+        };
+        let (mut pos, mut held) = (0, Vec::new());
+        for &n in chunks {
+            let qkv = CpuTensor::from_vec(vec![0.5; n * 3 * d], n, 3 * d).unwrap();
+            let span = SeqSpan {
+                first_row: 0,
+                n_tokens: n,
+                first_pos: pos,
+                blocks: &blocks,
+            };
+            pool.store(&qkv, &g, &[span]).unwrap();
+            pos += n;
+            let Store::Codec(c) = &pool.store else {
+                unreachable!()
+            };
+            held.push(c.shadow.len());
+        }
+        held
+    }
+
+    #[test]
+    fn shadows_behind_the_window_are_dropped_as_decode_moves_on() {
+        let window = KvWindow {
+            recent: 20,
+            sinks: 1,
+        };
+        // A prefill in two chunks, then 150 single-token steps.
+        let mut chunks = vec![100, 60];
+        chunks.extend([1; 150]);
+        let held = shadows_after(window, &chunks);
+        // The sink's block, the blocks the next queries' 20-token window can reach (at most
+        // three of 16), and the block being written.
+        let bound = 1 + 20usize.div_ceil(16) + 2;
+        for (i, &h) in held.iter().enumerate() {
+            assert!(
+                h <= bound.max(chunks[i].div_ceil(16) + 3),
+                "step {i}: {h} shadows"
+            );
+        }
+        assert!(*held.last().unwrap() <= bound, "{held:?}");
+        // Without sinks the first block goes too.
+        let held = shadows_after(
+            KvWindow {
+                recent: 5,
+                sinks: 0,
+            },
+            &chunks,
+        );
+        assert!(*held.last().unwrap() <= 2, "{held:?}");
     }
 }
