@@ -8,15 +8,17 @@ use turbokv_codec::KvDtype;
 
 use crate::ModelError;
 use crate::config::ModelConfig;
-use crate::loader::Weights;
+use crate::loader::{LayerWeights, Weights};
 
 /// A model's weights and geometry on a backend.
 pub struct Transformer<B: Backend> {
-    backend: B,
-    config: ModelConfig,
-    geometry: AttnGeometry,
-    rope: Rope,
-    weights: Weights<B>,
+    pub(crate) backend: B,
+    pub(crate) config: ModelConfig,
+    pub(crate) geometry: AttnGeometry,
+    pub(crate) rope: Rope,
+    /// RoPE of sliding-window layers when their base differs (Gemma 3).
+    pub(crate) local_rope: Option<Rope>,
+    pub(crate) weights: Weights<B>,
     /// Whether single-token decode steps go through [`Backend::run_step`] (CUDA graphs).
     step_graphs: AtomicBool,
 }
@@ -142,13 +144,13 @@ pub struct SeqInput<'a> {
 
 /// Reusable activation buffers of a step.
 pub struct Scratch<B: Backend> {
-    x: B::Tensor,
-    xn: B::Tensor,
-    qkv: B::Tensor,
-    attn: B::Tensor,
-    proj: B::Tensor,
-    gate_up: B::Tensor,
-    act: B::Tensor,
+    pub(crate) x: B::Tensor,
+    pub(crate) xn: B::Tensor,
+    pub(crate) qkv: B::Tensor,
+    pub(crate) attn: B::Tensor,
+    pub(crate) proj: B::Tensor,
+    pub(crate) gate_up: B::Tensor,
+    pub(crate) act: B::Tensor,
     picked: B::Tensor,
     picked_n: B::Tensor,
     logits: B::Tensor,
@@ -161,17 +163,22 @@ impl<B: Backend> Transformer<B> {
             n_heads: config.n_heads,
             n_kv_heads: config.n_kv_heads,
             head_dim: config.head_dim,
-            scale: 1.0 / (config.head_dim as f32).sqrt(),
+            scale: config
+                .arch
+                .attn_scale
+                .unwrap_or(1.0 / (config.head_dim as f32).sqrt()),
         };
         let rope = Rope {
             inv_freq: config.rope_inv_freq(),
             style: config.rope_style,
         };
+        let local_rope = crate::arch::forward::local_rope(&config);
         Self {
             backend,
             config,
             geometry,
             rope,
+            local_rope,
             weights,
             // `TURBOKV_STEP_GRAPHS=0` turns graph replay off (A/B runs and debugging).
             step_graphs: AtomicBool::new(
@@ -426,7 +433,14 @@ impl<B: Backend> Transformer<B> {
             } => b.embed_picks(&w.embed, picks, ids.len(), &mut s.x)?,
             _ => b.embed(&w.embed, &ids, &mut s.x)?,
         }
-        for (l, (layer, pool)) in w.layers.iter().zip(cache.pools.iter_mut()).enumerate() {
+        // Families with extras run their own layer loop (`crate::arch::forward`).
+        let plain_layers: &[LayerWeights<B>] = if self.config.arch.is_plain() {
+            &w.layers
+        } else {
+            crate::arch::forward::layers(self, &spans, &mut cache.pools, s, &mut observe)?;
+            &[]
+        };
+        for (l, (layer, pool)) in plain_layers.iter().zip(cache.pools.iter_mut()).enumerate() {
             let proj = QkvProjection {
                 norm: &layer.attn_norm,
                 eps,
