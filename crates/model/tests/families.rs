@@ -314,3 +314,129 @@ fn bad_family_files_give_typed_errors() {
         "{err}"
     );
 }
+
+/// Gemma 3's sliding-window layers keep a ring of their window (rounded to blocks) however
+/// long the context, and decoding far past the point where the ring wraps gives the logits of
+/// full attention restricted to the window (the same model with every token kept).
+#[test]
+fn gemma3_ring_stays_bounded_and_equals_windowed_full_attention() {
+    let path = family_dir("gemma3").join("model.gguf");
+    let ring = load(&path).unwrap();
+    let full = load(&path).unwrap();
+    full.transformer.set_sliding_rings(false);
+    let (tr, tf) = (&ring.transformer, &full.transformer);
+    let window = tr.config().arch.sliding_window.unwrap();
+    let ctx = 256;
+    let mut a = Session::new(tr, KvDtype::F16, ctx).unwrap();
+    let mut b = Session::new(tf, KvDtype::F16, ctx).unwrap();
+    let ring_tokens = a.cache().ring_tokens_per_seq().expect("rings on");
+    assert!(
+        ring_tokens < 3 * window,
+        "{ring_tokens} tokens for a window of {window}"
+    );
+    assert_eq!(b.cache().ring_tokens_per_seq(), None);
+
+    // A prompt longer than a ring step, so prefill is split into window-sized steps.
+    let prompt: Vec<u32> = (0..37).map(|i| (i * 11 + 5) % 128).collect();
+    let la = a.prefill_all_logits(&prompt).unwrap();
+    let lb = b.prefill_all_logits(&prompt).unwrap();
+    assert_eq!(la.len(), lb.len());
+    assert_close(&la, &lb, "prefill");
+    let mut next = common::argmax(&la[la.len() - 128..]);
+    let steps = ctx - prompt.len();
+    for step in 0..steps {
+        let ra = a.step(next).unwrap().to_vec();
+        let rb = b.step(next).unwrap().to_vec();
+        assert_close(&ra, &rb, &format!("decode step {step}"));
+        next = common::argmax(&ra);
+        let blocks = a.cache().ring_blocks(0).unwrap_or(0);
+        assert!(
+            blocks * 16 <= ring_tokens,
+            "{blocks} ring blocks at step {step}"
+        );
+    }
+    assert_eq!(a.len(), ctx);
+    assert!(ctx >= 8 * ring_tokens, "the ring wrapped many times");
+}
+
+fn assert_close(a: &[f32], b: &[f32], what: &str) {
+    // The same keys and values, but the ring splits long steps into window-sized ones, so
+    // matmuls and the global layers' attention run over other row counts (other kernels and
+    // summation orders) and a key's f16 rounding may land differently: float noise of
+    // ~1e-5 of the logit scale (observed ≤ 4e-5). A wrong ring slot would be off by O(1).
+    let scale = b.iter().map(|x| x.abs()).fold(0.0f32, f32::max);
+    let err = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        err < 2e-4 * scale,
+        "{what}: ring and full cache differ by {err} (scale {scale})"
+    );
+}
+
+/// Several sequences in one step, some longer than a ring step (split and reassembled),
+/// give the logits of the same step on a cache that keeps every token; a sequence cut back
+/// further than its ring reaches is refused.
+#[test]
+fn gemma3_split_batched_steps_and_truncation_limits() {
+    use turbokv_model::{LogitsFor, SeqInput};
+    let path = family_dir("gemma3").join("model.gguf");
+    let ring = load(&path).unwrap();
+    let full = load(&path).unwrap();
+    full.transformer.set_sliding_rings(false);
+    let run = |m: &Model<CpuBackend>| {
+        let t = &m.transformer;
+        let mut cache = t.new_cache(KvDtype::F16, 16, 512, 128).unwrap();
+        let mut scratch = t.new_scratch().unwrap();
+        let (s1, s2): (Vec<u32>, Vec<u32>) = (
+            (0..30).map(|i| (i * 3 + 1) % 128).collect(),
+            (0..5).map(|i| (i * 7 + 2) % 128).collect(),
+        );
+        for id in [1, 2] {
+            cache.add_sequence(id).unwrap();
+        }
+        let mut out = Vec::new();
+        let inputs = [
+            SeqInput {
+                seq: 1,
+                tokens: &s1,
+            },
+            SeqInput {
+                seq: 2,
+                tokens: &s2,
+            },
+        ];
+        t.forward(
+            &inputs,
+            &mut cache,
+            &mut scratch,
+            LogitsFor::AllTokens,
+            &mut out,
+        )
+        .unwrap();
+        let mut last = Vec::new();
+        t.forward(
+            &inputs,
+            &mut cache,
+            &mut scratch,
+            LogitsFor::LastToken,
+            &mut last,
+        )
+        .unwrap();
+        out.extend(last);
+        (out, cache)
+    };
+    let (la, mut ca) = run(&ring);
+    let (lb, _) = run(&full);
+    assert_eq!(la.len(), (30 + 5 + 2) * 128);
+    assert_close(&la, &lb, "batched split step");
+
+    assert_eq!(ca.seq_len(1).unwrap(), 60);
+    let err = ca.truncate(1, 20).unwrap_err();
+    assert!(err.to_string().contains("sliding-window"), "{err}");
+    assert_eq!(ca.seq_len(1).unwrap(), 60, "a refused cut changes nothing");
+    ca.truncate(1, 58).unwrap();
+    ca.truncate(2, 0).unwrap();
+}

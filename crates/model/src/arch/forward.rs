@@ -25,10 +25,12 @@ pub(crate) fn local_rope(config: &ModelConfig) -> Option<Rope> {
 }
 
 /// Runs every layer over the step's rows in `s.x` (embedded, unscaled), leaving the
-/// residual stream in `s.x`.
+/// residual stream in `s.x`. `ring_tables`: per span, the virtual block table of the
+/// sliding-window layers' rings ([`super::ring`]), when the cache keeps them.
 pub(crate) fn layers<B: Backend>(
     t: &Transformer<B>,
     spans: &[SeqSpan<'_>],
+    ring_tables: Option<&[Vec<u32>]>,
     pools: &mut [B::KvPool],
     s: &mut Scratch<B>,
     observe: &mut Option<KvObserver<'_>>,
@@ -38,11 +40,22 @@ pub(crate) fn layers<B: Backend>(
     let eps = t.config.rms_eps;
     let geometry: &AttnGeometry = &t.geometry;
     let mut host = Vec::new();
+    let ring_spans: Option<Vec<SeqSpan<'_>>> = ring_tables.map(|tables| {
+        spans
+            .iter()
+            .zip(tables)
+            .map(|(sp, t)| SeqSpan { blocks: t, ..*sp })
+            .collect()
+    });
     if a.embed_scale != 1.0 {
         b.scale(&mut s.x, a.embed_scale)?;
     }
     for (l, (layer, pool)) in t.weights.layers.iter().zip(pools.iter_mut()).enumerate() {
         let window = a.window_of(l);
+        let spans = match (&ring_spans, window) {
+            (Some(ring), Some(_)) => ring.as_slice(),
+            _ => spans,
+        };
         let rope = match (&t.local_rope, window) {
             (Some(local), Some(_)) => local,
             _ => &t.rope,

@@ -6,6 +6,7 @@
 //! here); [`forward`] runs the layers of a model that has any of them.
 
 pub(crate) mod forward;
+pub(crate) mod ring;
 
 use serde_json::Value;
 
