@@ -92,9 +92,16 @@ impl<B: Backend> KvCache<B> {
     pub fn seq_len(&self, id: SeqId) -> Result<usize, ModelError> {
         Ok(self.alloc.table(id)?.len())
     }
-    /// Bytes of K and V per cached token over all layers.
+    /// Bytes of K and V per cached token over all layers, except ring layers (their memory
+    /// is bounded per sequence: [`Self::ring_tokens_per_seq`]).
     pub fn bytes_per_token(&self) -> f64 {
-        self.layout.bytes_per_token_all_layers()
+        match &self.rings {
+            None => self.layout.bytes_per_token_all_layers(),
+            Some(r) => (0..self.layout.layers.len())
+                .filter(|&l| !r.layers.get(l).copied().unwrap_or(false))
+                .map(|l| self.layout.bytes_per_token(l))
+                .sum(),
+        }
     }
 }
 

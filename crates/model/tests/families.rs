@@ -335,6 +335,9 @@ fn gemma3_ring_stays_bounded_and_equals_windowed_full_attention() {
         "{ring_tokens} tokens for a window of {window}"
     );
     assert_eq!(b.cache().ring_tokens_per_seq(), None);
+    // Only the global layer (one of six) counts per token; the rings are bounded.
+    let (ba, bb) = (a.cache().bytes_per_token(), b.cache().bytes_per_token());
+    assert!((ba * 6.0 - bb).abs() < 1e-9, "{ba} vs {bb} bytes per token");
 
     // A prompt longer than a ring step, so prefill is split into window-sized steps.
     let prompt: Vec<u32> = (0..37).map(|i| (i * 11 + 5) % 128).collect();

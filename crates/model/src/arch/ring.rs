@@ -37,12 +37,14 @@ pub(crate) struct Rings {
     free: Vec<u32>,
     total: usize,
     tables: HashMap<SeqId, Vec<u32>>,
+    /// Per layer: whether it keeps a ring.
+    pub(crate) layers: Vec<bool>,
 }
 
 impl Rings {
     /// Rings for `window`-token layers in `block_size` blocks, with room for `seqs`
     /// sequences at full ring size.
-    pub(crate) fn new(window: usize, block_size: usize, seqs: usize) -> Self {
+    pub(crate) fn new(window: usize, block_size: usize, seqs: usize, layers: Vec<bool>) -> Self {
         let max_step = window.max(1);
         let per_seq = (window + max_step - 1).div_ceil(block_size).max(1);
         let total = per_seq * seqs.max(1);
@@ -54,6 +56,7 @@ impl Rings {
             free: (0..total as u32).rev().collect(),
             total,
             tables: HashMap::new(),
+            layers,
         }
     }
 
@@ -164,7 +167,8 @@ impl<B: Backend> Transformer<B> {
         let window = self.config.arch.sliding_window?;
         // Room for as many sequences at full ring size as could be at full length at once.
         let seqs = max_tokens.div_ceil(max_tokens_per_seq.max(1));
-        let rings = Rings::new(window, block_size, seqs);
+        let layers = self.config.arch.local_layers.clone();
+        let rings = Rings::new(window, block_size, seqs, layers);
         (rings.tokens_per_seq() < max_tokens_per_seq).then_some(rings)
     }
 
