@@ -443,3 +443,149 @@ fn gemma3_split_batched_steps_and_truncation_limits() {
     ca.truncate(1, 58).unwrap();
     ca.truncate(2, 0).unwrap();
 }
+
+/// A backend with only the plain decoder's kernels (the trait's defaults for the family
+/// ops, as the CUDA backend has today): the CPU's kernels behind it.
+struct PlainOnly(CpuBackend);
+
+mod plain_only {
+    use super::PlainOnly;
+    use turbokv_backend::cpu::{CpuKvPool, CpuPicks, CpuTensor};
+    use turbokv_backend::{AttnGeometry, Backend, Error, QkNorm, Rope, SeqSpan, WeightMatrix};
+    use turbokv_cache::KvLayout;
+    use turbokv_codec::KvDtype;
+
+    type V = Vec<f32>;
+
+    impl Backend for PlainOnly {
+        type Tensor = CpuTensor;
+        type Matrix = WeightMatrix;
+        type Vector = V;
+        type KvPool = CpuKvPool;
+        type Picks = CpuPicks;
+        fn describe(&self) -> String {
+            "plain-only".into()
+        }
+        fn check_kv_dtype(&self, d: KvDtype, h: usize) -> Result<(), Error> {
+            self.0.check_kv_dtype(d, h)
+        }
+        fn tensor(&self, r: usize, c: usize) -> Result<CpuTensor, Error> {
+            self.0.tensor(r, c)
+        }
+        fn set_rows(&self, t: &mut CpuTensor, r: usize) -> Result<(), Error> {
+            self.0.set_rows(t, r)
+        }
+        fn to_host(&self, t: &CpuTensor, o: &mut Vec<f32>) -> Result<(), Error> {
+            self.0.to_host(t, o)
+        }
+        fn cols(&self, t: &CpuTensor) -> usize {
+            self.0.cols(t)
+        }
+        fn matrix(&self, w: &WeightMatrix) -> Result<WeightMatrix, Error> {
+            self.0.matrix(w)
+        }
+        fn vector(&self, v: &[f32]) -> Result<V, Error> {
+            self.0.vector(v)
+        }
+        fn kv_pool(&self, l: &KvLayout, i: usize) -> Result<CpuKvPool, Error> {
+            self.0.kv_pool(l, i)
+        }
+        fn embed(&self, t: &WeightMatrix, ids: &[u32], o: &mut CpuTensor) -> Result<(), Error> {
+            self.0.embed(t, ids, o)
+        }
+        fn new_picks(&self) -> Result<CpuPicks, Error> {
+            self.0.new_picks()
+        }
+        fn pick_greedy(&self, l: &CpuTensor, p: &mut CpuPicks) -> Result<(), Error> {
+            self.0.pick_greedy(l, p)
+        }
+        fn wait_picks(&self, p: &mut CpuPicks, o: &mut Vec<u32>) -> Result<(), Error> {
+            self.0.wait_picks(p, o)
+        }
+        fn embed_picks(
+            &self,
+            t: &WeightMatrix,
+            p: &CpuPicks,
+            r: usize,
+            o: &mut CpuTensor,
+        ) -> Result<(), Error> {
+            self.0.embed_picks(t, p, r, o)
+        }
+        fn rms_norm(&self, x: &CpuTensor, w: &V, e: f32, o: &mut CpuTensor) -> Result<(), Error> {
+            self.0.rms_norm(x, w, e, o)
+        }
+        fn matmul(&self, x: &CpuTensor, w: &WeightMatrix, o: &mut CpuTensor) -> Result<(), Error> {
+            self.0.matmul(x, w, o)
+        }
+        fn matmul_cat(
+            &self,
+            x: &CpuTensor,
+            ws: &[WeightMatrix],
+            o: &mut CpuTensor,
+        ) -> Result<(), Error> {
+            self.0.matmul_cat(x, ws, o)
+        }
+        fn add_bias(&self, x: &mut CpuTensor, b: &V) -> Result<(), Error> {
+            self.0.add_bias(x, b)
+        }
+        fn add_assign(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<(), Error> {
+            self.0.add_assign(x, y)
+        }
+        fn silu_mul(&self, g: &CpuTensor, o: &mut CpuTensor) -> Result<(), Error> {
+            self.0.silu_mul(g, o)
+        }
+        fn gather_rows(&self, x: &CpuTensor, r: &[usize], o: &mut CpuTensor) -> Result<(), Error> {
+            self.0.gather_rows(x, r, o)
+        }
+        fn write_kv(
+            &self,
+            qkv: &mut CpuTensor,
+            g: &AttnGeometry,
+            rope: &Rope,
+            n: Option<QkNorm<'_, V>>,
+            s: &[SeqSpan<'_>],
+            p: &mut CpuKvPool,
+        ) -> Result<(), Error> {
+            self.0.write_kv(qkv, g, rope, n, s, p)
+        }
+        fn attention(
+            &self,
+            qkv: &CpuTensor,
+            g: &AttnGeometry,
+            s: &[SeqSpan<'_>],
+            p: &CpuKvPool,
+            o: &mut CpuTensor,
+        ) -> Result<(), Error> {
+            self.0.attention(qkv, g, s, p, o)
+        }
+    }
+}
+
+/// A backend without the family ops (CUDA today) refuses Granite and Gemma 3 when the model
+/// is loaded, with an error naming the family and the backend; its default family ops
+/// refuse rather than compute.
+#[test]
+fn a_backend_without_family_ops_refuses_them_at_load() {
+    use turbokv_backend::Backend;
+    for name in ["granite", "gemma3"] {
+        for path in [
+            family_dir(name).join("hf"),
+            family_dir(name).join("model.gguf"),
+        ] {
+            let err = Model::load(&path, PlainOnly(CpuBackend::new()), &LoadOptions::default())
+                .err()
+                .unwrap();
+            assert!(
+                matches!(err, ModelError::FamilyUnsupported { .. })
+                    && err.to_string().contains("plain-only"),
+                "{name}: {err}"
+            );
+        }
+    }
+    let b = PlainOnly(CpuBackend::new());
+    let mut t = b.tensor(2, 4).unwrap();
+    let err = b.scale(&mut t, 2.0).unwrap_err();
+    assert!(err.to_string().contains("scale"), "{err}");
+    let gu = b.tensor(2, 8).unwrap();
+    assert!(b.gelu_mul(&gu, &mut t).is_err());
+}
