@@ -303,3 +303,66 @@ pub(crate) fn from_hf(
     out.arch.validate(n_layers)?;
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Family, ModelConfig, RopeScaling};
+
+    /// A Gemma 3 1B `config.json` as published (Transformers 4.5x keys: `rope_theta`,
+    /// `rope_local_base_freq`, `sliding_window_pattern`, no `layer_types`).
+    const GEMMA3_1B: &str = r#"{"architectures":["Gemma3ForCausalLM"],"attn_logit_softcapping":null,
+        "final_logit_softcapping":null,"head_dim":256,"hidden_activation":"gelu_pytorch_tanh",
+        "hidden_size":1152,"intermediate_size":6912,"max_position_embeddings":32768,
+        "model_type":"gemma3_text","num_attention_heads":4,"num_hidden_layers":26,
+        "num_key_value_heads":1,"query_pre_attn_scalar":256,"rms_norm_eps":1e-06,
+        "rope_local_base_freq":10000,"rope_scaling":null,"rope_theta":1000000,
+        "sliding_window":512,"sliding_window_pattern":6,"vocab_size":262144}"#;
+
+    #[test]
+    fn gemma3_published_config_parses() {
+        let c = ModelConfig::from_hf_json(GEMMA3_1B).unwrap();
+        assert_eq!(c.family, Family::Gemma3);
+        assert_eq!(c.rope_theta, 1_000_000.0);
+        assert_eq!(c.arch.local_rope_theta, Some(10_000.0));
+        assert_eq!(c.arch.sliding_window, Some(512));
+        let globals: Vec<usize> = (0..26).filter(|&l| c.arch.window_of(l).is_none()).collect();
+        assert_eq!(globals, [5, 11, 17, 23]);
+        assert_eq!(c.arch.attn_scale, Some(1.0 / 16.0));
+        assert_eq!(c.arch.embed_scale, (1152f32).sqrt());
+        assert_eq!(c.arch.norm_shift, 1.0);
+
+        // The 4B's linear scaling of the global layers, in either key style.
+        let scaled = GEMMA3_1B.replace(
+            r#""rope_scaling":null"#,
+            r#""rope_scaling":{"factor":8.0,"rope_type":"linear"}"#,
+        );
+        let c = ModelConfig::from_hf_json(&scaled).unwrap();
+        assert_eq!(c.rope_scaling, RopeScaling::Linear(8.0));
+
+        let capped = GEMMA3_1B.replace(
+            r#""final_logit_softcapping":null"#,
+            r#""final_logit_softcapping":30.0"#,
+        );
+        let err = ModelConfig::from_hf_json(&capped).unwrap_err();
+        assert!(err.to_string().contains("soft-capping"), "{err}");
+    }
+
+    #[test]
+    fn granite_config_multipliers() {
+        let text = r#"{"architectures":["GraniteForCausalLM"],"hidden_size":2048,
+            "intermediate_size":8192,"num_attention_heads":32,"num_hidden_layers":40,
+            "num_key_value_heads":8,"vocab_size":49155,"rms_norm_eps":1e-5,
+            "rope_theta":10000000.0,"embedding_multiplier":12.0,"residual_multiplier":0.22,
+            "attention_multiplier":0.015625,"logits_scaling":8.0}"#;
+        let c = ModelConfig::from_hf_json(text).unwrap();
+        assert_eq!(c.family, Family::Granite);
+        assert_eq!(c.rope_theta, 1e7);
+        assert_eq!(
+            (c.arch.embed_scale, c.arch.residual_scale, c.arch.attn_scale),
+            (12.0, 0.22, Some(0.015625))
+        );
+        assert_eq!(c.arch.logit_scale, 0.125);
+        let bad = text.replace(r#""logits_scaling":8.0"#, r#""logits_scaling":0.0"#);
+        assert!(ModelConfig::from_hf_json(&bad).is_err());
+    }
+}
