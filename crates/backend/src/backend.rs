@@ -95,6 +95,24 @@ pub struct QkNorm<'a, V> {
     pub eps: f32,
 }
 
+/// How an attention layer departs from plain causal attention (see
+/// [`Backend::attention_variant`]).
+pub struct AttnVariant<'a, V> {
+    /// A query at position `p` sees keys at `p - window < k <= p` only (sliding-window
+    /// layers: Gemma 3's local layers, gpt-oss's banded ones). `None`: every earlier key.
+    pub window: Option<usize>,
+    /// A learned logit per query head that joins each softmax's denominator with no value
+    /// (gpt-oss's attention sinks), length `n_heads`.
+    pub sinks: Option<&'a V>,
+}
+
+impl<V> AttnVariant<'_, V> {
+    /// Neither a window nor sinks: plain causal attention.
+    pub fn is_plain(&self) -> bool {
+        self.window.is_none() && self.sinks.is_none()
+    }
+}
+
 /// A compute backend: buffers plus the kernels of a decoder-only transformer step.
 pub trait Backend: Send + Sync {
     /// `[rows, cols]` f32 activations.
@@ -310,6 +328,53 @@ pub trait Backend: Send + Sync {
         pool: &Self::KvPool,
         out: &mut Self::Tensor,
     ) -> Result<(), Error>;
+
+    /// Whether this backend runs the operations of the model families beyond llama/qwen
+    /// ([`Backend::scale`], [`Backend::gelu_mul`], [`Backend::attention_variant`] with a
+    /// window or sinks). A model loader refuses such a model up front on a backend that says
+    /// no, rather than failing mid-step. Default: no.
+    fn supports_family_ops(&self) -> bool {
+        false
+    }
+
+    /// `x *= factor` (Granite's multipliers, Gemma's embedding scale). Default: refused.
+    fn scale(&self, x: &mut Self::Tensor, factor: f32) -> Result<(), Error> {
+        let _ = (x, factor);
+        Err(Error::UnsupportedOp {
+            op: "scale",
+            backend: self.describe(),
+        })
+    }
+
+    /// `out = gelu_tanh(g) · u` where each row of `gate_up` is `[g | u]` (GeGLU, Gemma).
+    /// Default: refused.
+    fn gelu_mul(&self, gate_up: &Self::Tensor, out: &mut Self::Tensor) -> Result<(), Error> {
+        let _ = (gate_up, out);
+        Err(Error::UnsupportedOp {
+            op: "gelu_mul",
+            backend: self.describe(),
+        })
+    }
+
+    /// [`Backend::attention`] with a sliding window and/or attention sinks. Default: plain
+    /// attention when the variant has neither, else refused.
+    fn attention_variant(
+        &self,
+        qkv: &Self::Tensor,
+        geometry: &AttnGeometry,
+        spans: &[SeqSpan<'_>],
+        pool: &Self::KvPool,
+        variant: &AttnVariant<'_, Self::Vector>,
+        out: &mut Self::Tensor,
+    ) -> Result<(), Error> {
+        if variant.is_plain() {
+            return self.attention(qkv, geometry, spans, pool, out);
+        }
+        Err(Error::UnsupportedOp {
+            op: "attention with a sliding window or sinks",
+            backend: self.describe(),
+        })
+    }
 
     /// Runs `step` — the launches of one decode step, ending in a `to_host` — the way this
     /// backend repeats steps fastest: the CUDA backend captures the step once as a CUDA graph

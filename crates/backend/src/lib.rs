@@ -12,7 +12,9 @@ pub mod quant;
 mod shape;
 mod topk;
 
-pub use backend::{AttnGeometry, Backend, QkNorm, QkvProjection, Rope, RopeStyle, SeqSpan};
+pub use backend::{
+    AttnGeometry, AttnVariant, Backend, QkNorm, QkvProjection, Rope, RopeStyle, SeqSpan,
+};
 pub use quant::{GgmlType, WeightBytes, WeightMatrix};
 pub use topk::{TOPK_MAX, TopK, TopKRow, select_top_k};
 
@@ -101,6 +103,14 @@ pub enum Error {
         op: &'static str,
         /// What did not fit.
         detail: String,
+    },
+    /// An operation this backend does not implement (a model family's extra op).
+    #[error("the {backend} backend cannot run {op}; run this model on the CPU backend")]
+    UnsupportedOp {
+        /// The operation.
+        op: &'static str,
+        /// The backend.
+        backend: String,
     },
     /// No usable CUDA device: the driver or a CUDA library is missing, the ordinal does not
     /// exist, or the GPU is too old. Callers fall back to the CPU with this message.

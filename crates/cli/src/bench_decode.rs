@@ -294,6 +294,7 @@ pub fn shape_config(name: &str) -> Result<(ModelConfig, bool)> {
         rope_style: RopeStyle::HalfSplit,
         rope_scaling: RopeScaling::None,
         max_context: max_ctx,
+        arch: Default::default(),
     };
     Ok((cfg, tied))
 }
@@ -338,6 +339,7 @@ fn random_weights<B: BenchBackend>(
             ffn_norm: b.vector(&ones)?,
             w_gate_up: vec![rnd(2 * cfg.ffn, h, ws)?],
             w_down: rnd(h, cfg.ffn, 1.0 / (cfg.ffn as f32).sqrt())?,
+            extra: Default::default(),
         });
     }
     let per_layer = qkv * h + h * cfg.n_heads * hd + 3 * cfg.ffn * h;

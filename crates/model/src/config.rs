@@ -5,6 +5,7 @@ use serde::Deserialize;
 use turbokv_backend::RopeStyle;
 
 use crate::ModelError;
+use crate::arch::ArchConfig;
 use crate::gguf::Metadata;
 
 /// The transformer families this crate runs. They differ only in optional pieces
@@ -17,6 +18,10 @@ pub enum Family {
     Qwen2,
     /// Qwen3: per-head RMSNorm on q and k.
     Qwen3,
+    /// IBM Granite (3.x): llama with embedding, residual, attention and logit multipliers.
+    Granite,
+    /// Gemma 3 (text): sliding-window and global layers, pre/post norms, GeGLU, q/k norm.
+    Gemma3,
 }
 
 impl Family {
@@ -25,13 +30,18 @@ impl Family {
             "llama" | "mistral" | "LlamaForCausalLM" | "MistralForCausalLM" => Ok(Self::Llama),
             "qwen2" | "Qwen2ForCausalLM" => Ok(Self::Qwen2),
             "qwen3" | "Qwen3ForCausalLM" => Ok(Self::Qwen3),
+            "granite" | "GraniteForCausalLM" => Ok(Self::Granite),
+            "gemma3" | "gemma3_text" | "Gemma3ForCausalLM" => Ok(Self::Gemma3),
             other => Err(ModelError::UnknownArchitecture {
-                found: other.to_string(),
-                supported: "llama, mistral, qwen2, qwen3 (GGUF) / LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (Hugging Face)",
+                found: sub_variant_hint(other),
+                supported: SUPPORTED,
             }),
         }
     }
 }
+
+/// The architecture names [`Family::parse`] accepts, for error messages.
+const SUPPORTED: &str = "llama, mistral, qwen2, qwen3, granite, gemma3 (GGUF) / LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GraniteForCausalLM, Gemma3ForCausalLM (Hugging Face)";
 
 /// Llama-3-style RoPE frequency scaling (long-context extension).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -90,6 +100,8 @@ pub struct ModelConfig {
     pub rope_scaling: RopeScaling,
     /// Trained context length.
     pub max_context: usize,
+    /// What the family adds to the plain decoder (default: nothing).
+    pub arch: ArchConfig,
 }
 
 impl ModelConfig {
@@ -175,11 +187,13 @@ impl ModelConfig {
                 )));
             }
         };
+        let n_layers = md.u64(&k("block_count"))? as usize;
+        let arch_cfg = crate::arch::from_gguf(family, md, arch, n_layers)?;
         Self {
             family,
             vocab_size,
             hidden,
-            n_layers: md.u64(&k("block_count"))? as usize,
+            n_layers,
             n_heads,
             n_kv_heads,
             head_dim,
@@ -192,13 +206,14 @@ impl ModelConfig {
             // llama.cpp permutes llama Q/K weights at conversion for interleaved pairs; qwen
             // files keep Hugging Face's half-split layout ("NEOX" rope in llama.cpp).
             rope_style: match family {
-                Family::Llama => RopeStyle::Interleaved,
-                Family::Qwen2 | Family::Qwen3 => RopeStyle::HalfSplit,
+                Family::Llama | Family::Granite => RopeStyle::Interleaved,
+                Family::Qwen2 | Family::Qwen3 | Family::Gemma3 => RopeStyle::HalfSplit,
             },
             rope_scaling,
             max_context: md
                 .opt_u64(&k("context_length"))?
                 .map_or(4096, |v| v as usize),
+            arch: arch_cfg,
         }
         .validate()
     }
@@ -214,6 +229,7 @@ impl ModelConfig {
             .or(raw.model_type.as_deref())
             .unwrap_or("");
         let family = Family::parse(arch)?;
+        let extras = crate::arch::from_hf(family, text, raw.hidden_size, raw.num_hidden_layers)?;
         let head_dim = raw
             .head_dim
             .unwrap_or(raw.hidden_size / raw.num_attention_heads.max(1));
@@ -245,14 +261,34 @@ impl ModelConfig {
             head_dim,
             ffn: raw.intermediate_size,
             rms_eps: raw.rms_norm_eps.unwrap_or(1e-6),
-            rope_theta: raw.rope_theta.unwrap_or(10_000.0),
+            rope_theta: extras.rope_theta.or(raw.rope_theta).unwrap_or(10_000.0),
             rope_dim: head_dim,
             rope_style: RopeStyle::HalfSplit,
-            rope_scaling,
+            rope_scaling: extras.rope_scaling.unwrap_or(rope_scaling),
             max_context: raw.max_position_embeddings.unwrap_or(4096),
+            arch: extras.arch,
         }
         .validate()
     }
+}
+
+/// An architecture name with a hint when it is a known family's variant this engine does
+/// not run (e.g. Gemma 3's vision-language model).
+fn sub_variant_hint(found: &str) -> String {
+    let hint = match found {
+        "Gemma3ForConditionalGeneration" | "Gemma3nForConditionalGeneration" | "gemma3n" => {
+            " (a vision-language Gemma 3; only its text model, Gemma3ForCausalLM, is supported)"
+        }
+        "Gemma2ForCausalLM" | "GemmaForCausalLM" | "gemma2" | "gemma" => {
+            " (Gemma 1/2 are not supported; Gemma 3 is)"
+        }
+        "GraniteMoeForCausalLM"
+        | "GraniteMoeHybridForCausalLM"
+        | "granitemoe"
+        | "granitehybrid" => " (Granite's MoE variants are not supported; dense Granite is)",
+        _ => "",
+    };
+    format!("{found}{hint}")
 }
 
 fn llama3_scale(base: f64, s: &Llama3RopeScaling) -> f64 {

@@ -8,6 +8,7 @@
 //! - [`calibrate`] measures the per-head mean key and value that centered caches subtract.
 #![deny(missing_docs)]
 
+pub mod arch;
 pub mod calibrate;
 pub mod config;
 pub mod gguf;
@@ -104,6 +105,16 @@ pub enum ModelError {
     /// The tokenizer refused a text.
     #[error(transparent)]
     Tokenizer(#[from] tokenizer::TokenizerError),
+    /// The backend lacks an operation the model's family needs.
+    #[error(
+        "{family:?} models need operations the {backend} backend does not have; use the CPU backend"
+    )]
+    FamilyUnsupported {
+        /// The family.
+        family: Family,
+        /// The backend.
+        backend: String,
+    },
     /// The path is neither a GGUF file nor a model directory.
     #[error("{0} is neither a .gguf file nor a directory with config.json")]
     UnknownFormat(String),

@@ -25,6 +25,25 @@ pub struct LayerWeights<B: Backend> {
     pub w_gate_up: Vec<B::Matrix>,
     /// Down projection.
     pub w_down: B::Matrix,
+    /// What the family adds (Gemma's post norms).
+    pub extra: LayerExtras<B>,
+}
+
+/// Per-layer weights of the families beyond llama/qwen; see [`crate::arch`].
+pub struct LayerExtras<B: Backend> {
+    /// RMSNorm of the attention output before the residual add (Gemma).
+    pub post_attn_norm: Option<B::Vector>,
+    /// RMSNorm of the MLP output before the residual add (Gemma).
+    pub post_ffn_norm: Option<B::Vector>,
+}
+
+impl<B: Backend> Default for LayerExtras<B> {
+    fn default() -> Self {
+        Self {
+            post_attn_norm: None,
+            post_ffn_norm: None,
+        }
+    }
 }
 
 /// All weights of a model, resident on backend `B`.
@@ -94,6 +113,7 @@ pub fn load_weights<B: Backend>(
     } else {
         embed.clone()
     };
+    let shift = cfg.arch.norm_shift;
     let mut layers = Vec::with_capacity(cfg.n_layers);
     for l in 0..cfg.n_layers {
         let name = |t: &str| format!("blk.{l}.{t}");
@@ -103,7 +123,10 @@ pub fn load_weights<B: Backend>(
         };
         let vec = |t: &str, len: usize| -> Result<B::Vector, ModelError> {
             let n = name(t);
-            let v = src.vector(&n)?;
+            let mut v = src.vector(&n)?;
+            if t.contains("norm") && shift != 0.0 {
+                v.iter_mut().for_each(|x| *x += shift);
+            }
             if v.len() != len {
                 return Err(ModelError::TensorShape {
                     name: n,
@@ -159,10 +182,25 @@ pub fn load_weights<B: Backend>(
                 .map(|m| backend.matrix(m))
                 .collect::<Result<_, _>>()?,
             w_down: backend.matrix(&mat("ffn_down.weight", cfg.hidden, cfg.ffn)?)?,
+            extra: LayerExtras {
+                post_attn_norm: cfg
+                    .arch
+                    .post_norms
+                    .then(|| vec("post_attention_norm.weight", cfg.hidden))
+                    .transpose()?,
+                post_ffn_norm: cfg
+                    .arch
+                    .post_norms
+                    .then(|| vec("post_ffw_norm.weight", cfg.hidden))
+                    .transpose()?,
+            },
         });
         progress(l + 1, cfg.n_layers);
     }
-    let norm = src.vector("output_norm.weight")?;
+    let mut norm = src.vector("output_norm.weight")?;
+    // The logit multiplier is exact in the final norm's weight: logits are linear in it.
+    norm.iter_mut()
+        .for_each(|x| *x = (*x + shift) * cfg.arch.logit_scale);
     if norm.len() != cfg.hidden {
         return Err(ModelError::TensorShape {
             name: "output_norm.weight".into(),

@@ -44,7 +44,8 @@ impl<B: Backend> Model<B> {
                 source: e,
             })?;
             let config = ModelConfig::from_hf_json(&text)?;
-            let src = SafetensorsDir::open(path)?;
+            let src = SafetensorsDir::open(path)?
+                .with_layer_names(crate::arch::hf_layer_names(config.family));
             let transformer = build(backend, config, &src, opts)?;
             let weight_bytes = weight_bytes(&src, transformer.config());
             Ok(Self {
@@ -80,6 +81,12 @@ fn build<B: Backend>(
     src: &dyn TensorSource,
     opts: &LoadOptions,
 ) -> Result<Transformer<B>, ModelError> {
+    if !config.arch.is_plain() && !backend.supports_family_ops() {
+        return Err(ModelError::FamilyUnsupported {
+            family: config.family,
+            backend: backend.describe(),
+        });
+    }
     let bar = if opts.progress {
         let bar = indicatif::ProgressBar::new(config.n_layers as u64);
         bar.set_style(

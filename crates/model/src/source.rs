@@ -57,6 +57,9 @@ pub struct SafetensorsDir {
     /// name (HF naming) → (file index, dtype, shape, byte range in the mapping).
     index: HashMap<String, (usize, GgmlType, Vec<usize>, std::ops::Range<usize>)>,
     maps: Vec<Arc<memmap2::Mmap>>,
+    /// Per-layer GGUF tensor names → Hugging Face names of a family whose names differ from
+    /// llama's (see [`SafetensorsDir::with_layer_names`]).
+    layer_names: HashMap<&'static str, &'static str>,
 }
 
 impl SafetensorsDir {
@@ -113,10 +116,30 @@ impl SafetensorsDir {
             }
             maps.push(Arc::new(map));
         }
-        Ok(Self { index, maps })
+        Ok(Self {
+            index,
+            maps,
+            layer_names: HashMap::new(),
+        })
     }
 
     /// Translates a GGUF tensor name to the Hugging Face one.
+    /// Adds or overrides per-layer names: `(gguf tail, hf tail)`, e.g. Gemma's
+    /// `("ffn_norm.weight", "pre_feedforward_layernorm.weight")`.
+    pub fn with_layer_names(mut self, names: &[(&'static str, &'static str)]) -> Self {
+        self.layer_names.extend(names.iter().copied());
+        self
+    }
+
+    fn resolve(&self, name: &str) -> Option<String> {
+        if let Some((layer, tail)) = name.strip_prefix("blk.").and_then(|r| r.split_once('.'))
+            && let Some(hf) = self.layer_names.get(tail)
+        {
+            return Some(format!("model.layers.{layer}.{hf}"));
+        }
+        Self::hf_name(name)
+    }
+
     fn hf_name(name: &str) -> Option<String> {
         let simple = match name {
             "token_embd.weight" => Some("model.embed_tokens.weight"),
@@ -152,12 +175,13 @@ impl SafetensorsDir {
 
 impl TensorSource for SafetensorsDir {
     fn has(&self, name: &str) -> bool {
-        Self::hf_name(name).is_some_and(|n| self.index.contains_key(&n))
+        self.resolve(name)
+            .is_some_and(|n| self.index.contains_key(&n))
     }
 
     fn matrix(&self, name: &str) -> Result<WeightMatrix, ModelError> {
         let missing = || ModelError::MissingTensor(name.to_string());
-        let hf = Self::hf_name(name).ok_or_else(missing)?;
+        let hf = self.resolve(name).ok_or_else(missing)?;
         let (fi, ty, shape, range) = self.index.get(&hf).ok_or_else(missing)?;
         // Hugging Face stores Linear weights as [out, in]: already our row-major layout.
         let (rows, cols) = match shape.as_slice() {

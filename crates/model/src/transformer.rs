@@ -8,25 +8,31 @@ use turbokv_codec::KvDtype;
 
 use crate::ModelError;
 use crate::config::ModelConfig;
-use crate::loader::Weights;
+use crate::loader::{LayerWeights, Weights};
 
 /// A model's weights and geometry on a backend.
 pub struct Transformer<B: Backend> {
-    backend: B,
-    config: ModelConfig,
-    geometry: AttnGeometry,
-    rope: Rope,
-    weights: Weights<B>,
+    pub(crate) backend: B,
+    pub(crate) config: ModelConfig,
+    pub(crate) geometry: AttnGeometry,
+    pub(crate) rope: Rope,
+    /// RoPE of sliding-window layers when their base differs (Gemma 3).
+    pub(crate) local_rope: Option<Rope>,
+    pub(crate) weights: Weights<B>,
     /// Whether single-token decode steps go through [`Backend::run_step`] (CUDA graphs).
     step_graphs: AtomicBool,
+    /// Whether new caches keep sliding-window layers in rings (see [`crate::arch::ring`]).
+    pub(crate) sliding_rings: AtomicBool,
 }
 
 /// The paged KV cache of every layer plus its block bookkeeping.
 pub struct KvCache<B: Backend> {
     layout: KvLayout,
     alloc: BlockAllocator,
-    pools: Vec<B::KvPool>,
+    pub(crate) pools: Vec<B::KvPool>,
     max_tokens_per_seq: usize,
+    /// Ring blocks of the sliding-window layers, when the model has any.
+    pub(crate) rings: Option<crate::arch::ring::Rings>,
 }
 
 impl<B: Backend> KvCache<B> {
@@ -40,11 +46,28 @@ impl<B: Backend> KvCache<B> {
     }
     /// Registers a new, empty sequence.
     pub fn add_sequence(&mut self, id: SeqId) -> Result<(), ModelError> {
-        Ok(self.alloc.add_sequence(id)?)
+        self.alloc.add_sequence(id)?;
+        if let Some(r) = &mut self.rings {
+            r.add(id);
+        }
+        Ok(())
     }
     /// Drops a sequence and frees its blocks.
     pub fn remove_sequence(&mut self, id: SeqId) -> Result<(), ModelError> {
-        Ok(self.alloc.remove_sequence(id)?)
+        self.alloc.remove_sequence(id)?;
+        if let Some(r) = &mut self.rings {
+            r.remove(id);
+        }
+        Ok(())
+    }
+    /// Tokens each sequence's sliding-window layers hold at most (their ring), when the
+    /// model has such layers and the cache keeps them in rings.
+    pub fn ring_tokens_per_seq(&self) -> Option<usize> {
+        self.rings.as_ref().map(|r| r.tokens_per_seq())
+    }
+    /// Ring blocks sequence `id` holds in each sliding-window layer.
+    pub fn ring_blocks(&self, id: SeqId) -> Option<usize> {
+        self.rings.as_ref().and_then(|r| r.blocks_of(id))
     }
     /// Tokens a sequence may hold.
     pub fn max_tokens_per_seq(&self) -> usize {
@@ -54,6 +77,14 @@ impl<B: Backend> KvCache<B> {
     /// Forgets sequence `id`'s tokens from position `len` on (blocks no longer needed are
     /// freed).
     pub fn truncate(&mut self, id: SeqId, len: usize) -> Result<(), ModelError> {
+        if let Some(r) = &self.rings {
+            r.check_truncate(self.seq_len(id)?, len)?;
+        }
+        Ok(self.alloc.truncate(id, len)?)
+    }
+
+    /// Rolls a failed step back (its ring writes only touched positions no query reads).
+    pub(crate) fn truncate_unchecked(&mut self, id: SeqId, len: usize) -> Result<(), ModelError> {
         Ok(self.alloc.truncate(id, len)?)
     }
 
@@ -61,9 +92,16 @@ impl<B: Backend> KvCache<B> {
     pub fn seq_len(&self, id: SeqId) -> Result<usize, ModelError> {
         Ok(self.alloc.table(id)?.len())
     }
-    /// Bytes of K and V per cached token over all layers.
+    /// Bytes of K and V per cached token over all layers, except ring layers (their memory
+    /// is bounded per sequence: [`Self::ring_tokens_per_seq`]).
     pub fn bytes_per_token(&self) -> f64 {
-        self.layout.bytes_per_token_all_layers()
+        match &self.rings {
+            None => self.layout.bytes_per_token_all_layers(),
+            Some(r) => (0..self.layout.layers.len())
+                .filter(|&l| !r.layers.get(l).copied().unwrap_or(false))
+                .map(|l| self.layout.bytes_per_token(l))
+                .sum(),
+        }
     }
 }
 
@@ -109,7 +147,7 @@ pub enum StepTokens<'a> {
 static PICKED: [u32; 1] = [0];
 
 /// How a step ends.
-enum Ending<'a, 'o, B: Backend> {
+pub(crate) enum Ending<'a, 'o, B: Backend> {
     /// Its logits go to the host, in full or as top-k.
     Output(&'a mut StepOutput<'o>),
     /// A greedy pick; `chained`: the step's input is the pick before.
@@ -142,13 +180,13 @@ pub struct SeqInput<'a> {
 
 /// Reusable activation buffers of a step.
 pub struct Scratch<B: Backend> {
-    x: B::Tensor,
-    xn: B::Tensor,
-    qkv: B::Tensor,
-    attn: B::Tensor,
-    proj: B::Tensor,
-    gate_up: B::Tensor,
-    act: B::Tensor,
+    pub(crate) x: B::Tensor,
+    pub(crate) xn: B::Tensor,
+    pub(crate) qkv: B::Tensor,
+    pub(crate) attn: B::Tensor,
+    pub(crate) proj: B::Tensor,
+    pub(crate) gate_up: B::Tensor,
+    pub(crate) act: B::Tensor,
     picked: B::Tensor,
     picked_n: B::Tensor,
     logits: B::Tensor,
@@ -161,19 +199,25 @@ impl<B: Backend> Transformer<B> {
             n_heads: config.n_heads,
             n_kv_heads: config.n_kv_heads,
             head_dim: config.head_dim,
-            scale: 1.0 / (config.head_dim as f32).sqrt(),
+            scale: config
+                .arch
+                .attn_scale
+                .unwrap_or(1.0 / (config.head_dim as f32).sqrt()),
         };
         let rope = Rope {
             inv_freq: config.rope_inv_freq(),
             style: config.rope_style,
         };
+        let local_rope = crate::arch::forward::local_rope(&config);
         Self {
             backend,
             config,
             geometry,
             rope,
+            local_rope,
             weights,
             step_graphs: AtomicBool::new(true),
+            sliding_rings: AtomicBool::new(true),
         }
     }
 
@@ -191,6 +235,13 @@ impl<B: Backend> Transformer<B> {
     /// measures the eager path).
     pub fn set_step_graphs(&self, on: bool) {
         self.step_graphs.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether caches made from now on keep sliding-window layers in bounded rings (default
+    /// on); off, those layers keep every token and attention masks the window (to check one
+    /// against the other).
+    pub fn set_sliding_rings(&self, on: bool) {
+        self.sliding_rings.store(on, Ordering::Relaxed);
     }
 
     /// A KV cache in `dtype` for up to `max_tokens` tokens in total (all sequences), with each
@@ -234,14 +285,31 @@ impl<B: Backend> Transformer<B> {
         for l in &layout.layers {
             self.backend.supports_attention(&self.geometry, l.dtype)?;
         }
+        let max_tokens_per_seq = max_tokens_per_seq.min(self.config.max_context);
+        let rings = self.new_rings(block_size, max_tokens, max_tokens_per_seq);
+        let ring_layout = match &rings {
+            Some(r) => Some(KvLayout::uniform(
+                self.config.n_layers,
+                self.config.n_kv_heads,
+                self.config.head_dim,
+                KvDtype::F16,
+                block_size,
+                r.total_blocks() * block_size,
+            )?),
+            None => None,
+        };
         let pools = (0..self.config.n_layers)
-            .map(|l| self.backend.kv_pool(&layout, l))
+            .map(|l| match (&ring_layout, self.config.arch.window_of(l)) {
+                (Some(ring), Some(_)) => self.backend.kv_pool(ring, l),
+                _ => self.backend.kv_pool(&layout, l),
+            })
             .collect::<Result<_, _>>()?;
         Ok(KvCache {
             alloc: BlockAllocator::new(layout.num_blocks, block_size),
             layout,
             pools,
-            max_tokens_per_seq: max_tokens_per_seq.min(self.config.max_context),
+            max_tokens_per_seq,
+            rings,
         })
     }
 
@@ -354,7 +422,7 @@ impl<B: Backend> Transformer<B> {
         self.forward_inner(inputs, cache, scratch, want, ending, Some(observe))
     }
 
-    fn forward_inner(
+    pub(crate) fn forward_inner(
         &self,
         inputs: &[SeqInput<'_>],
         cache: &mut KvCache<B>,
@@ -363,6 +431,11 @@ impl<B: Backend> Transformer<B> {
         mut ending: Ending<'_, '_, B>,
         observe: Option<KvObserver<'_>>,
     ) -> Result<(), ModelError> {
+        if let Some(max) = cache.rings.as_ref().map(|r| r.max_step)
+            && inputs.iter().any(|i| i.tokens.len() > max)
+        {
+            return self.forward_split(inputs, cache, scratch, want, ending, observe);
+        }
         let (tables, starts) = reserve(inputs, cache)?;
         // A decode step (one new token per sequence) is the same launches every time: the
         // backend may replay it as a graph. The rows are reserved above, outside the step, so
@@ -423,7 +496,28 @@ impl<B: Backend> Transformer<B> {
             } => b.embed_picks(&w.embed, picks, ids.len(), &mut s.x)?,
             _ => b.embed(&w.embed, &ids, &mut s.x)?,
         }
-        for (l, (layer, pool)) in w.layers.iter().zip(cache.pools.iter_mut()).enumerate() {
+        // Families with extras run their own layer loop (`crate::arch::forward`).
+        let plain_layers: &[LayerWeights<B>] = if self.config.arch.is_plain() {
+            &w.layers
+        } else {
+            let ring_tables: Option<Vec<Vec<u32>>> = cache.rings.as_ref().map(|r| {
+                inputs
+                    .iter()
+                    .zip(starts)
+                    .map(|(i, &st)| r.virtual_table(i.seq, st + i.tokens.len()))
+                    .collect()
+            });
+            crate::arch::forward::layers(
+                self,
+                &spans,
+                ring_tables.as_deref(),
+                &mut cache.pools,
+                s,
+                &mut observe,
+            )?;
+            &[]
+        };
+        for (l, (layer, pool)) in plain_layers.iter().zip(cache.pools.iter_mut()).enumerate() {
             let proj = QkvProjection {
                 norm: &layer.attn_norm,
                 eps,
@@ -525,8 +619,21 @@ fn reserve<B: Backend>(
         }
         .into());
     }
+    let grown: Vec<(SeqId, usize)> = inputs
+        .iter()
+        .zip(&starts)
+        .map(|(i, &st)| (i.seq, st + i.tokens.len()))
+        .collect();
+    if let Some(r) = &cache.rings {
+        r.check(&grown)?;
+    }
     for inp in inputs {
         cache.alloc.grow(inp.seq, inp.tokens.len())?;
+    }
+    if let Some(r) = &mut cache.rings {
+        for &(seq, len) in &grown {
+            r.grow(seq, len);
+        }
     }
     let tables = inputs
         .iter()

@@ -12,6 +12,7 @@ mod direct_avx2;
 mod kv;
 pub(crate) mod ops;
 pub(crate) mod picks;
+mod variants;
 
 pub use kv::{CpuKvPool, KvStorage};
 pub use picks::CpuPicks;
@@ -20,7 +21,7 @@ use rayon::prelude::*;
 use turbokv_cache::KvLayout;
 use turbokv_codec::KvDtype;
 
-use crate::backend::{AttnGeometry, Backend, QkNorm, Rope, SeqSpan};
+use crate::backend::{AttnGeometry, AttnVariant, Backend, QkNorm, Rope, SeqSpan};
 use crate::{Error, WeightMatrix};
 
 /// Row-major `[rows, cols]` f32 activations in host memory.
@@ -374,6 +375,38 @@ impl Backend for CpuBackend {
         expect_cols("attention", out, g.n_heads * g.head_dim)?;
         self.set_rows(out, qkv.rows)?;
         attention::attend(qkv, g, spans, pool, out)
+    }
+
+    fn supports_family_ops(&self) -> bool {
+        true
+    }
+
+    fn scale(&self, x: &mut CpuTensor, factor: f32) -> Result<(), Error> {
+        variants::scale(x, factor);
+        Ok(())
+    }
+
+    fn gelu_mul(&self, gate_up: &CpuTensor, out: &mut CpuTensor) -> Result<(), Error> {
+        self.set_rows(out, gate_up.rows)?;
+        variants::gelu_mul(gate_up, out)
+    }
+
+    fn attention_variant(
+        &self,
+        qkv: &CpuTensor,
+        g: &AttnGeometry,
+        spans: &[SeqSpan<'_>],
+        pool: &CpuKvPool,
+        variant: &AttnVariant<'_, Vec<f32>>,
+        out: &mut CpuTensor,
+    ) -> Result<(), Error> {
+        if variant.is_plain() {
+            return self.attention(qkv, g, spans, pool, out);
+        }
+        expect_cols("attention", qkv, g.qkv_width())?;
+        expect_cols("attention", out, g.n_heads * g.head_dim)?;
+        self.set_rows(out, qkv.rows)?;
+        variants::attend(qkv, g, spans, pool, variant, out)
     }
 }
 

@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""Tiny random models of the Granite and Gemma 3 families, with Hugging Face reference logits.
+
+For each family this writes, under crates/model/tests/fixtures/families/<name>/:
+
+  hf/config.json, hf/model.safetensors   the model as transformers saves it (f16 weights)
+  model.gguf                             the same weights in llama.cpp's GGUF conventions
+                                         for the architecture (tensor names, metadata,
+                                         Gemma's norm weights stored as 1 + w, llama-style
+                                         Q/K row permutation for Granite)
+  reference.json                         logits of a prompt from transformers in float64,
+                                         and a greedy continuation with its smallest
+                                         top-1/top-2 margin
+
+The weights are rounded to f16 before the reference runs, so the reference sees exactly the
+stored weights. Shapes keep each family's structure (Gemma 3: five sliding-window layers per
+global layer, q/k norms, pre/post norms, GeGLU, separate RoPE bases; Granite: its four
+multipliers) while staying a few hundred kB.
+
+How to regenerate (never needed by CI; needs torch + transformers + gguf):
+
+  python3 -m venv /work/venv-ref
+  /work/venv-ref/bin/pip install torch transformers==5.24.0 gguf==0.19.0 safetensors numpy
+  /work/venv-ref/bin/python scripts/make_family_fixtures.py [--only granite,gemma3]
+
+Output is deterministic for given package versions (seeded; no timestamps).
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+
+import numpy as np
+import torch
+
+sys.dont_write_bytecode = True
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+OUT = os.path.join(REPO, "crates", "model", "tests", "fixtures", "families")
+
+PROMPT_LEN = 24
+GREEDY_PROMPT_LEN = 8
+GREEDY_TOKENS = 40
+
+
+def randomize(model, seed, norm_center):
+    """Weights with signal (HF's init makes near-uniform logits): matrices ~ U(±√3/√fan_in)
+    scaled up a little, embeddings ~ U(±1), norm weights around `norm_center`."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            u = torch.rand(p.shape, generator=g, dtype=torch.float64) * 2 - 1
+            if "norm" in name:
+                v = norm_center + 0.2 * u
+            elif "embed_tokens" in name:
+                v = u
+            else:
+                v = u * 2.0 / math.sqrt(p.shape[-1])
+            # Round to f16 so that the stored weights are exactly what the reference uses.
+            p.copy_(v.to(torch.float16).to(p.dtype))
+
+
+def reference(model, vocab, seed):
+    rng = np.random.default_rng(seed)
+    model = model.to(torch.float64).eval()
+    prompt = [int(x) for x in rng.integers(0, vocab, PROMPT_LEN)]
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0].numpy()
+    gprompt = [int(x) for x in rng.integers(0, vocab, GREEDY_PROMPT_LEN)]
+    ids = list(gprompt)
+    margins = []
+    with torch.no_grad():
+        for _ in range(GREEDY_TOKENS):
+            row = model(torch.tensor([ids])).logits[0, -1].numpy()
+            top = np.argsort(-row, kind="stable")[:2]
+            margins.append(float(row[top[0]] - row[top[1]]))
+            ids.append(int(top[0]))
+    return {
+        "prompt": prompt,
+        "logits": [[float(f"{x:.7g}") for x in r] for r in logits],
+        "greedy_prompt": gprompt,
+        "greedy": ids[len(gprompt):],
+        "greedy_min_margin": min(margins),
+    }
+
+
+def save_hf(model, d):
+    model = model.to(torch.float16)
+    model.save_pretrained(d, safe_serialization=True)
+    # Generation defaults are not part of what the engine reads.
+    gc = os.path.join(d, "generation_config.json")
+    if os.path.exists(gc):
+        os.remove(gc)
+
+
+def permute_qk(w, heads):
+    """HF's half-split rows → llama.cpp's interleaved pairs: row (h, s, j) → (h, j, s)."""
+    rows, cols = w.shape
+    hd = rows // heads
+    return w.reshape(heads, 2, hd // 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
+
+
+def write_gguf(path, arch, meta, tensors):
+    import gguf
+
+    w = gguf.GGUFWriter(path, arch)
+    for key, (kind, value) in meta.items():
+        full = f"{arch}.{key}"
+        if kind == "u32":
+            w.add_uint32(full, value)
+        elif kind == "f32":
+            w.add_float32(full, value)
+        else:
+            raise ValueError(kind)
+    for name in sorted(tensors):
+        w.add_tensor(name, tensors[name].astype(np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def sd_numpy(model):
+    return {k: v.detach().to(torch.float32).numpy() for k, v in model.state_dict().items()}
+
+
+LAYER_NAMES = {
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+}
+
+
+def gguf_tensors(sd, layer_names, norm_shift=0.0, permute=None):
+    out = {}
+    for k, v in sd.items():
+        if k == "model.embed_tokens.weight":
+            out["token_embd.weight"] = v
+        elif k == "model.norm.weight":
+            out["output_norm.weight"] = v + norm_shift
+        elif k == "lm_head.weight":
+            out["output.weight"] = v
+        else:
+            rest = k.removeprefix("model.layers.")
+            layer, tail = rest.split(".", 1)
+            g = layer_names[tail]
+            if "norm" in g:
+                v = v + norm_shift
+            if permute and g in permute:
+                v = permute_qk(v, permute[g])
+            out[f"blk.{layer}.{g}"] = v
+    return out
+
+
+def granite(out):
+    from transformers import GraniteConfig, GraniteForCausalLM
+
+    cfg = GraniteConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        embedding_multiplier=6.0,
+        residual_multiplier=0.4,
+        attention_multiplier=0.09,
+        logits_scaling=4.0,
+    )
+    torch.manual_seed(0)
+    model = GraniteForCausalLM(cfg).to(torch.float32)
+    randomize(model, 11, 1.0)
+    sd = sd_numpy(model)
+    ref = reference(model, cfg.vocab_size, 12)
+    save_hf(model, os.path.join(out, "hf"))
+    names = dict(LAYER_NAMES, **{"post_attention_layernorm.weight": "ffn_norm.weight"})
+    perm = {"attn_q.weight": cfg.num_attention_heads, "attn_k.weight": cfg.num_key_value_heads}
+    meta = {
+        "context_length": ("u32", 256),
+        "embedding_length": ("u32", cfg.hidden_size),
+        "block_count": ("u32", cfg.num_hidden_layers),
+        "feed_forward_length": ("u32", cfg.intermediate_size),
+        "attention.head_count": ("u32", cfg.num_attention_heads),
+        "attention.head_count_kv": ("u32", cfg.num_key_value_heads),
+        "attention.layer_norm_rms_epsilon": ("f32", cfg.rms_norm_eps),
+        "rope.freq_base": ("f32", 10000.0),
+        "vocab_size": ("u32", cfg.vocab_size),
+        "embedding_scale": ("f32", cfg.embedding_multiplier),
+        "residual_scale": ("f32", cfg.residual_multiplier),
+        "attention.scale": ("f32", cfg.attention_multiplier),
+        "logit_scale": ("f32", cfg.logits_scaling),
+    }
+    write_gguf(os.path.join(out, "model.gguf"), "granite", meta, gguf_tensors(sd, names, 0.0, perm))
+    return ref
+
+
+def gemma3(out):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    cfg = Gemma3TextConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=6,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        sliding_window=8,
+        query_pre_attn_scalar=32,
+    )
+    torch.manual_seed(0)
+    model = Gemma3ForCausalLM(cfg).to(torch.float32)
+    # Gemma's norms scale by (1 + w): weights around 0.
+    randomize(model, 21, 0.0)
+    sd = sd_numpy(model)
+    ref = reference(model, cfg.vocab_size, 22)
+    save_hf(model, os.path.join(out, "hf"))
+    names = dict(
+        LAYER_NAMES,
+        **{
+            "post_attention_layernorm.weight": "post_attention_norm.weight",
+            "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+            "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+            "self_attn.q_norm.weight": "attn_q_norm.weight",
+            "self_attn.k_norm.weight": "attn_k_norm.weight",
+        },
+    )
+    meta = {
+        "context_length": ("u32", 256),
+        "embedding_length": ("u32", cfg.hidden_size),
+        "block_count": ("u32", cfg.num_hidden_layers),
+        "feed_forward_length": ("u32", cfg.intermediate_size),
+        "attention.head_count": ("u32", cfg.num_attention_heads),
+        "attention.head_count_kv": ("u32", cfg.num_key_value_heads),
+        "attention.key_length": ("u32", cfg.head_dim),
+        "attention.value_length": ("u32", cfg.head_dim),
+        "attention.layer_norm_rms_epsilon": ("f32", cfg.rms_norm_eps),
+        "attention.sliding_window": ("u32", cfg.sliding_window),
+        "rope.freq_base": ("f32", 1000000.0),
+        "vocab_size": ("u32", cfg.vocab_size),
+    }
+    write_gguf(os.path.join(out, "model.gguf"), "gemma3", meta, gguf_tensors(sd, names, 1.0))
+    return ref
+
+
+FAMILIES = {"granite": granite, "gemma3": gemma3}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default=",".join(FAMILIES))
+    args = ap.parse_args()
+    for name in args.only.split(","):
+        out = os.path.join(OUT, name)
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+        ref = FAMILIES[name](out)
+        ref["generator"] = {
+            "torch": torch.__version__.split("+")[0],
+            "transformers": __import__("transformers").__version__,
+        }
+        with open(os.path.join(out, "reference.json"), "w") as f:
+            json.dump(ref, f, separators=(",", ":"))
+            f.write("\n")
+        print(name, "greedy min margin", round(ref["greedy_min_margin"], 4), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
