@@ -10,16 +10,22 @@
 #![deny(missing_docs)]
 
 mod allocator;
+mod block_snapshot;
 mod hash;
 mod layout;
 mod policy;
 mod pool;
+mod store;
 
 pub use allocator::{BlockAllocator, BlockTable, SeqId};
+pub use block_snapshot::{
+    BlockSnapshot, BlockSnapshotError, decode_block, encode_block, snapshot_identity,
+};
 pub use hash::{BlockHash, CacheIdentity, block_hashes};
 pub use layout::{KvCenters, KvLayout, KvOutliers, KvWindow, LayerKv};
 pub use policy::KvPolicy;
 pub use pool::{AllocPlan, BlockPool};
+pub use store::{DirStore, SnapshotStore};
 
 /// Errors of the cache crate.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
