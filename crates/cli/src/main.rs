@@ -1,4 +1,4 @@
-//! The `turbokv` command line: run, chat, bench, eval.
+//! The `turbokv` command line: run, chat, serve, bench, eval.
 
 mod args;
 #[macro_use]
@@ -10,6 +10,7 @@ mod bench_model;
 mod cli_tests;
 mod eval;
 mod kvspec;
+mod serve;
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -38,6 +39,7 @@ fn threads(cmd: &Command) -> Option<usize> {
         Command::Eval(EvalCommand::Ppl(a)) => a.model.threads,
         Command::Bench(BenchCommand::Codec { .. }) => None,
         Command::Bench(BenchCommand::Decode(a)) => a.threads,
+        Command::Serve(a) => a.model.threads,
     }
 }
 
@@ -49,6 +51,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Bench(BenchCommand::Model(a)) => bench_model::run(&a),
         Command::Bench(BenchCommand::Decode(a)) => bench_decode::run(&a),
         Command::Eval(EvalCommand::Ppl(a)) => eval::run(&a),
+        Command::Serve(a) => serve::run(&a),
     }
 }
 
