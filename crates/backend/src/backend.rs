@@ -376,6 +376,38 @@ pub trait Backend: Send + Sync {
         })
     }
 
+    /// Copies the bytes of physical block `block` of `pool` to `out` (replacing its
+    /// contents): for each kv head, the key block then the value block, each laid out as
+    /// [`turbokv_codec::layout`] defines — the payload order of a snapshot. For persisting
+    /// prefix blocks. Default: unsupported.
+    fn read_kv_block(
+        &self,
+        pool: &Self::KvPool,
+        block: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Error> {
+        let _ = (pool, block, out);
+        Err(Error::Unsupported {
+            op: "read_kv_block",
+            why: "snapshots of this backend's cache are not implemented",
+        })
+    }
+
+    /// Overwrites physical block `block` of `pool` with bytes in [`Backend::read_kv_block`]'s
+    /// order (a restored snapshot). Default: unsupported.
+    fn write_kv_block(
+        &self,
+        pool: &mut Self::KvPool,
+        block: u32,
+        bytes: &[u8],
+    ) -> Result<(), Error> {
+        let _ = (pool, block, bytes);
+        Err(Error::Unsupported {
+            op: "write_kv_block",
+            why: "snapshots of this backend's cache are not implemented",
+        })
+    }
+
     /// Runs `step` — the launches of one decode step, ending in a `to_host` — the way this
     /// backend repeats steps fastest: the CUDA backend captures the step once as a CUDA graph
     /// and replays it (a launch-bound small model decodes several times faster). `step` must be

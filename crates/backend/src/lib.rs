@@ -119,6 +119,14 @@ pub enum Error {
         /// Why, in one line.
         reason: String,
     },
+    /// An operation this backend does not implement.
+    #[error("{op} is not supported by this backend ({why})")]
+    Unsupported {
+        /// The operation.
+        op: &'static str,
+        /// Why, or what to use instead.
+        why: &'static str,
+    },
     /// A CUDA driver, NVRTC or cuBLAS call failed (out of device memory, launch failure, …).
     #[error("CUDA error in {op}: {detail}")]
     Cuda {

@@ -29,6 +29,47 @@ pub enum Command {
     /// Quality evaluations.
     #[command(subcommand)]
     Eval(EvalCommand),
+    /// An OpenAI-compatible HTTP server (continuous batching, prefix cache).
+    Serve(ServeArgs),
+}
+
+/// `turbokv serve`.
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0: any free port; the URL is printed).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Most requests generating at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Most prompt tokens prefilled per step.
+    #[arg(long, default_value_t = 512)]
+    pub max_batched_tokens: usize,
+    /// KV cache memory over all requests, e.g. 512MiB, 2GiB.
+    #[arg(long, default_value = "1GiB")]
+    pub kv_memory: String,
+    /// Keep prefix-cache blocks in this directory across restarts.
+    #[arg(long)]
+    pub prefix_cache_dir: Option<PathBuf>,
+    /// Size bound of --prefix-cache-dir (least recently used blocks go first).
+    #[arg(long, default_value = "4GiB")]
+    pub prefix_cache_disk: String,
+    /// Require `Authorization: Bearer KEY` on /v1/*.
+    #[arg(long, env = "TURBOKV_API_KEY")]
+    pub api_key: Option<String>,
+    /// The model id clients send (default: the model file's name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Turn the prefix cache off.
+    #[arg(long)]
+    pub no_prefix_cache: bool,
 }
 
 #[derive(Subcommand, Debug)]

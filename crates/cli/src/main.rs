@@ -1,4 +1,4 @@
-//! The `turbokv` command line: run, chat, bench, eval.
+//! The `turbokv` command line: run, chat, serve, bench, eval.
 
 mod args;
 mod bench_attention;
@@ -13,6 +13,7 @@ mod env_options;
 mod eval;
 mod kvspec;
 mod plot;
+mod serve;
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -42,6 +43,7 @@ fn threads(cmd: &Command) -> Option<usize> {
         Command::Bench(BenchCommand::Codec { .. }) => None,
         Command::Bench(BenchCommand::Decode(a)) => a.threads,
         Command::Bench(BenchCommand::Attention(_)) => None,
+        Command::Serve(a) => a.model.threads,
     }
 }
 
@@ -54,6 +56,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Bench(BenchCommand::Decode(a)) => bench_decode::run(&a),
         Command::Bench(BenchCommand::Attention(a)) => bench_attention::run(&a),
         Command::Eval(EvalCommand::Ppl(a)) => eval::run(&a),
+        Command::Serve(a) => serve::run(&a),
     }
 }
 

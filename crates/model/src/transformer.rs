@@ -103,6 +103,44 @@ impl<B: Backend> KvCache<B> {
                 .sum(),
         }
     }
+
+    /// Block bookkeeping, for prefix sharing ([`BlockAllocator::add_sequence_with_prefix`],
+    /// [`BlockAllocator::register_blocks`]).
+    pub fn allocator_mut(&mut self) -> &mut BlockAllocator {
+        &mut self.alloc
+    }
+
+    /// The bytes of physical block `block` in every layer, layer after layer (a snapshot's
+    /// payload of one block).
+    pub fn read_block(&self, backend: &B, block: u32) -> Result<Vec<u8>, ModelError> {
+        let (mut all, mut one) = (Vec::new(), Vec::new());
+        for pool in &self.pools {
+            backend.read_kv_block(pool, block, &mut one)?;
+            all.extend_from_slice(&one);
+        }
+        Ok(all)
+    }
+
+    /// Overwrites physical block `block` in every layer from [`Self::read_block`]'s bytes;
+    /// `layer_bytes[l]` is layer `l`'s share.
+    pub fn write_block(
+        &mut self,
+        backend: &B,
+        block: u32,
+        layer_bytes: &[&[u8]],
+    ) -> Result<(), ModelError> {
+        if layer_bytes.len() != self.pools.len() {
+            return Err(ModelError::InvalidConfig(format!(
+                "block bytes for {} layers, the cache has {}",
+                layer_bytes.len(),
+                self.pools.len()
+            )));
+        }
+        for (pool, bytes) in self.pools.iter_mut().zip(layer_bytes) {
+            backend.write_kv_block(pool, block, bytes)?;
+        }
+        Ok(())
+    }
 }
 
 /// A callback given `(layer, rows)` after each layer's KV write; see

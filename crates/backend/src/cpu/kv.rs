@@ -330,6 +330,88 @@ impl CpuKvPool {
         Ok(())
     }
 
+    /// Appends block `block`'s bytes to `out`: per kv head, the key block then the value
+    /// block (16-bit values little-endian). Refused for a pool with a full-precision window:
+    /// its exact copies are not part of the bytes, so a restored block would attend
+    /// differently.
+    pub fn export_block(&self, block: usize, out: &mut Vec<u8>) -> Result<(), Error> {
+        self.check_block_io("export_block", block)?;
+        for h in 0..self.kv_heads {
+            for half in [Half::K, Half::V] {
+                match &self.store {
+                    Store::Raw16 { k, v, .. } => {
+                        let at = self.raw_offset(block, h, 0);
+                        let src = match half {
+                            Half::K => &k[at..at + self.block_size * self.head_dim],
+                            Half::V => &v[at..at + self.block_size * self.head_dim],
+                        };
+                        out.extend(src.iter().flat_map(|x| x.to_le_bytes()));
+                    }
+                    Store::Codec(_) => out.extend_from_slice(self.codec_block(half, block, h)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Overwrites block `block` with bytes in [`Self::export_block`]'s order.
+    pub fn import_block(&mut self, block: usize, bytes: &[u8]) -> Result<(), Error> {
+        self.check_block_io("import_block", block)?;
+        let (kv_heads, bs, d) = (self.kv_heads, self.block_size, self.head_dim);
+        let per_head = match &self.store {
+            Store::Raw16 { .. } => 4 * bs * d,
+            Store::Codec(c) => c.k_layout.total_bytes + c.v_layout.total_bytes,
+        };
+        if bytes.len() != per_head * kv_heads {
+            return Err(shape(
+                "import_block",
+                format!(
+                    "{} bytes, the block holds {}",
+                    bytes.len(),
+                    per_head * kv_heads
+                ),
+            ));
+        }
+        for (h, src) in bytes.chunks_exact(per_head).enumerate() {
+            let at = ((block * kv_heads + h) * bs) * d;
+            match &mut self.store {
+                Store::Raw16 { k, v, .. } => {
+                    let (ks, vs) = src.split_at(2 * bs * d);
+                    for (dst, s) in [(&mut k[at..at + bs * d], ks), (&mut v[at..at + bs * d], vs)] {
+                        for (o, b) in dst.iter_mut().zip(s.chunks_exact(2)) {
+                            *o = u16::from_le_bytes([b[0], b[1]]);
+                        }
+                    }
+                }
+                Store::Codec(c) => {
+                    let (kl, vl) = (c.k_layout.total_bytes, c.v_layout.total_bytes);
+                    let bi = block * kv_heads + h;
+                    c.k[bi * kl..(bi + 1) * kl].copy_from_slice(&src[..kl]);
+                    c.v[bi * vl..(bi + 1) * vl].copy_from_slice(&src[kl..]);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_block_io(&self, op: &'static str, block: usize) -> Result<(), Error> {
+        if block >= self.num_blocks {
+            return Err(shape(
+                op,
+                format!("block {block} outside the pool of {}", self.num_blocks),
+            ));
+        }
+        if let Store::Codec(c) = &self.store
+            && c.window.is_active()
+        {
+            return Err(Error::Unsupported {
+                op,
+                why: "a cache with a full-precision window keeps exact copies outside its blocks",
+            });
+        }
+        Ok(())
+    }
+
     /// f16 bits of K and V of token `slot` of (block, head) when a shadow copy exists.
     pub(crate) fn exact_kv(
         &self,

@@ -205,6 +205,15 @@ impl Backend for CpuBackend {
         CpuKvPool::new(layout, layer)
     }
 
+    fn read_kv_block(&self, pool: &CpuKvPool, block: u32, out: &mut Vec<u8>) -> Result<(), Error> {
+        out.clear();
+        pool.export_block(block as usize, out)
+    }
+
+    fn write_kv_block(&self, pool: &mut CpuKvPool, block: u32, bytes: &[u8]) -> Result<(), Error> {
+        pool.import_block(block as usize, bytes)
+    }
+
     fn embed(&self, table: &WeightMatrix, ids: &[u32], out: &mut CpuTensor) -> Result<(), Error> {
         expect_cols("embed", out, table.cols())?;
         self.set_rows(out, ids.len())?;

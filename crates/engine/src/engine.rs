@@ -1,0 +1,876 @@
+//! The step loop: admit, schedule, run one batched forward step, sample, stream.
+//!
+//! Scheduling is first come, first served. Every step gives each running sequence that
+//! decodes its one token, then gives a per-step token budget to prefill chunks of running
+//! sequences in arrival order, then admits waiting requests while sequences and budget
+//! remain: a long prompt is prefilled a chunk per step while the short ones around it keep
+//! decoding. When the step's tokens need more KV blocks than are
+//! free, the most recently admitted sequences are preempted: their blocks are released (the
+//! full ones stay in the prefix cache) and they go back to the front of the queue, to be
+//! recomputed from their prompt and the tokens generated so far.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::time::Instant;
+
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use turbokv_backend::Backend;
+use turbokv_cache::{CacheIdentity, KvPolicy, block_hashes};
+use turbokv_codec::KvDtype;
+use turbokv_model::sampling::Sampler;
+use turbokv_model::tokenizer::Tokenizer;
+use turbokv_model::{KvCache, LogitsFor, Scratch, SeqInput, Transformer};
+
+use crate::EngineError;
+use crate::metrics::Metrics;
+use crate::request::{Event, FinishReason, GenerateRequest, RequestId, TokenLogprob, Usage};
+use crate::sequence::Sequence;
+use crate::snapshots::Snapshots;
+
+/// How the engine sizes its cache and batches.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Most sequences running at once.
+    pub max_num_seqs: usize,
+    /// Most tokens (decode rows plus prefill chunks) in one step.
+    pub max_batched_tokens: usize,
+    /// Most tokens one sequence may hold (prompt plus output); at most the model's context.
+    pub max_model_len: usize,
+    /// KV cache capacity in tokens, over all sequences.
+    pub kv_tokens: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Share full prompt blocks between requests.
+    pub prefix_caching: bool,
+    /// Identifies the model's weights in the cache identity (e.g. a hash of the file).
+    pub model_fingerprint: [u8; 32],
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            max_num_seqs: 64,
+            max_batched_tokens: 512,
+            max_model_len: 2048,
+            kv_tokens: 16384,
+            block_size: 16,
+            prefix_caching: true,
+            model_fingerprint: [0; 32],
+        }
+    }
+}
+
+/// Fixed facts about a running engine, for validation and `/v1/models`.
+#[derive(Clone, Debug)]
+pub struct EngineInfo {
+    /// Most tokens one sequence may hold.
+    pub max_model_len: usize,
+    /// KV capacity in tokens.
+    pub kv_tokens: usize,
+    /// Most sequences at once.
+    pub max_num_seqs: usize,
+    /// Whether prefix caching is on (off for caches it cannot share exactly).
+    pub prefix_caching: bool,
+    /// Vocabulary size (ids must be below it).
+    pub vocab_size: usize,
+}
+
+enum Command {
+    Submit(Box<Sequence>),
+    Cancel(RequestId),
+    Shutdown,
+}
+
+/// The client side of an engine: cheap to clone, usable from any thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: Sender<Command>,
+    next_id: Arc<AtomicU64>,
+    metrics: Arc<Metrics>,
+    info: Arc<EngineInfo>,
+    tokenizer: Arc<Tokenizer>,
+}
+
+/// The events of one request. Dropping it cancels the request.
+pub struct RequestStream {
+    /// The request's id.
+    pub id: RequestId,
+    rx: UnboundedReceiver<Event>,
+    cancel: Sender<Command>,
+    done: bool,
+}
+
+impl RequestStream {
+    /// The next event; `None` after the last one (or if the engine is gone).
+    pub async fn next(&mut self) -> Option<Event> {
+        let ev = self.rx.recv().await;
+        self.note(&ev);
+        ev
+    }
+
+    /// [`Self::next`] for threads outside an async runtime.
+    pub fn next_blocking(&mut self) -> Option<Event> {
+        let ev = self.rx.blocking_recv();
+        self.note(&ev);
+        ev
+    }
+
+    fn note(&mut self, ev: &Option<Event>) {
+        if matches!(ev, None | Some(Event::Finished { .. } | Event::Failed(_))) {
+            self.done = true;
+        }
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.cancel.send(Command::Cancel(self.id));
+        }
+    }
+}
+
+impl EngineHandle {
+    /// Validates and queues a request.
+    pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream, EngineError> {
+        let info = &self.info;
+        if req.prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= info.vocab_size) {
+            return Err(EngineError::InvalidParam(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                info.vocab_size
+            )));
+        }
+        let max_tokens = req.sampling.max_tokens;
+        if req.prompt.len() + max_tokens > info.max_model_len {
+            return Err(EngineError::ContextOverflow {
+                prompt: req.prompt.len(),
+                max_tokens,
+                limit: info.max_model_len,
+            });
+        }
+        if req.prompt.len() + max_tokens > info.kv_tokens {
+            return Err(EngineError::TooLargeForCache {
+                needed_tokens: req.prompt.len() + max_tokens,
+                capacity_tokens: info.kv_tokens,
+            });
+        }
+        for (name, v) in [
+            ("frequency_penalty", req.frequency_penalty),
+            ("presence_penalty", req.presence_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&v) {
+                return Err(EngineError::InvalidParam(format!(
+                    "{name} must be between -2 and 2, got {v}"
+                )));
+            }
+        }
+        if let Some(n) = req.logprobs
+            && n > 20
+        {
+            return Err(EngineError::InvalidParam(format!(
+                "top_logprobs must be at most 20, got {n}"
+            )));
+        }
+        let sampler = Sampler::new(req.sampling.clone())
+            .map_err(|e| EngineError::InvalidParam(e.to_string()))?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = unbounded_channel();
+        let seq = Sequence::new(id, req, sampler, tx, self.tokenizer.decode_stream(true));
+        self.tx
+            .send(Command::Submit(Box::new(seq)))
+            .map_err(|_| EngineError::ShuttingDown)?;
+        Ok(RequestStream {
+            id,
+            rx,
+            cancel: self.tx.clone(),
+            done: false,
+        })
+    }
+
+    /// Asks the engine loop to stop: requests in flight end with
+    /// [`EngineError::ShuttingDown`], and the prefix cache is persisted.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Command::Shutdown);
+    }
+
+    /// The engine's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Fixed facts about the engine.
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    /// The tokenizer requests are encoded with.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+}
+
+/// The engine: owns the model, the cache and every request's state.
+pub struct Engine<B: Backend> {
+    model: Transformer<B>,
+    tokenizer: Arc<Tokenizer>,
+    cache: KvCache<B>,
+    scratch: Scratch<B>,
+    opts: EngineOptions,
+    identity: CacheIdentity,
+    rx: Receiver<Command>,
+    metrics: Arc<Metrics>,
+    waiting: VecDeque<Box<Sequence>>,
+    running: Vec<Sequence>,
+    logits: Vec<f32>,
+    snapshots: Option<Snapshots>,
+    shutting_down: bool,
+}
+
+impl<B: Backend> Engine<B> {
+    /// An engine over `model` with a cache of `dtype` under `policy`, sized by `opts`.
+    /// Prefix caching is turned off (with a warning) for caches with a full-precision window:
+    /// their exact copies of recent tokens are not shared with the blocks.
+    pub fn new(
+        model: Transformer<B>,
+        tokenizer: Arc<Tokenizer>,
+        dtype: KvDtype,
+        policy: &KvPolicy,
+        mut opts: EngineOptions,
+    ) -> Result<(Self, EngineHandle), EngineError> {
+        let internal = |e: turbokv_model::ModelError| EngineError::Internal(e.to_string());
+        opts.max_model_len = opts.max_model_len.min(model.config().max_context).max(1);
+        opts.max_num_seqs = opts.max_num_seqs.max(1);
+        opts.max_batched_tokens = opts.max_batched_tokens.max(opts.max_num_seqs);
+        let cache = model
+            .new_cache_with(
+                dtype,
+                policy,
+                opts.block_size,
+                opts.kv_tokens,
+                opts.max_model_len,
+            )
+            .map_err(internal)?;
+        if opts.prefix_caching && cache.layout().window.is_active() && dtype.is_compressed() {
+            tracing::warn!(
+                "prefix caching is off: this cache keeps recent tokens at full precision beside the blocks, which are not shared"
+            );
+            opts.prefix_caching = false;
+        }
+        let identity = CacheIdentity::new(&opts.model_fingerprint, cache.layout());
+        let scratch = model.new_scratch().map_err(internal)?;
+        let metrics = Arc::new(Metrics::new());
+        let total = cache.allocator().total_blocks();
+        metrics.kv_blocks_total.set(total as i64);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let info = Arc::new(EngineInfo {
+            max_model_len: opts.max_model_len,
+            kv_tokens: total * opts.block_size,
+            max_num_seqs: opts.max_num_seqs,
+            prefix_caching: opts.prefix_caching,
+            vocab_size: model.config().vocab_size,
+        });
+        let handle = EngineHandle {
+            tx,
+            next_id: Arc::new(AtomicU64::new(1)),
+            metrics: metrics.clone(),
+            info,
+            tokenizer: tokenizer.clone(),
+        };
+        let engine = Self {
+            model,
+            tokenizer,
+            cache,
+            scratch,
+            opts,
+            identity,
+            rx,
+            metrics,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            logits: Vec::new(),
+            snapshots: None,
+            shutting_down: false,
+        };
+        Ok((engine, handle))
+    }
+
+    /// The identity that names this cache's blocks.
+    pub fn identity(&self) -> &CacheIdentity {
+        &self.identity
+    }
+
+    /// The cache (its layout, for snapshot identities).
+    pub fn cache(&self) -> &KvCache<B> {
+        &self.cache
+    }
+
+    /// Persists prefix blocks in `snapshots` (evicted ones and, at shutdown, every cached
+    /// one) and restores them from it on prefix misses. Requires prefix caching.
+    pub fn set_snapshots(&mut self, snapshots: Snapshots) {
+        if self.opts.prefix_caching {
+            self.snapshots = Some(snapshots);
+        } else {
+            tracing::warn!("prefix snapshots need prefix caching, which is off for this cache");
+        }
+    }
+
+    /// The step loop: runs until [`EngineHandle::shutdown`] or until every handle and stream
+    /// is dropped.
+    pub fn run(mut self) {
+        tracing::info!(
+            blocks = self.cache.allocator().total_blocks(),
+            block_size = self.opts.block_size,
+            max_num_seqs = self.opts.max_num_seqs,
+            "engine started"
+        );
+        loop {
+            if self.running.is_empty() && self.waiting.is_empty() {
+                if self.shutting_down {
+                    break;
+                }
+                match self.rx.recv() {
+                    Ok(c) => self.command(c),
+                    Err(_) => break,
+                }
+            }
+            loop {
+                match self.rx.try_recv() {
+                    Ok(c) => self.command(c),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        self.shutting_down = true;
+                        break;
+                    }
+                }
+            }
+            if self.shutting_down {
+                self.abort_all();
+                break;
+            }
+            self.drop_closed();
+            if let Err(e) = self.step() {
+                tracing::error!("engine step failed: {e}");
+                self.fail_running(EngineError::Internal(e));
+            }
+            self.update_gauges();
+        }
+        if let Some(s) = self.snapshots.as_mut() {
+            s.persist_all(
+                &self.cache,
+                self.model.backend(),
+                &self.identity,
+                &self.metrics,
+            );
+        }
+        tracing::info!("engine stopped");
+    }
+
+    fn command(&mut self, c: Command) {
+        match c {
+            Command::Submit(seq) => {
+                self.waiting.push_back(seq);
+            }
+            Command::Cancel(id) => self.cancel(id),
+            Command::Shutdown => self.shutting_down = true,
+        }
+        self.update_gauges();
+    }
+
+    fn cancel(&mut self, id: RequestId) {
+        if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            let seq = self.running.remove(i);
+            self.release(&seq);
+            self.metrics
+                .request_success
+                .with_label_values(&["abort"])
+                .inc();
+            tracing::debug!(id, "cancelled");
+        } else if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            let seq = self.waiting.remove(i);
+            if let Some(seq) = seq {
+                self.release(&seq);
+            }
+        }
+    }
+
+    /// Cancels the requests whose client went away.
+    fn drop_closed(&mut self) {
+        let closed: Vec<RequestId> = self
+            .running
+            .iter()
+            .chain(self.waiting.iter().map(|b| &**b))
+            .filter(|s| s.tx.is_closed())
+            .map(|s| s.id)
+            .collect();
+        for id in closed {
+            self.cancel(id);
+        }
+    }
+
+    fn release(&mut self, seq: &Sequence) {
+        if seq.admitted {
+            let _ = self.cache.remove_sequence(seq.id);
+        }
+    }
+
+    fn abort_all(&mut self) {
+        let all: Vec<Sequence> = self
+            .running
+            .drain(..)
+            .chain(self.waiting.drain(..).map(|b| *b))
+            .collect();
+        for seq in all {
+            self.release(&seq);
+            let _ = seq.tx.send(Event::Failed(EngineError::ShuttingDown));
+        }
+    }
+
+    fn fail_running(&mut self, err: EngineError) {
+        for seq in std::mem::take(&mut self.running) {
+            self.release(&seq);
+            self.metrics
+                .request_success
+                .with_label_values(&["error"])
+                .inc();
+            let _ = seq.tx.send(Event::Failed(err.clone()));
+        }
+    }
+
+    fn update_gauges(&self) {
+        let m = &self.metrics;
+        m.running.set(self.running.len() as i64);
+        m.waiting.set(self.waiting.len() as i64);
+        let pool = self.cache.allocator().pool();
+        m.kv_blocks_used.set(pool.used() as i64);
+        let usage = pool.used() as f64 / pool.total().max(1) as f64;
+        m.kv_usage.set(usage);
+        m.gpu_cache_usage.set(usage);
+    }
+
+    /// Blocks of a prompt that may be shared: full ones, leaving at least one token to run
+    /// (its logits are the first output).
+    fn shareable_blocks(&self, seq: &Sequence) -> usize {
+        (seq.tokens.len() - 1) / self.opts.block_size
+    }
+
+    /// Puts a waiting sequence into the cache, sharing its cached prefix.
+    fn admit(&mut self, seq: &mut Sequence) -> Result<(), String> {
+        let bs = self.opts.block_size;
+        let share = if self.opts.prefix_caching {
+            self.shareable_blocks(seq)
+        } else {
+            0
+        };
+        if seq.hashes.len() < share {
+            seq.hashes = block_hashes(&seq.tokens, bs, &self.identity, share);
+        }
+        let hashes = &seq.hashes[..share];
+        if let Some(s) = self.snapshots.as_mut() {
+            let have = self.cache.allocator().cached_prefix(hashes);
+            s.restore(
+                hashes,
+                have,
+                &mut self.cache,
+                self.model.backend(),
+                &self.identity,
+                &self.metrics,
+            );
+        }
+        let cached = self
+            .cache
+            .allocator_mut()
+            .add_sequence_with_prefix(seq.id, hashes)
+            .map_err(|e| e.to_string())?;
+        seq.admitted = true;
+        seq.cached = cached;
+        if seq.cached_tokens.is_none() {
+            seq.cached_tokens = Some(cached);
+            if self.opts.prefix_caching {
+                self.metrics.prefix_queries.inc_by(seq.prompt_len as u64);
+                self.metrics.prefix_hits.inc_by(cached as u64);
+            }
+            self.metrics.prompt_tokens.inc_by(seq.prompt_len as u64);
+        }
+        Ok(())
+    }
+
+    /// Drops a running sequence's KV and queues it again (recompute).
+    fn preempt(&mut self, index: usize) {
+        let mut seq = self.running.remove(index);
+        self.release(&seq);
+        seq.admitted = false;
+        seq.cached = 0;
+        self.metrics.preemptions.inc();
+        tracing::debug!(id = seq.id, tokens = seq.tokens.len(), "preempted");
+        self.waiting.push_front(Box::new(seq));
+    }
+
+    fn blocks_needed(&self, plan: &[(usize, usize)]) -> usize {
+        plan.iter()
+            .map(|&(i, n)| {
+                self.cache
+                    .allocator()
+                    .blocks_needed(self.running[i].id, n)
+                    .unwrap_or(usize::MAX / 4)
+            })
+            .sum()
+    }
+
+    /// The prefill chunk of a sequence with `pending` tokens to feed: the rest of its prompt,
+    /// cut at multiples of the budget. Fixed boundaries keep a request's numerics independent
+    /// of what else runs (the CPU kernels read a chunk's own keys at full precision).
+    fn prefill_chunk(&self, pending: usize) -> usize {
+        pending.min(self.opts.max_batched_tokens)
+    }
+
+    /// One scheduling round and its forward steps: one over the decode rows, then one per
+    /// prefill chunk. They run apart because a row's logits differ in their last bits with
+    /// the rows it shares a step with, and a request's output should depend on its
+    /// neighbours as little as possible.
+    fn step(&mut self) -> Result<(), String> {
+        let budget_total = self.opts.max_batched_tokens;
+        // (index into running, tokens to feed)
+        let mut plan: Vec<(usize, usize)>;
+        let mut budget;
+        loop {
+            budget = budget_total;
+            plan = Vec::new();
+            for (i, s) in self.running.iter().enumerate() {
+                if s.pending() == 1 {
+                    plan.push((i, 1));
+                }
+            }
+            // Prefill chunks in arrival order, each whole or not at all this step.
+            for (i, s) in self.running.iter().enumerate() {
+                let n = self.prefill_chunk(s.pending());
+                if s.pending() > 1 && n <= budget {
+                    plan.push((i, n));
+                    budget -= n;
+                }
+            }
+            let needed = self.blocks_needed(&plan);
+            if needed <= self.cache.allocator().free_blocks() || self.running.len() <= 1 {
+                break;
+            }
+            self.preempt(self.running.len() - 1);
+        }
+        // Admit while sequences, budget and blocks remain.
+        let mut needed = self.blocks_needed(&plan);
+        while budget > 0 && self.running.len() < self.opts.max_num_seqs {
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
+            if let Err(e) = self.admit(&mut seq) {
+                self.waiting.push_front(seq);
+                return Err(e);
+            }
+            let n = self.prefill_chunk(seq.pending());
+            let more = self
+                .cache
+                .allocator()
+                .blocks_needed(seq.id, n)
+                .map_err(|e| e.to_string())?;
+            if n > budget || needed + more > self.cache.allocator().free_blocks() {
+                // Not now: undo the admission (its shared blocks go back to the free queue).
+                self.release(&seq);
+                seq.admitted = false;
+                seq.cached = 0;
+                if self.running.is_empty() && n <= budget {
+                    // Nothing will free blocks for it: it can never run.
+                    self.metrics
+                        .request_success
+                        .with_label_values(&["error"])
+                        .inc();
+                    let _ = seq.tx.send(Event::Failed(EngineError::TooLargeForCache {
+                        needed_tokens: seq.tokens.len(),
+                        capacity_tokens: self.cache.allocator().total_blocks()
+                            * self.opts.block_size,
+                    }));
+                    continue;
+                }
+                self.waiting.push_front(seq);
+                break;
+            }
+            needed += more;
+            budget -= n;
+            self.running.push(*seq);
+            plan.push((self.running.len() - 1, n));
+        }
+        if plan.is_empty() {
+            return Ok(());
+        }
+        if needed > self.cache.allocator().free_blocks() {
+            // One sequence alone outgrew the cache: it cannot continue.
+            let (i, _) = plan[0];
+            let seq = self.running.remove(i);
+            self.release(&seq);
+            let _ = seq.tx.send(Event::Failed(EngineError::TooLargeForCache {
+                needed_tokens: seq.tokens.len(),
+                capacity_tokens: self.cache.allocator().total_blocks() * self.opts.block_size,
+            }));
+            return Ok(());
+        }
+        if let Some(s) = self.snapshots.as_mut() {
+            // Blocks about to be evicted by this step's allocations: persist them first.
+            let evicted = self.cache.allocator().pool().peek_evictions(needed);
+            s.persist(
+                &evicted,
+                &self.cache,
+                self.model.backend(),
+                &self.identity,
+                &self.metrics,
+            );
+        }
+        let (decode, prefill): (Vec<_>, Vec<_>) = plan
+            .into_iter()
+            .partition(|&(i, n)| n == 1 && self.running[i].pending() == 1);
+        let mut finished = Vec::new();
+        if !decode.is_empty() {
+            self.forward(&decode, &mut finished)?;
+        }
+        // One step per prefill chunk: the kernels group a step's tokens in fours, so a chunk
+        // batched with another would be grouped differently from the chunk alone.
+        for chunk in prefill {
+            self.forward(&[chunk], &mut finished)?;
+        }
+        // Remove from the back so the indices stay valid.
+        finished.sort_by_key(|f: &(usize, FinishReason)| std::cmp::Reverse(f.0));
+        for (i, reason) in finished {
+            let seq = self.running.remove(i);
+            self.finish(seq, reason);
+        }
+        Ok(())
+    }
+
+    fn forward(
+        &mut self,
+        plan: &[(usize, usize)],
+        finished: &mut Vec<(usize, FinishReason)>,
+    ) -> Result<(), String> {
+        let inputs: Vec<SeqInput<'_>> = plan
+            .iter()
+            .map(|&(i, n)| {
+                let s = &self.running[i];
+                SeqInput {
+                    seq: s.id,
+                    tokens: &s.tokens[s.cached..s.cached + n],
+                }
+            })
+            .collect();
+        self.model
+            .forward(
+                &inputs,
+                &mut self.cache,
+                &mut self.scratch,
+                LogitsFor::LastToken,
+                &mut self.logits,
+            )
+            .map_err(|e| e.to_string())?;
+        drop(inputs);
+        let vocab = self.model.config().vocab_size;
+        let mut row = Vec::with_capacity(vocab);
+        for (r, &(i, n)) in plan.iter().enumerate() {
+            let bs = self.opts.block_size;
+            let prefix_caching = self.opts.prefix_caching;
+            let seq = &mut self.running[i];
+            seq.cached += n;
+            if prefix_caching {
+                let full = seq.cached / bs;
+                if seq.hashes.len() < full {
+                    seq.hashes = block_hashes(&seq.tokens, bs, &self.identity, full);
+                }
+                let _ = self
+                    .cache
+                    .allocator_mut()
+                    .register_blocks(seq.id, &seq.hashes[..full]);
+                if let Some(s) = self.snapshots.as_mut() {
+                    s.note_blocks(&seq.hashes[..full], &seq.tokens, bs);
+                }
+            }
+            if seq.pending() > 0 {
+                continue; // a prefill chunk short of the prompt's end
+            }
+            row.clear();
+            row.extend_from_slice(&self.logits[r * vocab..(r + 1) * vocab]);
+            if let Some(reason) = emit_next(seq, &mut row, &self.tokenizer, &self.metrics)? {
+                finished.push((i, reason));
+            } else if seq.tokens.len() >= self.opts.max_model_len {
+                finished.push((i, FinishReason::Length));
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, mut seq: Sequence, reason: FinishReason) {
+        self.release(&seq);
+        // Before the client hears of the end, so what it reads next is current.
+        self.update_gauges();
+        let mut tail = String::new();
+        if seq.stops.stopped().is_none() {
+            tail.push_str(seq.decoder.finish().unwrap_or(""));
+            tail.push_str(seq.stops.finish());
+        }
+        let usage = Usage {
+            prompt_tokens: seq.prompt_len,
+            completion_tokens: seq.generated(),
+            cached_tokens: seq.cached_tokens.unwrap_or(0),
+        };
+        self.metrics
+            .e2e
+            .observe(seq.arrived.elapsed().as_secs_f64());
+        self.metrics
+            .request_success
+            .with_label_values(&[reason.as_str()])
+            .inc();
+        let _ = seq.tx.send(Event::Finished {
+            reason,
+            usage,
+            tail,
+        });
+    }
+}
+
+/// Samples the next token of `seq` from its logits `row`, streams it and says whether the
+/// sequence ends with it.
+fn emit_next(
+    seq: &mut Sequence,
+    row: &mut [f32],
+    tokenizer: &Tokenizer,
+    metrics: &Metrics,
+) -> Result<Option<FinishReason>, String> {
+    let logprob_top = seq.req.logprobs;
+    let lse = logprob_top.map(|_| log_sum_exp(row));
+    let (fp, pp) = (seq.req.frequency_penalty, seq.req.presence_penalty);
+    if fp != 0.0 || pp != 0.0 {
+        for (&t, &c) in &seq.counts {
+            if let Some(l) = row.get_mut(t as usize) {
+                *l -= fp * c as f32 + pp;
+            }
+        }
+    }
+    // The logprobs are of the model's distribution: computed before penalties and filters
+    // (the row is only modified for tokens generated before, so keep the original values).
+    let raw: Option<Vec<(u32, f32)>> =
+        logprob_top.map(|n| top_n(row, n.max(1), &seq.counts, fp, pp));
+    let token = seq
+        .sampler
+        .sample(row, &seq.tokens)
+        .map_err(|e| format!("sampling: {e}"))?;
+    let now = Instant::now();
+    match seq.last_token_at {
+        None => metrics.ttft.observe((now - seq.arrived).as_secs_f64()),
+        Some(t) => {
+            metrics.itl.observe((now - t).as_secs_f64());
+            metrics.tpot.observe((now - t).as_secs_f64());
+        }
+    }
+    seq.last_token_at = Some(now);
+    metrics.generation_tokens.inc();
+    *seq.counts.entry(token).or_insert(0) += 1;
+    seq.tokens.push(token);
+    let logprob = match (lse, raw) {
+        (Some(lse), Some(top)) => {
+            let orig = original_logit(row, token, &seq.counts, fp, pp, true);
+            Some(TokenLogprob {
+                token,
+                logprob: orig - lse,
+                top: top
+                    .into_iter()
+                    .take(logprob_top.unwrap_or(0))
+                    .map(|(t, l)| (t, l - lse))
+                    .collect(),
+            })
+        }
+        _ => None,
+    };
+    if tokenizer.is_eos(token) && !seq.req.ignore_eos {
+        let _ = seq.tx.send(Event::Token {
+            id: token,
+            text: String::new(),
+            logprob,
+        });
+        return Ok(Some(FinishReason::Stop));
+    }
+    let mut text = String::new();
+    let mut stopped = false;
+    if let Some(piece) = seq.decoder.step(tokenizer, token) {
+        let step = seq.stops.push(piece);
+        text.push_str(step.text);
+        stopped = step.stopped.is_some();
+    }
+    let _ = seq.tx.send(Event::Token {
+        id: token,
+        text,
+        logprob,
+    });
+    if stopped {
+        return Ok(Some(FinishReason::Stop));
+    }
+    if seq.generated() >= seq.req.sampling.max_tokens {
+        return Ok(Some(FinishReason::Length));
+    }
+    Ok(None)
+}
+
+/// The logit a token had before the frequency and presence penalties. `counted_now`: the
+/// token's count already includes its own pick.
+fn original_logit(
+    row: &[f32],
+    token: u32,
+    counts: &std::collections::HashMap<u32, u32>,
+    fp: f32,
+    pp: f32,
+    counted_now: bool,
+) -> f32 {
+    let l = row
+        .get(token as usize)
+        .copied()
+        .unwrap_or(f32::NEG_INFINITY);
+    let c = counts.get(&token).copied().unwrap_or(0) - u32::from(counted_now);
+    if c > 0 { l + fp * c as f32 + pp } else { l }
+}
+
+/// The `n` largest original (unpenalised) logits with their ids, best first.
+fn top_n(
+    row: &[f32],
+    n: usize,
+    counts: &std::collections::HashMap<u32, u32>,
+    fp: f32,
+    pp: f32,
+) -> Vec<(u32, f32)> {
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
+    for (i, _) in row.iter().enumerate() {
+        let l = original_logit(row, i as u32, counts, fp, pp, false);
+        if l.is_nan() {
+            continue;
+        }
+        if best.len() < n || l > best[best.len() - 1].1 {
+            let at = best.partition_point(|&(_, b)| b >= l);
+            best.insert(at, (i as u32, l));
+            best.truncate(n);
+        }
+    }
+    best
+}
+
+fn log_sum_exp(row: &[f32]) -> f32 {
+    let m = row
+        .iter()
+        .copied()
+        .filter(|x| !x.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    if !m.is_finite() {
+        return m;
+    }
+    let s: f64 = row
+        .iter()
+        .filter(|x| !x.is_nan())
+        .map(|&x| ((x - m) as f64).exp())
+        .sum();
+    m + s.ln() as f32
+}

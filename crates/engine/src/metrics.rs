@@ -1,0 +1,162 @@
+//! Prometheus metrics of the engine, named as vLLM names them so that dashboards and
+//! routers that read vLLM's `/metrics` read these too.
+
+use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts};
+use prometheus::{Gauge, Registry, TextEncoder};
+
+/// The engine's counters, gauges and histograms, registered in their own registry.
+pub struct Metrics {
+    registry: Registry,
+    /// Requests being generated (admitted).
+    pub running: IntGauge,
+    /// Requests waiting for admission (preempted ones included).
+    pub waiting: IntGauge,
+    /// Fraction of KV blocks held by requests (0..1).
+    pub kv_usage: Gauge,
+    /// The same, under vLLM v0's name.
+    pub gpu_cache_usage: Gauge,
+    /// KV blocks held by requests.
+    pub kv_blocks_used: IntGauge,
+    /// KV blocks in the pool.
+    pub kv_blocks_total: IntGauge,
+    /// Prompt tokens looked up in the prefix cache.
+    pub prefix_queries: IntCounter,
+    /// Prompt tokens found there.
+    pub prefix_hits: IntCounter,
+    /// Seconds from arrival to the first token.
+    pub ttft: Histogram,
+    /// Seconds between consecutive tokens of a request.
+    pub itl: Histogram,
+    /// The same, under vLLM's older name.
+    pub tpot: Histogram,
+    /// Seconds from arrival to the end.
+    pub e2e: Histogram,
+    /// Prompt tokens of finished and running requests (prefilled or cached).
+    pub prompt_tokens: IntCounter,
+    /// Generated tokens.
+    pub generation_tokens: IntCounter,
+    /// Requests preempted (their KV dropped, to be recomputed).
+    pub preemptions: IntCounter,
+    /// Requests finished, by `finished_reason` (stop, length, abort, error).
+    pub request_success: IntCounterVec,
+    /// Prefix blocks written to the snapshot store.
+    pub snapshots_written: IntCounter,
+    /// Prefix blocks restored from it.
+    pub snapshots_restored: IntCounter,
+    /// Snapshot files refused (corrupt, truncated, another model or cache format).
+    pub snapshots_rejected: IntCounter,
+}
+
+fn latency_buckets() -> Vec<f64> {
+    vec![
+        0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+        20.0, 40.0, 80.0,
+    ]
+}
+
+impl Metrics {
+    /// Fresh metrics; `model` labels nothing yet but is kept for the registry's help text.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid metric name");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric");
+            g
+        };
+        let fgauge = |name: &str, help: &str| {
+            let g = Gauge::new(name, help).expect("valid metric name");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric");
+            g
+        };
+        let counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid metric name");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
+            c
+        };
+        let hist = |name: &str, help: &str| {
+            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(latency_buckets()))
+                .expect("valid metric name");
+            registry
+                .register(Box::new(h.clone()))
+                .expect("unique metric");
+            h
+        };
+        let request_success = IntCounterVec::new(
+            Opts::new("vllm:request_success_total", "Finished requests by reason."),
+            &["finished_reason"],
+        )
+        .expect("valid metric name");
+        registry
+            .register(Box::new(request_success.clone()))
+            .expect("unique metric");
+        Self {
+            running: gauge("vllm:num_requests_running", "Requests being generated."),
+            waiting: gauge(
+                "vllm:num_requests_waiting",
+                "Requests waiting to be admitted.",
+            ),
+            kv_usage: fgauge(
+                "vllm:kv_cache_usage_perc",
+                "Fraction of KV blocks in use (0-1).",
+            ),
+            gpu_cache_usage: fgauge(
+                "vllm:gpu_cache_usage_perc",
+                "Fraction of KV blocks in use (0-1), vLLM v0 name.",
+            ),
+            kv_blocks_used: gauge("turbokv:kv_blocks_used", "KV blocks held by requests."),
+            kv_blocks_total: gauge("turbokv:kv_blocks_total", "KV blocks in the pool."),
+            prefix_queries: counter(
+                "vllm:prefix_cache_queries_total",
+                "Prompt tokens looked up in the prefix cache.",
+            ),
+            prefix_hits: counter(
+                "vllm:prefix_cache_hits_total",
+                "Prompt tokens found in the prefix cache.",
+            ),
+            ttft: hist("vllm:time_to_first_token_seconds", "Time to first token."),
+            itl: hist("vllm:inter_token_latency_seconds", "Time between tokens."),
+            tpot: hist(
+                "vllm:time_per_output_token_seconds",
+                "Time per output token.",
+            ),
+            e2e: hist("vllm:e2e_request_latency_seconds", "Request latency."),
+            prompt_tokens: counter("vllm:prompt_tokens_total", "Prompt tokens."),
+            generation_tokens: counter("vllm:generation_tokens_total", "Generated tokens."),
+            preemptions: counter("vllm:num_preemptions_total", "Preempted requests."),
+            request_success,
+            snapshots_written: counter(
+                "turbokv:prefix_snapshots_written_total",
+                "Prefix blocks written to the snapshot store.",
+            ),
+            snapshots_restored: counter(
+                "turbokv:prefix_snapshots_restored_total",
+                "Prefix blocks restored from the snapshot store.",
+            ),
+            snapshots_rejected: counter(
+                "turbokv:prefix_snapshots_rejected_total",
+                "Snapshot files refused (corrupt, truncated, another model or format).",
+            ),
+            registry,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        // Encoding into a Vec cannot fail for metrics this registry built.
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        String::from_utf8_lossy(&out).into_owned()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
