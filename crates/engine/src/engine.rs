@@ -233,8 +233,10 @@ pub struct Engine<B: Backend> {
 
 impl<B: Backend> Engine<B> {
     /// An engine over `model` with a cache of `dtype` under `policy`, sized by `opts`.
-    /// Prefix caching is turned off (with a warning) for caches with a full-precision window:
-    /// their exact copies of recent tokens are not shared with the blocks.
+    /// Prefix caching is turned off (with a warning) for caches with a full-precision window
+    /// (their exact copies of recent tokens are not shared with the blocks) and for models
+    /// with sliding-window ring layers (a sequence's ring holds nothing for tokens it took
+    /// from shared blocks).
     pub fn new(
         model: Transformer<B>,
         tokenizer: Arc<Tokenizer>,
@@ -258,6 +260,12 @@ impl<B: Backend> Engine<B> {
         if opts.prefix_caching && cache.layout().window.is_active() && dtype.is_compressed() {
             tracing::warn!(
                 "prefix caching is off: this cache keeps recent tokens at full precision beside the blocks, which are not shared"
+            );
+            opts.prefix_caching = false;
+        }
+        if opts.prefix_caching && cache.ring_tokens_per_seq().is_some() {
+            tracing::warn!(
+                "prefix caching is off: this model's sliding-window layers keep a per-sequence ring that shared blocks do not carry"
             );
             opts.prefix_caching = false;
         }

@@ -411,3 +411,27 @@ fn prefix_blocks_survive_a_restart_and_bad_files_are_refused() {
     let (_, _, usage) = collect(r.handle.submit(GenerateRequest::greedy(p, 4)).unwrap());
     assert_eq!(usage.cached_tokens, 0);
 }
+
+/// A model whose sliding-window layers keep per-sequence rings (Gemma 3, the committed tiny
+/// fixture) is served without prefix caching: a shared block would leave the new sequence's
+/// ring empty for those tokens, a silently wrong answer.
+#[test]
+fn a_model_with_sliding_window_rings_serves_without_prefix_caching() {
+    let Some(demo) = demo_model() else { return };
+    let gemma = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/fixtures/families/gemma3/model.gguf");
+    let model = Model::load(&gemma, CpuBackend::new(), &LoadOptions::default()).unwrap();
+    let demo = Model::load(&demo, CpuBackend::new(), &LoadOptions::default()).unwrap();
+    let tokenizer = Tokenizer::from_gguf(&demo.gguf.as_ref().unwrap().metadata).unwrap();
+    let opts = EngineOptions::default();
+    assert!(opts.prefix_caching);
+    let (_engine, handle) = Engine::new(
+        model.transformer,
+        Arc::new(tokenizer),
+        KvDtype::Bf16,
+        &KvPolicy::default(),
+        opts,
+    )
+    .unwrap();
+    assert!(!handle.info().prefix_caching);
+}
