@@ -23,7 +23,7 @@ use rayon::prelude::*;
 
 use turbokv_cache::KvWindow;
 
-use super::kv::{CodecStore, CpuKvPool, Half};
+use super::kv::{CodecStore, CpuKvPool};
 use super::{CpuTensor, decode, ops, shape};
 use crate::Error;
 use crate::backend::{AttnGeometry, SeqSpan};
@@ -151,6 +151,34 @@ fn plan(spans: &[SeqSpan<'_>], g: &AttnGeometry, block_size: usize) -> Vec<Task>
     tasks
 }
 
+/// Query rows `q` (sequence rows from `first_row`) of the query heads of kv head `head`, in the
+/// keys' working basis (`wk` values each): row r = query token · group + grouped head.
+pub(super) fn queries_in_work_basis(
+    qkv: &CpuTensor,
+    first_row: usize,
+    q: std::ops::Range<usize>,
+    head: usize,
+    g: &AttnGeometry,
+    codec: Option<&CodecStore>,
+    wk: usize,
+) -> Result<Vec<f32>, Error> {
+    let (d, group) = (g.head_dim, g.group());
+    let mut qw = vec![0f32; q.len() * group * wk];
+    for qi in q.clone() {
+        let q_row = qkv.row(first_row + qi);
+        for gh in 0..group {
+            let h = head * group + gh;
+            let r = (qi - q.start) * group + gh;
+            let (src, dst) = (&q_row[h * d..(h + 1) * d], &mut qw[r * wk..(r + 1) * wk]);
+            match codec {
+                None => dst.copy_from_slice(src),
+                Some(c) => c.codec.key.query_to_work(src, dst)?,
+            }
+        }
+    }
+    Ok(qw)
+}
+
 fn run_task(
     t: Task,
     qkv: &CpuTensor,
@@ -164,19 +192,7 @@ fn run_task(
     let (wk, wv) = codec.map_or((d, d), |c| (c.codec.key.work_dim(), d));
     let rows = (t.q1 - t.q0) * group;
     // Queries in the keys' working basis, once per task.
-    let mut qw = vec![0f32; rows * wk];
-    for qi in t.q0..t.q1 {
-        let q_row = qkv.row(s.first_row + qi);
-        for gh in 0..group {
-            let h = t.head * group + gh;
-            let r = (qi - t.q0) * group + gh;
-            let (q, dst) = (&q_row[h * d..(h + 1) * d], &mut qw[r * wk..(r + 1) * wk]);
-            match codec {
-                None => dst.copy_from_slice(q),
-                Some(c) => c.codec.key.query_to_work(q, dst)?,
-            }
-        }
-    }
+    let qw = queries_in_work_basis(qkv, s.first_row, t.q0..t.q1, t.head, g, codec, wk)?;
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0f32; rows];
     let mut acc = vec![0f32; rows * wv];
@@ -191,22 +207,7 @@ fn run_task(
         let block = pool.block_of(s.blocks, p0)?;
         let slots = p0 % bs..p0 % bs + n;
         let (keys, values) = (&mut kbuf[..n * wk], &mut vbuf[..n * wv]);
-        match codec {
-            None => {
-                pool.load(Half::K, block, t.head, slots.clone(), keys);
-                pool.load(Half::V, block, t.head, slots.clone(), values);
-            }
-            Some(c) => {
-                let kb = pool.codec_block(Half::K, block, t.head);
-                c.codec
-                    .key
-                    .decode_tile(kb, &c.k_layout, slots.clone(), keys)?;
-                let vb = pool.codec_block(Half::V, block, t.head);
-                c.codec
-                    .value
-                    .decode_tile(vb, &c.v_layout, slots.clone(), values)?;
-            }
-        }
+        pool.load_tile(block, t.head, slots.clone(), keys, values)?;
         let any_exact = exact.load(pool, block, t.head, p0, slots.start, n, first_qpos)?;
         for qi in t.q0..t.q1 {
             let qpos = s.first_pos + qi;

@@ -475,6 +475,33 @@ impl CpuKvPool {
     }
 
     /// The bytes of (block, head) of K or V in a codec pool.
+    /// K and V of `slots` of `block` (kv head `head`) into `keys` / `values` in the keys' and
+    /// values' working basis: the stored 16-bit values, or the codes decoded tile-wise.
+    pub(crate) fn load_tile(
+        &self,
+        block: usize,
+        head: usize,
+        slots: std::ops::Range<usize>,
+        keys: &mut [f32],
+        values: &mut [f32],
+    ) -> Result<(), Error> {
+        match self.codec() {
+            None => {
+                self.load(Half::K, block, head, slots.clone(), keys);
+                self.load(Half::V, block, head, slots, values);
+            }
+            Some(c) => {
+                let kb = self.codec_block(Half::K, block, head);
+                c.codec
+                    .key
+                    .decode_tile(kb, &c.k_layout, slots.clone(), keys)?;
+                let vb = self.codec_block(Half::V, block, head);
+                c.codec.value.decode_tile(vb, &c.v_layout, slots, values)?;
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn codec_block(&self, half: Half, block: usize, head: usize) -> &[u8] {
         match &self.store {
             Store::Codec(c) => {

@@ -11,8 +11,8 @@ use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
 
-use super::attention::finish_row;
-use super::kv::{CpuKvPool, Half};
+use super::attention::{finish_row, queries_in_work_basis};
+use super::kv::CpuKvPool;
 use super::{CpuTensor, ROWS_PER_TASK, expect_cols, ops, shape};
 use crate::Error;
 use crate::backend::{AttnGeometry, AttnVariant, SeqSpan};
@@ -150,19 +150,7 @@ fn run_task(
     let (wk, wv) = codec.map_or((d, d), |c| (c.codec.key.work_dim(), d));
     let exact_window = codec.map(|c| c.window).filter(|w| w.is_active());
     let rows = (t.q1 - t.q0) * group;
-    let mut qw = vec![0f32; rows * wk];
-    for qi in t.q0..t.q1 {
-        let q_row = qkv.row(s.first_row + qi);
-        for gh in 0..group {
-            let h = t.head * group + gh;
-            let r = (qi - t.q0) * group + gh;
-            let (q, dst) = (&q_row[h * d..(h + 1) * d], &mut qw[r * wk..(r + 1) * wk]);
-            match codec {
-                None => dst.copy_from_slice(q),
-                Some(c) => c.codec.key.query_to_work(q, dst)?,
-            }
-        }
-    }
+    let qw = queries_in_work_basis(qkv, s.first_row, t.q0..t.q1, t.head, g, codec, wk)?;
     let lo_of = |qpos: usize| variant.window.map_or(0, |w| (qpos + 1).saturating_sub(w));
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0f32; rows];
@@ -181,22 +169,7 @@ fn run_task(
         let block = pool.block_of(s.blocks, p0)?;
         let slots = p0 % bs..p0 % bs + n;
         let (keys, values) = (&mut kbuf[..n * wk], &mut vbuf[..n * wv]);
-        match codec {
-            None => {
-                pool.load(Half::K, block, t.head, slots.clone(), keys);
-                pool.load(Half::V, block, t.head, slots.clone(), values);
-            }
-            Some(c) => {
-                let kb = pool.codec_block(Half::K, block, t.head);
-                c.codec
-                    .key
-                    .decode_tile(kb, &c.k_layout, slots.clone(), keys)?;
-                let vb = pool.codec_block(Half::V, block, t.head);
-                c.codec
-                    .value
-                    .decode_tile(vb, &c.v_layout, slots.clone(), values)?;
-            }
-        }
+        pool.load_tile(block, t.head, slots.clone(), keys, values)?;
         // The f16 copies of the block's exact tokens, in the working basis.
         let mut any_exact = false;
         if let (Some(_), Some(c)) = (exact_window, codec) {
