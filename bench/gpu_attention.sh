@@ -4,6 +4,8 @@
 # end-to-end decode points. Expects the release binary and test binaries under .gpu/ (built
 # on a development machine: see BENCHMARKS.md) and writes logs and JSON under $OUT.
 #   bench/gpu_attention.sh [tests] [attention] [variants] [contig] [decode]
+# Environment: ATTN_KV (formats of `attention`, default bf16,f16), ATTN_ARGS (more flags),
+# DECODE_KV (formats of `decode`, default bf16), DECODE_POINTS (batch:ctx list).
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}
@@ -14,14 +16,14 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee 
 for part in "$@"; do
     case "$part" in
     tests)
-        for t in .gpu/cuda_ops .gpu/cuda_e2e; do
+        for t in .gpu/cuda_codes .gpu/cuda_ops .gpu/cuda_e2e; do
             [ -x "$t" ] || continue
             echo "== $t"
             timeout 300 "$t" --test-threads 1 2>&1 | tail -40 | tee -a "$OUT/tests.txt"
         done ;;
     attention)
         echo "== bench attention"
-        timeout 400 "$BIN" bench attention --kv bf16,f16 --batch 1,8,32 --ctx 8k,32k,128k $ATTN_ARGS \
+        timeout 400 "$BIN" bench attention --kv "${ATTN_KV:-bf16,f16}" --batch 1,8,32 --ctx 8k,32k,128k $ATTN_ARGS \
             --json "$OUT/attention.json" 2>&1 | tee "$OUT/attention.txt" ;;
     variants)
         echo "== bench attention, every variant (bf16)"
@@ -32,11 +34,13 @@ for part in "$@"; do
         timeout 400 "$BIN" bench attention --kv bf16 --batch 1,8,32 --ctx 8k,32k,128k \
             --no-peer --contiguous-blocks --json "$OUT/contig.json" 2>&1 | tee "$OUT/contig.txt" ;;
     decode)
-        for bc in ${DECODE_POINTS:-1:4096 8:4096 32:4096 8:32768}; do
-            b=${bc%%:*}; c=${bc##*:}
-            echo "== bench decode batch $b ctx $c"
-            timeout 200 "$BIN" bench decode --device cuda --shape llama3-8b --batch "$b" --ctx "$c" \
-                --kv bf16 --steps 32 2>&1 | tail -8 | tee -a "$OUT/decode.txt"
+        for kv in ${DECODE_KV:-bf16}; do
+            for bc in ${DECODE_POINTS:-1:4096 8:4096 32:4096 8:32768}; do
+                b=${bc%%:*}; c=${bc##*:}
+                echo "== bench decode $kv batch $b ctx $c"
+                timeout 200 "$BIN" bench decode --device cuda --shape llama3-8b --batch "$b" \
+                    --ctx "$c" --kv "$kv" --steps 32 2>&1 | tail -8 | tee -a "$OUT/decode.txt"
+            done
         done ;;
     esac
 done

@@ -4,7 +4,11 @@ time) and then ptxas for the target, printing compile errors and each kernel's r
 spills and shared memory. The NVRTC and ptxas binaries come from NVIDIA's PyPI wheels
 (`nvidia-cuda-nvrtc`, `nvidia-cuda-nvcc`), installed on first use into ~/.cache/turbokv/cuda.
 
-    scripts/cuda-check.py [--arch sm_90] [--filter attn_dec] [FILE.cu ...]
+    scripts/cuda-check.py [--arch sm_90] [--filter attn_dec] [--ptx-cache DIR] [FILE.cu ...]
+
+`--ptx-cache DIR` also writes each module's PTX under the name the backend's PTX disk cache
+looks for (crates/backend/src/cuda/kernels.rs), so a GPU machine can start without compiling:
+copy DIR's files into its `$TMPDIR/turbokv-ptx` (the default `CudaOptions::ptx_cache`).
 """
 import argparse
 import ctypes
@@ -40,7 +44,7 @@ def nvrtc_compile(nvrtc, name: str, src: str, arch: str) -> tuple[str | None, st
     check = lambda rc, what: rc == 0 or sys.exit(f"{what} failed: {rc}")
     check(nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), name.encode(), 0, None,
                                    None), "nvrtcCreateProgram")
-    opts = OPTIONS + [f"--gpu-architecture={arch.replace('sm_', 'compute_')}"]
+    opts = OPTIONS + [f"--gpu-architecture={arch}"]
     arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
     rc = nvrtc.nvrtcCompileProgram(prog, len(opts), arr)
     size = ctypes.c_size_t()
@@ -57,10 +61,20 @@ def nvrtc_compile(nvrtc, name: str, src: str, arch: str) -> tuple[str | None, st
     return ptx, log.value.decode(errors="replace")
 
 
+def fnv1a(parts: list[str]) -> int:
+    """kernels.rs `fnv1a`: FNV-1a over each part's bytes followed by 0xff."""
+    h = 0xCBF29CE484222325
+    for p in parts:
+        for b in p.encode() + b"\xff":
+            h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--filter", default="", help="only report kernels whose name contains it")
+    ap.add_argument("--ptx-cache", type=Path)
     ap.add_argument("files", nargs="*")
     a = ap.parse_args()
     lib = toolkit()
@@ -71,7 +85,12 @@ def main() -> int:
     files = [Path(f) for f in a.files] or sorted(KERNELS.glob("*.cu"))
     failed = False
     for f in files:
-        ptx, log = nvrtc_compile(nvrtc, f.name, common + "\n" + f.read_text(), a.arch)
+        src = common + "\n" + f.read_text()
+        ptx, log = nvrtc_compile(nvrtc, f.name, src, a.arch)
+        if ptx is not None and a.ptx_cache:
+            a.ptx_cache.mkdir(parents=True, exist_ok=True)
+            key = fnv1a([src, a.arch, " ".join(OPTIONS)])
+            (a.ptx_cache / f"{f.stem}-{a.arch}-{key:016x}.ptx").write_text(ptx)
         if log.strip():
             print(f"--- {f.name} (nvrtc)\n{log}")
         if ptx is None:

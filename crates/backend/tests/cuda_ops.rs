@@ -1100,10 +1100,24 @@ fn bad_inputs_are_errors() {
         matches!(e, Error::UnsupportedAttention { .. }) && e.to_string().contains("head_dim"),
         "{e}"
     );
+    // Coded pools: the formats with kernels, not the others (tests/cuda_codes.rs has more).
+    g.supports_attention(&llama, "tq3".parse().unwrap())
+        .unwrap();
     let e = g
-        .supports_attention(&llama, "tq3".parse().unwrap())
+        .supports_attention(&llama, "tq2.5".parse().unwrap())
         .unwrap_err();
     assert!(matches!(e, Error::UnsupportedKvDtype { .. }), "{e}");
+    let grouped = AttnGeometry {
+        n_heads: 64,
+        n_kv_heads: 2,
+        head_dim: 64,
+        ..llama
+    };
+    g.supports_attention(&grouped, KvDtype::Bf16).unwrap();
+    let e = g
+        .supports_attention(&grouped, "int8".parse().unwrap())
+        .unwrap_err();
+    assert!(matches!(e, Error::UnsupportedAttention { .. }), "{e}");
 }
 
 /// Decode steps of a one-layer model (attention, gated FFN, fused residual adds) through

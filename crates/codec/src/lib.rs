@@ -53,6 +53,7 @@ pub mod bitpack;
 pub mod checksum;
 pub mod codebook;
 pub mod codec;
+pub mod device;
 pub mod dtype;
 mod error;
 pub mod kernels;
@@ -68,6 +69,7 @@ pub mod tq;
 mod work;
 
 pub use codec::{CodecOptions, LayerCodec, VectorCodec};
+pub use device::{DeviceFormat, HadamardMse};
 pub use dtype::{KeyMode, KvDtype, TqBits};
 pub use error::{Error, Result};
 /// The f16 type used for scalars in the public API (re-exported so callers need not depend on `half`).

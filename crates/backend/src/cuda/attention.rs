@@ -3,6 +3,7 @@
 
 use cudarc::driver::LaunchConfig;
 
+use super::codes::{CODE_HEAD_DIMS, CODE_TILE, CODE_WARPS, CodeVariant, DESC_WORDS};
 use super::kernels::{DECODE_SETS, MANY_PAIRS};
 use super::launch::Launches;
 use super::ops::{addr, check_geometry, expect_cols, ints, opc};
@@ -157,6 +158,15 @@ impl CudaBackend {
             && g.head_dim.is_multiple_of(4)
             && (4..=256).contains(&g.head_dim)
             && g.group() * g.head_dim <= ATTN_MAX_ELEMS;
+        if fits && dtype.is_compressed() && g.group() > DEC_MAX_GROUP {
+            return Err(Error::UnsupportedAttention {
+                backend: "cuda",
+                detail: format!("{} query heads per kv head over a {dtype} cache", g.group()),
+                supported: format!(
+                    "at most {DEC_MAX_GROUP} query heads per kv head on coded caches"
+                ),
+            });
+        }
         if fits {
             return Ok(());
         }
@@ -211,7 +221,17 @@ impl CudaBackend {
             return Ok(());
         }
         let grp = g.group();
-        if matches!(g.head_dim, 64 | 128)
+        let coded = pool.codes.as_ref();
+        if coded.is_some() && grp > DEC_MAX_GROUP {
+            return Err(shape(
+                "attention",
+                format!(
+                    "{grp} query heads per kv head over a coded pool (at most {DEC_MAX_GROUP})"
+                ),
+            ));
+        }
+        if coded.is_none()
+            && matches!(g.head_dim, 64 | 128)
             && (16 * self.prefill_warps).is_multiple_of(grp)
             && spans.iter().any(|s| s.n_tokens >= MMA_MIN_ROWS)
         {
@@ -227,14 +247,29 @@ impl CudaBackend {
         // The tensor-core split kernel, else the row-parallel kernel where it is
         // instantiated, else the tiled one.
         let pairs = rows * g.n_kv_heads;
-        let dec = (self.dec_mma && grp <= DEC_MAX_GROUP)
-            .then(|| self.decode_choice(hd, pairs, max_ctx))
-            .flatten();
+        // Coded pools: their kernel (every row, prefill included).
+        let code_kernel = match coded {
+            Some(c) => Some(
+                CodeVariant::all()
+                    .iter()
+                    .position(|v| *v == c.variant)
+                    .ok_or_else(|| shape("attention", format!("no kernel for {:?}", c.variant)))?,
+            ),
+            None => None,
+        };
+        let dec = match code_kernel {
+            Some(_) => None,
+            None => (self.dec_mma && grp <= DEC_MAX_GROUP)
+                .then(|| self.decode_choice(hd, pairs, max_ctx))
+                .flatten(),
+        };
         let dec_kernel = dec.map(|(i, _)| i);
-        let rows_kernel = rows_kernel_index(hd, grp).filter(|_| dec_kernel.is_none());
-        let splits = match dec {
-            Some((_, s)) => s,
-            None => self.split_count(rows, g.n_kv_heads, max_ctx),
+        let rows_kernel =
+            rows_kernel_index(hd, grp).filter(|_| dec_kernel.is_none() && code_kernel.is_none());
+        let splits = match (code_kernel, dec) {
+            (Some(i), _) => wave_splits(pairs, max_ctx, self.code_slots[i], CODE_TILE),
+            (None, Some((_, s))) => s,
+            (None, None) => self.split_count(rows, g.n_kv_heads, max_ctx),
         };
         // A split short enough to be requested in one go gets the row kernel's deeper
         // pipeline (the decode kernel's 3 stages of 64-key tiles keep 2 tiles in flight).
@@ -296,12 +331,14 @@ impl CudaBackend {
         // GEMV's rope-write epilogue, both of which trigger at their start): the kernel
         // starts as its programmatic dependent and fetches the older keys meanwhile
         // (attention.cu).
-        let prefetch = (rows_kernel.is_some() || dec_kernel.is_some())
+        let prefetch = code_kernel.is_none()
+            && (rows_kernel.is_some() || dec_kernel.is_some())
             && self.pdl
             && st.last_write_kv
             && spans.iter().all(|s| s.n_tokens == 1);
         let prefetch_i = i32::from(prefetch);
         let kernel_smem = match (dec_kernel, rows_kernel) {
+            _ if code_kernel.is_some() => coded.map_or(0, |c| c.variant.smem_bytes()),
             // The pipeline's stages of a 64-key K tile and V tile (rows padded by 8 halves),
             // then the 4 warps' states of 16 × (hd + 2) floats.
             (Some(i), _) => DECODE_VARIANTS[i].smem_bytes(),
@@ -335,6 +372,7 @@ impl CudaBackend {
             addr(&out.buf, &self.stream),
         );
         let f = match (dec_kernel, rows_kernel) {
+            _ if code_kernel.is_some() => &self.k.attn_codes[code_kernel.unwrap_or(0)],
             (Some(i), _) => &self.k.attn_dec[i],
             (None, Some(i)) => &self.k.attn_rows[2 * i + usize::from(deep)],
             (None, None) => {
@@ -349,14 +387,19 @@ impl CudaBackend {
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, g.n_kv_heads as u32, splits as u32),
             block_dim: (
-                dec_kernel.map_or(ATTN_THREADS, |i| DECODE_VARIANTS[i].threads()) as u32,
+                match (code_kernel, dec_kernel) {
+                    (Some(_), _) => 32 * CODE_WARPS,
+                    (None, Some(i)) => DECODE_VARIANTS[i].threads(),
+                    (None, None) => ATTN_THREADS,
+                } as u32,
                 1,
                 1,
             ),
             shared_mem_bytes: smem as u32,
         };
         let mut l = Launches::new(opc::ATTN);
-        l.kernel("attention", f, cfg, prefetch)
+        let a = l
+            .kernel("attention", f, cfg, prefetch)
             .ptr(qp)
             .arg(width)
             .arg(nh)
@@ -378,6 +421,27 @@ impl CudaBackend {
             .ptr(op)
             .ptr(ob)
             .arg(prefetch_i);
+        if let Some(c) = coded {
+            a.ptr(addr(&c.desc, &self.stream));
+        }
+        // Coded values were summed in their rotated basis and without their mean.
+        if let Some(c) = coded.filter(|c| c.values_rotated || c.centers.is_some()) {
+            let fi = CODE_HEAD_DIMS.iter().position(|&d| d == hd).unwrap_or(0);
+            let vdesc = addr(&c.desc, &self.stream) + (DESC_WORDS * 4) as u64;
+            let vc = c.centers.as_ref().map_or(0, |(_, v)| addr(v, &self.stream));
+            let cfg = LaunchConfig {
+                grid_dim: (rows as u32, g.n_heads as u32, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            l.kernel("attn_unrotate", &self.k.attn_unrotate[fi], cfg, false)
+                .ptr(op)
+                .ptr(ob)
+                .arg(nh)
+                .arg(nkv)
+                .ptr(vdesc)
+                .ptr(vc);
+        }
         let launch = st.admit(l.signature())?;
         st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
         if !launch {
@@ -392,7 +456,11 @@ impl CudaBackend {
         // head_dim ∈ {64, 128, 256} the 16-byte ones of the row kernel and the decode
         // kernel (64 / 128; its fragment reads stay inside the padded rows).
         // With `prefetch`, the kernel reads nothing the kernel ahead of it writes (the newest
-        // key, qkv) before `griddepcontrol.wait`.
+        // key, qkv) before `griddepcontrol.wait`. Coded pools: each (block, kv head) is the
+        // descriptor's `total` bytes (built from the pool's layouts), block sizes are
+        // powers of two of 16 or more (whole staged runs), head_dim is the kernel's, the group ≤ 16; the
+        // un-rotation reads and writes rows·n_heads·head_dim outputs and kv_heads·head_dim
+        // centers.
         unsafe { self.launch(&mut l) }?;
         Ok(())
     }

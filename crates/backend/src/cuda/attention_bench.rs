@@ -72,9 +72,15 @@ impl CudaBackend {
         case: &DecodeAttentionCase,
     ) -> Result<DecodeAttentionTiming, Error> {
         let g = &case.geometry;
+        // Coded pools are filled with random f16 bit patterns too: random codes, and finite
+        // scales (the kernels' speed does not depend on the values).
         let is_bf16 = match case.dtype {
             KvDtype::Bf16 => 1i32,
             KvDtype::F16 => 0i32,
+            other if other.is_compressed() => {
+                self.check_kv_dtype(other, g.head_dim)?;
+                0i32
+            }
             other => return Err(unsupported_kv(other)),
         };
         let bad = |detail: String| Error::Cuda {
@@ -98,7 +104,8 @@ impl CudaBackend {
             num_blocks * case.block_size,
         )
         .map_err(|e| bad(e.to_string()))?;
-        let pool_bytes = 2 * 2 * num_blocks * layout.block_elements();
+        let first = self.kv_pool(&layout, 0)?;
+        let pool_bytes = 2 * (first.k.len() + first.v.len());
         let (free, _) = self.memory_info()?;
         let fit = (free.saturating_sub(2 << 30)) / pool_bytes.max(1);
         if fit == 0 {
@@ -113,8 +120,12 @@ impl CudaBackend {
         let n_pools = COLD_BYTES.div_ceil(pool_bytes).clamp(1, MAX_POOLS).min(fit);
         let mut seed = case.seed;
         let mut pools: Vec<CudaKvPool> = Vec::with_capacity(n_pools);
+        let mut first = Some(first);
         for _ in 0..n_pools {
-            let mut p = self.kv_pool(&layout, 0)?;
+            let mut p = match first.take() {
+                Some(p) => p,
+                None => self.kv_pool(&layout, 0)?,
+            };
             for half in [&mut p.k, &mut p.v] {
                 let n = half.len() as u64;
                 let s = splitmix(&mut seed);
@@ -188,7 +199,7 @@ impl CudaBackend {
             per_launch.push(f64::from(ms) * 1e-3 / launches as f64);
         }
         per_launch.sort_by(f64::total_cmp);
-        let kv_bytes = (case.batch * case.ctx * g.n_kv_heads * g.head_dim * 2 * 2) as f64;
+        let kv_bytes = (case.batch * case.ctx) as f64 * layout.bytes_per_token(0);
         Ok(DecodeAttentionTiming {
             seconds: per_launch[per_launch.len() / 2],
             best_seconds: per_launch[0],

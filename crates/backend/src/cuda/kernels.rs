@@ -34,6 +34,12 @@ pub(crate) struct Kernels {
     /// Copies of graph inputs from mapped page-locked memory (elementwise.cu).
     pub upload_words: CudaFunction,
     pub write_kv: CudaFunction,
+    /// The coded pools' write (encoder) and output un-rotation for head_dim 64, 128
+    /// (write_kv.cu).
+    pub write_kv_codes: [CudaFunction; 2],
+    pub attn_unrotate: [CudaFunction; 2],
+    /// The decode template on coded K/V, one per `codes::CodeVariant::all()` entry.
+    pub attn_codes: Vec<CudaFunction>,
     /// Attention partials for head_dim 64, 128, 256 (compile-time) and any other.
     pub attn_partial: [CudaFunction; 4],
     /// Row-parallel attention for head_dim 64/128/256 × up to 4/8 query heads per kv head ×
@@ -349,6 +355,12 @@ impl Kernels {
             gpu_sleep: f(&ew, "gpu_sleep")?,
             upload_words: f(&ew, "upload_words")?,
             write_kv: f(&kv, "write_kv")?,
+            write_kv_codes: [f(&kv, "write_kv_codes_64")?, f(&kv, "write_kv_codes_128")?],
+            attn_unrotate: [f(&kv, "attn_unrotate_64")?, f(&kv, "attn_unrotate_128")?],
+            attn_codes: super::codes::CodeVariant::all()
+                .iter()
+                .map(|v| f(&at, &v.kernel_name()))
+                .collect::<Result<_, _>>()?,
             topk_rows: f(&sm, "topk_rows")?,
             argmax_rows: f(&sm, "argmax_rows")?,
             attn_partial: [

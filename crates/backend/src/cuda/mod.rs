@@ -37,6 +37,7 @@
 
 mod attention;
 mod attention_bench;
+mod codes;
 mod graph;
 mod kernels;
 mod launch;
@@ -125,12 +126,15 @@ pub struct CudaVector {
     len: usize,
 }
 
-/// One attention layer's paged K and V, each `[num_blocks, kv_heads, block_size, head_dim]`.
+/// One attention layer's paged K and V: 16-bit pools are each `[num_blocks, kv_heads,
+/// block_size, head_dim]` values; coded pools (`codes`) hold each (block, kv head) in the
+/// codec's block layout (the u16 slices are then bytes).
 #[derive(Debug)]
 pub struct CudaKvPool {
     k: CudaSlice<u16>,
     v: CudaSlice<u16>,
     is_bf16: bool,
+    codes: Option<codes::PoolCodes>,
     kv_heads: usize,
     block_size: usize,
     head_dim: usize,
@@ -141,6 +145,36 @@ impl CudaKvPool {
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.block_size
+    }
+
+    /// The u16 ranges of physical block `block` in the K and V slices, and the u16 count of
+    /// one kv head's block in each (16-bit: block_size × head_dim values; coded: the
+    /// codec's block bytes / 2). Heads of a block are contiguous in both layouts.
+    fn block_ranges(
+        &self,
+        block: u32,
+    ) -> Result<(std::ops::Range<usize>, std::ops::Range<usize>, usize, usize), Error> {
+        let b = block as usize;
+        if b >= self.num_blocks {
+            return Err(crate::shape::shape(
+                "kv block",
+                format!("block {b} of a pool of {}", self.num_blocks),
+            ));
+        }
+        let (kh, vh) = match &self.codes {
+            None => (
+                self.block_size * self.head_dim,
+                self.block_size * self.head_dim,
+            ),
+            Some(c) => (c.k_layout.total_bytes / 2, c.v_layout.total_bytes / 2),
+        };
+        let n = self.kv_heads;
+        Ok((
+            b * n * kh..(b + 1) * n * kh,
+            b * n * vh..(b + 1) * n * vh,
+            kh,
+            vh,
+        ))
     }
     /// Physical blocks.
     pub fn num_blocks(&self) -> usize {
@@ -244,6 +278,8 @@ pub struct CudaBackend {
     /// Blocks of each decode variant (index of [`DECODE_VARIANTS`]) resident on the whole GPU
     /// at once, from the occupancy calculator with its pipeline's shared memory.
     decode_slots: Vec<usize>,
+    /// The same for the coded decode kernels (`codes::CodeVariant::all()` order).
+    code_slots: Vec<usize>,
     state: Mutex<State>,
     /// cuBLAS workspace set on the handle (so that captured GEMMs allocate nothing).
     _blas_workspace: CudaSlice<u8>,
@@ -375,6 +411,7 @@ impl CudaBackend {
             .chain(&k.attn_mma)
             .chain(&k.attn_mma8)
             .chain(&k.attn_dec)
+            .chain(&k.attn_codes)
         {
             // The opt-in limit covers static and dynamic shared memory together.
             let fixed = f
@@ -389,6 +426,19 @@ impl CudaBackend {
         let decode_slots = DECODE_VARIANTS
             .iter()
             .zip(&k.attn_dec)
+            .map(|(v, f)| {
+                f.occupancy_max_active_blocks_per_multiprocessor(
+                    v.threads() as u32,
+                    v.smem_bytes(),
+                    None,
+                )
+                .map(|n| n.max(1) as usize * sms)
+                .map_err(cuda_err("occupancy"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let code_slots = codes::CodeVariant::all()
+            .iter()
+            .zip(&k.attn_codes)
             .map(|(v, f)| {
                 f.occupancy_max_active_blocks_per_multiprocessor(
                     v.threads() as u32,
@@ -437,6 +487,7 @@ impl CudaBackend {
             decode_variant: opts.decode_variant,
             prefill_warps: opts.prefill_warps,
             decode_slots,
+            code_slots,
             state: Mutex::new(State::default()),
             _blas_workspace: blas_workspace,
         })
@@ -582,27 +633,40 @@ impl CudaBackend {
                 format!("layer {layer} of {}", layout.layers.len()),
             )
         })?;
-        let is_bf16 = match lk.dtype {
-            KvDtype::Bf16 => true,
-            KvDtype::F16 => false,
-            other => return Err(unsupported_kv(other)),
+        let overflow = || Error::SizeOverflow {
+            rows: layout.num_blocks,
+            cols: layout.block_elements(),
         };
-        let len = layout
-            .num_blocks
-            .checked_mul(layout.block_elements())
-            .ok_or(Error::SizeOverflow {
-                rows: layout.num_blocks,
-                cols: layout.block_elements(),
-            })?;
-        let alloc = || {
+        let alloc = |len: usize| {
             self.stream
                 .alloc_zeros::<u16>(len.max(1))
                 .map_err(cuda_err("alloc kv pool"))
         };
+        let (k, v, is_bf16, codes) = match lk.dtype {
+            KvDtype::Bf16 | KvDtype::F16 => {
+                let len = layout
+                    .num_blocks
+                    .checked_mul(layout.block_elements())
+                    .ok_or_else(overflow)?;
+                (alloc(len)?, alloc(len)?, lk.dtype == KvDtype::Bf16, None)
+            }
+            _ => {
+                let c = codes::pool_codes(&self.stream, layout, layer)?;
+                let heads = layout
+                    .num_blocks
+                    .checked_mul(layout.kv_heads)
+                    .ok_or_else(overflow)?;
+                // Block sizes are multiples of 16 bytes: whole u16 elements.
+                let half = |total: usize| heads.checked_mul(total / 2).ok_or_else(overflow);
+                let (kl, vl) = (half(c.k_layout.total_bytes)?, half(c.v_layout.total_bytes)?);
+                (alloc(kl)?, alloc(vl)?, false, Some(c))
+            }
+        };
         Ok(CudaKvPool {
-            k: alloc()?,
-            v: alloc()?,
+            k,
+            v,
             is_bf16,
+            codes,
             kv_heads: layout.kv_heads,
             block_size: layout.block_size,
             head_dim: layout.head_dim,
@@ -615,7 +679,7 @@ fn unsupported_kv(dtype: KvDtype) -> Error {
     Error::UnsupportedKvDtype {
         dtype: dtype.to_string(),
         backend: "cuda",
-        accepted: "f16, bf16 (head_dim a multiple of 4, ≤ 256)",
+        accepted: codes::ACCEPTED,
     }
 }
 

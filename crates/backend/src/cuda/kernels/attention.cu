@@ -345,6 +345,13 @@ struct PagedKv {
         const int slot = p - lb * block_size;
         return (((u64)tbl[lb] * n_kv + kh) * block_size + slot) * d;
     }
+    // Index of the (physical block, kv head) block that holds position p, and p's slot in it
+    // (byte pools of coded formats: one block of every token's codes, then their scales).
+    __device__ __forceinline__ u64 head_block(int p, int& slot) const {
+        const int lb = bs_pow2 ? p >> bs_log : p / block_size;
+        slot = p - lb * block_size;
+        return (u64)tbl[lb] * n_kv + kh;
+    }
 };
 
 // Requests (cp.async, 16-byte chunks, NTH threads) the K and V rows of positions
@@ -879,17 +886,24 @@ ATTN_MMA(attn_mma8_128, 128, 8)
 //   F::fill_row<NTH>(ks, vs, row, p, kv, kc, vc, tid)
 //                         copy key p's rows (row `row` of its tile) in after the PDL wait
 //                         (the newest key)
-//   F::Query, F::init_query(q, q0, q1, qs, lane)
+//   F::Query, f.init_query(q, q0, q1, qs, lane)
 //                         the query heads of this lane's two MMA rows, prepared once
-//   F::scores<NK>(s, q, ks, lane)
-//                         S = Q·Kᵀ for 8·NK staged keys in C-fragment layout: s[nt][e] is row
-//                         lane/4, key 8nt + 2(lane%4) + e; s[nt][2+e] row lane/4 + 8
-//   F::pack(lo, hi)       two softmax weights as one 32-bit A-fragment register for the values
-//   F::accumulate<NK>(o, pa, vs, lane)
-//                         O += P·V over 8·NK staged keys (P as NK/2 A fragments), O in
-//                         C-fragment layout (rows as above, dims 8nd + 2(lane%4) + e)
-// The 16-bit formats below are the first; a compressed format supplies its own staging of
-// code bytes and unpacks them in registers inside `scores` / `accumulate`.
+//   f.scores<TK, NK>(s, q, ks, key0, lane)
+//                         S = Q·Kᵀ for the 8·NK staged keys key0.. of the K tile at ks, in
+//                         C-fragment layout: s[nt][e] is row lane/4, key key0 + 8nt +
+//                         2(lane%4) + e; s[nt][2+e] row lane/4 + 8
+//   f.accumulate<TK, NK>(o, p, vs, key0, lane)
+//                         O += P·V over the same keys of the V tile at vs, P (the softmax
+//                         weights, f32) in the layout of s; O in C-fragment layout, row as
+//                         above, column 2(lane%4) + e of MMA nd holding dim F::out_dim(nd,
+//                         lane%4, e)
+//   F::k_tile_bytes<TK>(), F::v_tile_bytes<TK>()
+//                         shared bytes of one staged K / V tile; F::PREFETCH: whether it
+//                         supports `prefetch` (fill_row); F::DIMS_IN_ORDER: out_dim is
+//                         8nd + 2(lane%4) + e
+// A format is built once per block from the launch's format words (`F f(fmt)`). The 16-bit
+// formats are the first; the coded ones (KvCodes) stage code bytes and scales and unpack the
+// codes in registers inside `scores` / `accumulate`.
 // `prefetch`: launched as a programmatic dependent of the kernel that writes this step's keys
 // and q; older keys are requested before `griddepcontrol.wait`, the newest key and q after.
 // dynamic smem: max(STAGES · 2 · TK · F::ROW_BYTES, NW · 16 · (D + 2) floats, merge's
@@ -901,20 +915,26 @@ ATTN_MMA(attn_mma8_128, 128, 8)
 // cache's own type (queries pre-scaled and rounded to it).
 template <int D, bool BF16>
 struct Kv16 {
+    static constexpr bool PREFETCH = true;
+    static constexpr bool DIMS_IN_ORDER = true;
     static constexpr int ROW_BYTES = D * 2;
     static constexpr int CH = D / 8;   // 16-byte chunks per row
+    template <int TK> static constexpr int k_tile_bytes() { return TK * ROW_BYTES; }
+    template <int TK> static constexpr int v_tile_bytes() { return TK * ROW_BYTES; }
     struct Query { u32 qa[D / 16][4]; };
+    __device__ __forceinline__ explicit Kv16(const u32*) {}
+    __device__ static __forceinline__ int out_dim(int nd, int c, int e) { return nd * 8 + 2 * c + e; }
 
     template <int TK, int NTH>
-    __device__ static __forceinline__ void stage(unsigned char* ks, unsigned char* vs, int t0,
-        int k1, int skip, const PagedKv& kv, const void* kc, const void* vc, int tid) {
+    __device__ __forceinline__ void stage(unsigned char* ks, unsigned char* vs, int t0,
+        int k1, int skip, const PagedKv& kv, const void* kc, const void* vc, int tid) const {
         stage_rows<D, TK, NTH>(ks, vs, t0, k1, skip, kv, (const u16*)kc, (const u16*)vc, tid,
                                [](int j, int c) { return j * ROW_BYTES + ((c ^ (j & 7)) << 4); });
     }
     // ks / vs: the staged rows of key p (row `row` of its tile).
     template <int NTH>
-    __device__ static __forceinline__ void fill_row(unsigned char* ks, unsigned char* vs, int row,
-        int p, const PagedKv& kv, const void* kc, const void* vc, int tid) {
+    __device__ __forceinline__ void fill_row(unsigned char* ks, unsigned char* vs, int row,
+        int p, const PagedKv& kv, const void* kc, const void* vc, int tid) const {
         const u64 off = kv.row(p, D);
         for (int c = tid; c < CH; c += NTH) {
             const int at = (c ^ (row & 7)) << 4;
@@ -922,8 +942,8 @@ struct Kv16 {
             *(uint4*)(vs + at) = ld_cg_u4((const u16*)vc + off + c * 8);
         }
     }
-    __device__ static __forceinline__ void init_query(Query& q, const float* q0, const float* q1,
-                                                      float qs, int lane) {
+    __device__ __forceinline__ void init_query(Query& q, const float* q0, const float* q1,
+                                               float qs, int lane) const {
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
             const int c = kk * 16 + (lane & 3) * 2;
@@ -936,10 +956,10 @@ struct Kv16 {
             q.qa[kk][3] = pack16<BF16>(x11.x * qs, x11.y * qs);
         }
     }
-    template <int NK>
-    __device__ static __forceinline__ void scores(float (&s)[NK][4], const Query& q,
-                                                  const unsigned char* ksb, int lane) {
-        const u16* ks = (const u16*)ksb;
+    template <int TK, int NK>
+    __device__ __forceinline__ void scores(float (&s)[NK][4], const Query& q,
+                                           const unsigned char* tile, int key0, int lane) const {
+        const u16* ks = (const u16*)(tile + key0 * ROW_BYTES);
 #pragma unroll
         for (int nt = 0; nt < NK; nt++) {
             s[nt][0] = 0.f; s[nt][1] = 0.f; s[nt][2] = 0.f; s[nt][3] = 0.f;
@@ -953,11 +973,16 @@ struct Kv16 {
             }
         }
     }
-    __device__ static __forceinline__ u32 pack(float lo, float hi) { return pack16<BF16>(lo, hi); }
-    template <int NK>
-    __device__ static __forceinline__ void accumulate(float (&o)[D / 8][4], const u32 (&pa)[NK / 2][4],
-                                                      const unsigned char* vsb, int lane) {
-        const u16* vs = (const u16*)vsb;
+    template <int TK, int NK>
+    __device__ __forceinline__ void accumulate(float (&o)[D / 8][4], const float (&p)[NK][4],
+                                               const unsigned char* tile, int key0, int lane) const {
+        const u16* vs = (const u16*)(tile + key0 * ROW_BYTES);
+        u32 pa[NK / 2][4];
+#pragma unroll
+        for (int nt = 0; nt < NK; nt++) {
+            pa[nt >> 1][(nt & 1) * 2] = pack16<BF16>(p[nt][0], p[nt][1]);
+            pa[nt >> 1][(nt & 1) * 2 + 1] = pack16<BF16>(p[nt][2], p[nt][3]);
+        }
 #pragma unroll
         for (int k = 0; k < NK / 2; k++) {
             const int row = k * 16 + (lane & 15), sw = row & 7;
@@ -973,7 +998,7 @@ struct Kv16 {
 };
 
 template <class F, int D, int TK, int STAGES, int NW>
-__device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS)
+__device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u32* fmt)
 {
     constexpr int NTH = NW * 32;
     constexpr int KPW = TK / NW, NK = KPW / 8;   // keys per warp per tile, 8-key MMA columns
@@ -988,23 +1013,27 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS)
     const int k1 = min(k0 + chunk, kend);
     const int ntiles = k1 > k0 ? (k1 - k0 + TK - 1) / TK : 0;
     const PagedKv kv(tables + seq_tbl[tok_seq[r]], n_kv, kh, block_size);
-    constexpr int TILE_BYTES = TK * F::ROW_BYTES;
-    unsigned char* stage = (unsigned char*)sh;   // [STAGES][K, V][TK][ROW_BYTES]
+    const F f(fmt);
+    constexpr int KT = F::template k_tile_bytes<TK>(), VT = F::template v_tile_bytes<TK>();
+    constexpr int STAGE_BYTES = KT + VT;
+    unsigned char* stage = (unsigned char*)sh;   // [STAGES][K tile, V tile]
     auto issue = [&](int t) {
         if (t < ntiles) {
-            unsigned char* ks = stage + (u64)(t % STAGES) * 2 * TILE_BYTES;
-            F::template stage<TK, NTH>(ks, ks + TILE_BYTES, k0 + t * TK, k1, prefetch ? (int)pos : -1,
-                                  kv, k_cache, v_cache, tid);
+            unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
+            f.template stage<TK, NTH>(ks, ks + KT, k0 + t * TK, k1, prefetch ? (int)pos : -1,
+                                      kv, k_cache, v_cache, tid);
         }
         cp_async_commit();
     };
     const bool holds_newest = (int)pos >= k0 && (int)pos < k1;
     const int tn = ((int)pos - k0) / TK;
     auto fill_newest = [&](int t) {
-        if (!prefetch || !holds_newest || t != tn || t >= ntiles) return;
-        const int row = (int)pos - k0 - t * TK;
-        unsigned char* ks = stage + (u64)(t % STAGES) * 2 * TILE_BYTES + row * F::ROW_BYTES;
-        F::template fill_row<NTH>(ks, ks + TILE_BYTES, row, (int)pos, kv, k_cache, v_cache, tid);
+        if constexpr (F::PREFETCH) {
+            if (!prefetch || !holds_newest || t != tn || t >= ntiles) return;
+            const int row = (int)pos - k0 - t * TK;
+            unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES + row * F::ROW_BYTES;
+            f.template fill_row<NTH>(ks, ks + KT, row, (int)pos, kv, k_cache, v_cache, tid);
+        }
     };
     if (!prefetch) pdl_wait();
 #pragma unroll
@@ -1017,7 +1046,7 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS)
     const int v0 = lane >> 2, v1 = v0 + 8;
     const float* qrow = qkv + (u64)r * width + (u64)kh * g * D;
     typename F::Query q;
-    F::init_query(q, v0 < g ? qrow + v0 * D : nullptr, v1 < g ? qrow + v1 * D : nullptr,
+    f.init_query(q, v0 < g ? qrow + v0 * D : nullptr, v1 < g ? qrow + v1 * D : nullptr,
                   scale * 1.4426950408889634f, lane);
     float o[D / 8][4];
 #pragma unroll
@@ -1028,11 +1057,11 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS)
         __syncthreads();          // tile t landed for all; tile t-1's stage is free
         issue(t + STAGES - 1);
         fill_newest(t + STAGES - 1);
-        const unsigned char* ks = stage + (u64)(t % STAGES) * 2 * TILE_BYTES + warp * KPW * F::ROW_BYTES;
-        const unsigned char* vs = ks + TILE_BYTES;
+        const unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
+        const unsigned char* vs = ks + KT;
         const int key0 = k0 + t * TK + warp * KPW;
         float s[NK][4];
-        F::template scores<NK>(s, q, ks, lane);
+        f.template scores<TK, NK>(s, q, ks, warp * KPW, lane);
         float mx0 = m0, mx1 = m1;
 #pragma unroll
         for (int nt = 0; nt < NK; nt++) {
@@ -1055,17 +1084,14 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS)
         l0 *= c0; l1 *= c1;
 #pragma unroll
         for (int nd = 0; nd < D / 8; nd++) { o[nd][0] *= c0; o[nd][1] *= c0; o[nd][2] *= c1; o[nd][3] *= c1; }
-        u32 pa[NK / 2][4];
 #pragma unroll
         for (int nt = 0; nt < NK; nt++) {
-            const float e0 = exp2f(s[nt][0] - m0), e1 = exp2f(s[nt][1] - m0);
-            const float e2 = exp2f(s[nt][2] - m1), e3 = exp2f(s[nt][3] - m1);
-            l0 += e0 + e1;
-            l1 += e2 + e3;
-            pa[nt >> 1][(nt & 1) * 2] = F::pack(e0, e1);
-            pa[nt >> 1][(nt & 1) * 2 + 1] = F::pack(e2, e3);
+            s[nt][0] = exp2f(s[nt][0] - m0); s[nt][1] = exp2f(s[nt][1] - m0);
+            s[nt][2] = exp2f(s[nt][2] - m1); s[nt][3] = exp2f(s[nt][3] - m1);
+            l0 += s[nt][0] + s[nt][1];
+            l1 += s[nt][2] + s[nt][3];
         }
-        F::template accumulate<NK>(o, pa, vs, lane);
+        f.template accumulate<TK, NK>(o, s, vs, warp * KPW, lane);
     }
     cp_async_wait<0>();
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -1078,9 +1104,18 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS)
     if ((lane & 3) == 0) { ws[v0] = m0; ws[16 + v0] = l0; ws[v1] = m1; ws[16 + v1] = l1; }
 #pragma unroll
     for (int nd = 0; nd < D / 8; nd++) {
-        const int dim = nd * 8 + (lane & 3) * 2;
-        *(float2*)(ws + 32 + v0 * D + dim) = make_float2(o[nd][0], o[nd][1]);
-        *(float2*)(ws + 32 + v1 * D + dim) = make_float2(o[nd][2], o[nd][3]);
+        if constexpr (F::DIMS_IN_ORDER) {   // pairs of adjacent dims
+            const int dim = nd * 8 + (lane & 3) * 2;
+            *(float2*)(ws + 32 + v0 * D + dim) = make_float2(o[nd][0], o[nd][1]);
+            *(float2*)(ws + 32 + v1 * D + dim) = make_float2(o[nd][2], o[nd][3]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int dim = F::out_dim(nd, lane & 3, e);
+                ws[32 + v0 * D + dim] = o[nd][e];
+                ws[32 + v1 * D + dim] = o[nd][2 + e];
+            }
+        }
     }
     __syncthreads();
     for (int e = tid; e < g * D; e += NTH) {
@@ -1111,11 +1146,296 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS)
 #define ATTN_DEC16(D, TK, ST, NW) \
     extern "C" __global__ void __launch_bounds__(NW * 32) attn_dec_##D##_##TK##_##ST##_##NW(ATTN_PARAMS) { \
         extern __shared__ float sh[]; \
-        if (is_bf16) attn_decode_impl<Kv16<D, true>, D, TK, ST, NW>(sh, ATTN_ARGS); \
-        else attn_decode_impl<Kv16<D, false>, D, TK, ST, NW>(sh, ATTN_ARGS); \
+        if (is_bf16) attn_decode_impl<Kv16<D, true>, D, TK, ST, NW>(sh, ATTN_ARGS, nullptr); \
+        else attn_decode_impl<Kv16<D, false>, D, TK, ST, NW>(sh, ATTN_ARGS, nullptr); \
     }
 ATTN_DEC16(64, 64, 2, 4)
 ATTN_DEC16(64, 64, 3, 4)
 ATTN_DEC16(128, 64, 2, 4)
 ATTN_DEC16(128, 64, 3, 4)
 ATTN_DEC16(128, 32, 2, 2)
+
+// ---- Coded formats: int8 and TurboQuant-MSE, attended over on their codes --------------
+// Pool layout (the codec's block layout, crates/codec/src/layout.rs): per (physical block,
+// kv head) one block of `total` bytes, the code records of its tokens back to back (ROW bytes
+// each), then at `soff` one f16 scale per token. Format words `fmt` (one 288-word descriptor
+// for keys, then one for values; see CodeDesc in cuda/codes.rs): [3] total bytes, [4] scale
+// offset, [24..28) / [28..32) the low / high bytes of the centroids as f16 (TurboQuant).
+//
+// A tile stages whole runs of 16 keys (block sizes are multiples of 16): their code records,
+// then their scales, so keys past the end of a sequence inside a live run hold stale but
+// finite codes (masked by the template) and possibly non-finite scales (never multiplied into
+// a live weight: see `accumulate`).
+//
+// MMAs are m16n8k16 in f16 (queries and weights rounded to f16). The dims of an MMA's k (for
+// scores) and n (for values) are permuted so that each lane's codes are one contiguous run:
+// for scores lane c = lane%4 owns the D/4 dims from c·D/4, for values lane g = lane/4 the D/8
+// dims from g·D/8; Codes<B>::dim(group, j) is the dim of slot j of a run's group of 4 codes,
+// and the query (init_query) and the output (out_dim) use the same map. Codes become f16
+// pairs with byte permutes: a TurboQuant code selects the low and the high byte of its
+// centroid from tables held in registers (`prmt`, 8 entries per pair of registers); an int8
+// code c becomes the f16 1024 + (c + 128) by placing it under the exponent byte 0x64, then 1152
+// is subtracted (exact).
+
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+__device__ __forceinline__ u32 sub_f16x2(u32 a, u32 b) {
+    u32 d;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+__device__ __forceinline__ u32 shf_r(u32 lo, u32 hi, u32 n) {
+    u32 d;
+    asm("shf.r.clamp.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "r"(hi), "r"(n));
+    return d;
+}
+
+// The RB bytes of a lane's run of codes at p (2- or 4-byte aligned when RB is even / a multiple
+// of 4) as little-endian 32-bit words.
+template <int RB>
+__device__ __forceinline__ void load_run(const unsigned char* p, u32 (&w)[(RB + 3) / 4]) {
+    if constexpr (RB % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < RB / 4; i++) w[i] = ((const u32*)p)[i];
+    } else if constexpr (RB % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < (RB + 3) / 4; i++) w[i] = 0u;
+#pragma unroll
+        for (int i = 0; i < RB / 2; i++) w[i >> 1] |= (u32)((const u16*)p)[i] << (16 * (i & 1));
+    } else {
+#pragma unroll
+        for (int i = 0; i < (RB + 3) / 4; i++) w[i] = 0u;
+#pragma unroll
+        for (int i = 0; i < RB; i++) w[i >> 2] |= (u32)p[i] << (8 * (i & 3));
+    }
+}
+
+// Group `g` (4 codes) of a run as two f16 pairs (slots 0-1, 2-3); `lo` / `hi`: the centroid
+// byte tables (TurboQuant).
+template <int B> struct Codes;
+template <> struct Codes<8> {   // int8
+    __device__ static constexpr int dim(int g, int j) { return 4 * g + j; }
+    __device__ static __forceinline__ void group(const u32* w, int g, const u32*, const u32*,
+                                                 u32& a, u32& b) {
+        const u32 x = w[g] ^ 0x80808080u;
+        a = sub_f16x2(prmt(x, 0x64646464u, 0x5140u), 0x64806480u);
+        b = sub_f16x2(prmt(x, 0x64646464u, 0x7362u), 0x64806480u);
+    }
+};
+template <> struct Codes<4> {   // 16 centroids: two 8-entry lookups, then a per-byte select
+    __device__ static constexpr int dim(int g, int j) { return 4 * g + j; }
+    __device__ static __forceinline__ void group(const u32* w, int g, const u32* lo, const u32* hi,
+                                                 u32& a, u32& b) {
+        const u32 sel = (w[g >> 1] >> (16 * (g & 1))) & 0xffffu;
+        const u32 s7 = sel & 0x7777u;
+        const u32 m = prmt(0x8000u, 0u, (sel & 0x8888u) | ((sel >> 3) & 0x1111u));
+        const u32 l = (prmt(lo[0], lo[1], s7) & ~m) | (prmt(lo[2], lo[3], s7) & m);
+        const u32 h = (prmt(hi[0], hi[1], s7) & ~m) | (prmt(hi[2], hi[3], s7) & m);
+        a = prmt(l, h, 0x5140u);
+        b = prmt(l, h, 0x7362u);
+    }
+};
+template <> struct Codes<3> {   // 8 centroids; codes spread from 3-bit fields into nibbles
+    __device__ static constexpr int dim(int g, int j) { return 4 * g + j; }
+    __device__ static __forceinline__ void group(const u32* w, int g, const u32* lo, const u32* hi,
+                                                 u32& a, u32& b) {
+        const int bit = 12 * g, wi = bit >> 5, sh = bit & 31;
+        const u32 f = sh <= 20 ? w[wi] >> sh : shf_r(w[wi], w[wi + 1], sh);
+        const u32 sel = (f & 7u) | ((f << 1) & 0x70u) | ((f << 2) & 0x700u) | ((f << 3) & 0x7000u);
+        const u32 l = prmt(lo[0], lo[1], sel), h = prmt(hi[0], hi[1], sel);
+        a = prmt(l, h, 0x5140u);
+        b = prmt(l, h, 0x7362u);
+    }
+};
+template <> struct Codes<2> {   // 4 centroids; a word's even codes, then its odd ones
+    __device__ static constexpr int dim(int g, int j) {
+        return 16 * (g >> 2) + 8 * ((g & 3) >> 1) + (g & 1) + 2 * j;
+    }
+    __device__ static __forceinline__ void group(const u32* w, int g, const u32* lo, const u32* hi,
+                                                 u32& a, u32& b) {
+        const int sub = g & 3;
+        const u32 sel = ((w[g >> 2] >> (2 * (sub & 1))) >> (16 * (sub >> 1))) & 0x3333u;
+        const u32 l = prmt(lo[0], hi[0], sel), h = prmt(lo[0], hi[0], sel | 0x4444u);
+        a = prmt(l, h, 0x5140u);
+        b = prmt(l, h, 0x7362u);
+    }
+};
+
+// Requests the code records and scales of the G runs of 16 keys from t0 into a tile: codes of
+// run j at 16·j·ROW, the scales from TK·ROW (2 bytes per key); runs from k1 on are zeros.
+template <int G, int ROW, int NTH>
+__device__ __forceinline__ void stage_codes(unsigned char* tile, int t0, int k1, const PagedKv& kv,
+    const unsigned char* pool, int total, int soff, int tid)
+{
+    // Coded pools have power-of-two block sizes of 16 or more (checked by the host), so a run
+    // of 16 keys from a multiple of 16 lies in one block, at slot p & (block_size - 1).
+    const int mask = kv.block_size - 1;
+    auto run_base = [&](int j) {
+        const int p = t0 + 16 * j;
+        return pool + ((u64)kv.tbl[p >> kv.bs_log] * kv.n_kv + kv.kh) * (u64)total + (p & mask) * ROW;
+    };
+    // Code chunks: 16·ROW bytes per run.
+    for (int i = tid; i < G * ROW; i += NTH) {
+        const int j = i / ROW, c = i - j * ROW;
+        const bool live = t0 + 16 * j < k1;
+        cp_async16(smem_addr(tile + 16 * j * ROW + c * 16), live ? run_base(j) + c * 16 : pool,
+                   live ? 16 : 0);
+    }
+    // Scale chunks: 32 bytes per run.
+    for (int i = tid; i < 2 * G; i += NTH) {
+        const int j = i >> 1;
+        const int p = t0 + 16 * j;
+        const bool live = p < k1;
+        const unsigned char* src = live ? run_base(j) - (p & mask) * ROW + soff + (p & mask) * 2 + (i & 1) * 16 : pool;
+        cp_async16(smem_addr(tile + G * 16 * ROW + 16 * i), src, live ? 16 : 0);
+    }
+}
+
+template <int D, int KB, int VB>
+struct KvCodes {
+    static constexpr bool PREFETCH = false;
+    static constexpr bool DIMS_IN_ORDER = false;
+    static constexpr int KROW = D * KB / 8, VROW = D * VB / 8;   // code bytes per key
+    static constexpr int KR = D / 4, VR = D / 8;                 // codes per lane run
+    static constexpr int KRB = KR * KB / 8, VRB = VR * VB / 8;   // bytes per lane run
+    static_assert(D % 64 == 0, "runs of whole 4-code groups and 2-byte alignment");
+    template <int TK> static constexpr int k_tile_bytes() { return TK * (KROW + 2); }
+    template <int TK> static constexpr int v_tile_bytes() { return TK * (VROW + 2); }
+    struct Query { u32 qa[D / 16][4]; };
+    u32 klo[4], khi[4], vlo[4], vhi[4];
+    int ktot, ksoff, vtot, vsoff;
+
+    __device__ __forceinline__ explicit KvCodes(const u32* fmt) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            klo[i] = fmt[24 + i]; khi[i] = fmt[28 + i];
+            vlo[i] = fmt[288 + 24 + i]; vhi[i] = fmt[288 + 28 + i];
+        }
+        ktot = (int)fmt[3]; ksoff = (int)fmt[4];
+        vtot = (int)fmt[288 + 3]; vsoff = (int)fmt[288 + 4];
+    }
+    __device__ static __forceinline__ int out_dim(int nd, int c, int e) {
+        return (2 * c + e) * VR + Codes<VB>::dim(nd >> 2, nd & 3);
+    }
+
+    template <int TK, int NTH>
+    __device__ __forceinline__ void stage(unsigned char* ks, unsigned char* vs, int t0, int k1,
+        int, const PagedKv& kv, const void* kc, const void* vc, int tid) const {
+        stage_codes<TK / 16, KROW, NTH>(ks, t0, k1, kv, (const unsigned char*)kc, ktot, ksoff, tid);
+        stage_codes<TK / 16, VROW, NTH>(vs, t0, k1, kv, (const unsigned char*)vc, vtot, vsoff, tid);
+    }
+    template <int NTH>
+    __device__ __forceinline__ void fill_row(unsigned char*, unsigned char*, int, int,
+        const PagedKv&, const void*, const void*, int) const {}
+
+    // q0 / q1: the (rotated, for TurboQuant keys) f32 queries of this lane's two MMA rows.
+    __device__ __forceinline__ void init_query(Query& q, const float* q0, const float* q1,
+                                               float qs, int lane) const {
+        const int c = lane & 3;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            float x0[4], x1[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int dim = c * KR + Codes<KB>::dim(kk, j);
+                x0[j] = q0 ? q0[dim] * qs : 0.f;
+                x1[j] = q1 ? q1[dim] * qs : 0.f;
+            }
+            q.qa[kk][0] = pack_f16(x0[0], x0[1]);
+            q.qa[kk][1] = pack_f16(x1[0], x1[1]);
+            q.qa[kk][2] = pack_f16(x0[2], x0[3]);
+            q.qa[kk][3] = pack_f16(x1[2], x1[3]);
+        }
+    }
+
+    template <int TK, int NK>
+    __device__ __forceinline__ void scores(float (&s)[NK][4], const Query& q,
+                                           const unsigned char* tile, int key0, int lane) const {
+        const int c = lane & 3;
+#pragma unroll
+        for (int nt = 0; nt < NK; nt++) {
+            s[nt][0] = 0.f; s[nt][1] = 0.f; s[nt][2] = 0.f; s[nt][3] = 0.f;
+            u32 w[(KRB + 3) / 4];
+            load_run<KRB>(tile + (key0 + nt * 8 + (lane >> 2)) * KROW + c * KRB, w);
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                u32 b0, b1;
+                Codes<KB>::group(w, kk, klo, khi, b0, b1);
+                mma_f16(s[nt], q.qa[kk], b0, b1);
+            }
+            const u32 sc = *(const u32*)(tile + TK * KROW + (key0 + nt * 8 + 2 * c) * 2);
+            const float s0 = f16_to_f32((u16)(sc & 0xffffu)), s1 = f16_to_f32((u16)(sc >> 16));
+            s[nt][0] *= s0; s[nt][1] *= s1; s[nt][2] *= s0; s[nt][3] *= s1;
+        }
+    }
+
+    template <int TK, int NK>
+    __device__ __forceinline__ void accumulate(float (&o)[D / 8][4], const float (&p)[NK][4],
+                                               const unsigned char* tile, int key0, int lane) const {
+        const int c = lane & 3, g = lane >> 2;
+        const unsigned char* scales = tile + TK * VROW;
+#pragma unroll
+        for (int k = 0; k < NK / 2; k++) {
+            // Weights × the keys' value scales, as A fragments (a weight of exactly 0 — a
+            // masked key — stays 0 whatever its stale scale).
+            u32 pa[4];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int nt = 2 * k + h;
+                const u32 sc = *(const u32*)(scales + (key0 + nt * 8 + 2 * c) * 2);
+                const float s0 = f16_to_f32((u16)(sc & 0xffffu)), s1 = f16_to_f32((u16)(sc >> 16));
+                auto w = [](float pv, float sv) { return pv > 0.f ? pv * sv : 0.f; };
+                pa[2 * h] = pack_f16(w(p[nt][0], s0), w(p[nt][1], s1));
+                pa[2 * h + 1] = pack_f16(w(p[nt][2], s0), w(p[nt][3], s1));
+            }
+            // The runs of this lane's value dims of keys 2c, 2c+1, 2c+8, 2c+9 of the step.
+            u32 w[4][(VRB + 3) / 4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int key = key0 + 16 * k + 2 * c + (i & 1) + 8 * (i >> 1);
+                load_run<VRB>(tile + key * VROW + g * VRB, w[i]);
+            }
+#pragma unroll
+            for (int vg = 0; vg < VR / 4; vg++) {
+                u32 x[4][2];
+#pragma unroll
+                for (int i = 0; i < 4; i++) Codes<VB>::group(w[i], vg, vlo, vhi, x[i][0], x[i][1]);
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const u32 sel = (j & 1) ? 0x7632u : 0x5410u;
+                    const u32 b0 = prmt(x[0][j >> 1], x[1][j >> 1], sel);
+                    const u32 b1 = prmt(x[2][j >> 1], x[3][j >> 1], sel);
+                    mma_f16(o[4 * vg + j], pa, b0, b1);
+                }
+            }
+        }
+    }
+};
+
+// Pipeline stages of a coded kernel: enough that about 48 KiB of tiles are in flight per
+// block (a tile of compressed keys is small, and the bytes in flight bound the bandwidth),
+// 2 to 6. Must match `code_stages` in cuda/codes.rs.
+constexpr int code_stages(int d, int kb, int vb, int tk) {
+    const int tile = tk * (d * kb / 8 + 2 + d * vb / 8 + 2);
+    const int s = (49152 + tile - 1) / tile;
+    return s < 2 ? 2 : (s > 6 ? 6 : s);
+}
+
+// attn_codes_{D}_{KB}_{VB}: the template on coded K / V of KB / VB bits (8: int8), 128-key
+// tiles, 4 warps. The list must match CODE_WIDTHS in cuda/codes.rs.
+#define ATTN_CODES(D, KB, VB) \
+    extern "C" __global__ void __launch_bounds__(128, 3) attn_codes_##D##_##KB##_##VB(ATTN_PARAMS, \
+                                                                const u32* __restrict__ fmt) { \
+        extern __shared__ float sh[]; \
+        attn_decode_impl<KvCodes<D, KB, VB>, D, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt); \
+    }
+#define ATTN_CODES_D(D) \
+    ATTN_CODES(D, 8, 8) \
+    ATTN_CODES(D, 4, 4) ATTN_CODES(D, 4, 3) ATTN_CODES(D, 4, 2) \
+    ATTN_CODES(D, 3, 4) ATTN_CODES(D, 3, 3) ATTN_CODES(D, 3, 2) \
+    ATTN_CODES(D, 2, 4) ATTN_CODES(D, 2, 3) ATTN_CODES(D, 2, 2)
+ATTN_CODES_D(64)
+ATTN_CODES_D(128)

@@ -6,6 +6,35 @@
 // sequence's block table in `tables` (logical block -> physical block).
 //
 // grid = (tokens, n_heads + 2 * n_kv), blockDim a multiple of 32; dynamic smem (d + 32) floats.
+// The optional per-head RMSNorm and RoPE of one q or k head vector `hv` (d floats in shared
+// memory) of the token at `pos`; `red` is 32 floats of scratch. Ends with a barrier.
+__device__ __forceinline__ void norm_rope(float* hv, float* red, int d, bool is_q, u32 pos,
+    const float* inv_freq, int n_pairs, int half_split, const float* q_norm, const float* k_norm,
+    float eps, int has_norm)
+{
+    const int tid = threadIdx.x;
+    if (has_norm) {
+        float s = 0.0f;
+        for (int i = tid; i < d; i += blockDim.x) s += hv[i] * hv[i];
+        s = block_sum(s, red);
+        float inv = 1.0f / sqrtf(s / (float)d + eps);
+        const float* w = is_q ? q_norm : k_norm;
+        for (int i = tid; i < d; i += blockDim.x) hv[i] *= inv * w[i];
+        __syncthreads();
+    }
+    float p = (float)pos;
+    for (int i = tid; i < n_pairs; i += blockDim.x) {
+        float sn, cs;
+        sincosf(p * inv_freq[i], &sn, &cs);
+        int a = half_split ? i : 2 * i;
+        int b = half_split ? i + n_pairs : 2 * i + 1;
+        float x0 = hv[a], x1 = hv[b];
+        hv[a] = x0 * cs - x1 * sn;
+        hv[b] = x0 * sn + x1 * cs;
+    }
+    __syncthreads();
+}
+
 extern "C" __global__ void write_kv(
     float* qkv, int width, int n_heads, int n_kv, int d,
     const u32* tok_pos, const u32* tok_seq, const u32* seq_tbl, const u32* tables,
@@ -26,26 +55,8 @@ extern "C" __global__ void write_kv(
     for (int i = tid; i < d; i += blockDim.x) hv[i] = x[i];
     __syncthreads();
     if (!is_v) {
-        if (has_norm) {
-            float s = 0.0f;
-            for (int i = tid; i < d; i += blockDim.x) s += hv[i] * hv[i];
-            s = block_sum(s, red);
-            float inv = 1.0f / sqrtf(s / (float)d + eps);
-            const float* w = h < n_heads ? q_norm : k_norm;
-            for (int i = tid; i < d; i += blockDim.x) hv[i] *= inv * w[i];
-            __syncthreads();
-        }
-        float p = (float)pos;
-        for (int i = tid; i < n_pairs; i += blockDim.x) {
-            float sn, cs;
-            sincosf(p * inv_freq[i], &sn, &cs);
-            int a = half_split ? i : 2 * i;
-            int b = half_split ? i + n_pairs : 2 * i + 1;
-            float x0 = hv[a], x1 = hv[b];
-            hv[a] = x0 * cs - x1 * sn;
-            hv[b] = x0 * sn + x1 * cs;
-        }
-        __syncthreads();
+        norm_rope(hv, red, d, h < n_heads, pos, inv_freq, n_pairs, half_split, q_norm, k_norm,
+                  eps, has_norm);
         for (int i = tid; i < d; i += blockDim.x) x[i] = hv[i];
     }
     if (h >= n_heads) {
@@ -56,3 +67,225 @@ extern "C" __global__ void write_kv(
         for (int i = tid; i < d; i += blockDim.x) dst[i] = kv_store(hv[i], is_bf16);
     }
 }
+
+// ---- Coded pools (int8, TurboQuant-MSE): the codec's encoder, bit for bit --------------
+// Format descriptor (288 u32 words per role, keys then values; built by cuda/codes.rs):
+// [0] kind (0 int8, 1 TurboQuant), [1] bits, [2] code bytes per token, [3] bytes per
+// (block, kv head), [4] offset of the scales in it, [6] σ, [7] 1/σ (f32 bits),
+// [8..23) the boundaries, [24..32) the centroid byte tables (attention.cu), [32..32+d) the
+// rotation's sign masks. Every f32 operation below is the codec's (crates/codec/src/tq.rs,
+// plain.rs, kernels/mod.rs), in its order and without FMA contraction, so the codes equal
+// the CPU's.
+#define CODE_DESC_WORDS 288
+
+// In-place unnormalised FWHT of the d values a warp holds, lane l owning v[m] = x[l + 32m]:
+// stages h = 1, 2, 4, … with butterflies (a + b, a − b), as kernels::fwht_scalar.
+template <int E>
+__device__ __forceinline__ void warp_fwht(float (&v)[E], int lane) {
+#pragma unroll
+    for (int h = 1; h < 32; h <<= 1) {
+#pragma unroll
+        for (int m = 0; m < E; m++) {
+            const float o = __shfl_xor_sync(0xffffffffu, v[m], h);
+            v[m] = (lane & h) ? __fsub_rn(o, v[m]) : __fadd_rn(v[m], o);
+        }
+    }
+#pragma unroll
+    for (int hm = 1; hm < E; hm <<= 1) {
+#pragma unroll
+        for (int m = 0; m < E; m++) {
+            if (m & hm) continue;
+            const float a = v[m], b = v[m + hm];
+            v[m] = __fadd_rn(a, b);
+            v[m + hm] = __fsub_rn(a, b);
+        }
+    }
+}
+
+// kernels::sum_squares of the warp's d values (lane l accumulates x[l + 32m] in increasing m,
+// then the fixed 32 → 8 → 1 tree); every lane gets the sum.
+template <int E>
+__device__ __forceinline__ float warp_sum_squares(const float (&v)[E]) {
+    float a = 0.0f;
+#pragma unroll
+    for (int m = 0; m < E; m++) a = __fadd_rn(a, __fmul_rn(v[m], v[m]));
+    a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, 8));
+    a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, 16));
+    a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, 4));
+    a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, 2));
+    a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, 1));
+    return __shfl_sync(0xffffffffu, a, 0);
+}
+
+// tq::stored_f16: round to nearest even, every NaN as 0x7E00.
+__device__ __forceinline__ u16 stored_f16(float v) { return v != v ? (u16)0x7e00u : f32_to_f16(v); }
+
+// Encodes one head vector (v, centered) into its slot: codes at `codes`, scale at `scale`.
+template <int E>
+__device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, unsigned char* codes,
+                                              u16* scale, unsigned char* idx, int lane)
+{
+    constexpr int D = 32 * E;
+    const u32 kind = desc[0], bits = desc[1];
+    if (kind == 0) {   // int8: s = f16(absmax / 127), q = clamp(round(x / s), ±127)
+        float am = 0.0f;
+#pragma unroll
+        for (int m = 0; m < E; m++) am = fmaxf(am, fabsf(v[m]));
+        for (int o = 16; o > 0; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
+        const u16 s16 = stored_f16(__fdiv_rn(am, 127.0f));
+        const float sv = f16_to_f32(s16);
+        const bool ok = sv > 0.0f && sv < INFINITY;
+#pragma unroll
+        for (int m = 0; m < E; m++) {
+            const float r = roundf(__fdiv_rn(v[m], sv));
+            const float q = (!ok || r != r) ? 0.0f : fminf(fmaxf(r, -127.0f), 127.0f);
+            codes[lane + 32 * m] = (unsigned char)(signed char)(int)q;
+        }
+        if (lane == 0) *scale = s16;
+        return;
+    }
+    // TurboQuant-MSE: n = ‖g‖; y = FWHT(D·g); idx_i = #{k : y_i > b_k·(n·σ)}; scale n.
+    const float nsq = warp_sum_squares(v);
+#pragma unroll
+    for (int m = 0; m < E; m++) v[m] = __uint_as_float(__float_as_uint(v[m]) ^ desc[32 + lane + 32 * m]);
+    warp_fwht(v, lane);
+    const float n = __fsqrt_rn(nsq);
+    const float t = __fmul_rn(n, __uint_as_float(desc[6]));
+    const int nb = (1 << bits) - 1;
+#pragma unroll
+    for (int m = 0; m < E; m++) {
+        int c = 0;
+        for (int k = 0; k < nb; k++) c += v[m] > __fmul_rn(__uint_as_float(desc[8 + k]), t);
+        idx[lane + 32 * m] = (unsigned char)c;
+    }
+    __syncwarp();
+    // Pack LSB-first: stream bit p is bit p % bits of code p / bits.
+    const int nbytes = D * (int)bits / 8;
+    for (int b = lane; b < nbytes; b += 32) {
+        u32 byte = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int p = 8 * b + k;
+            byte |= ((u32)(idx[p / bits] >> (p % bits)) & 1u) << k;
+        }
+        codes[b] = (unsigned char)byte;
+    }
+    if (lane == 0) *scale = stored_f16(n);
+}
+
+// write_kv for coded pools: q/k norm and RoPE as write_kv (q and k rows of qkv rewritten);
+// then q, when the keys are TurboQuant, rotated in place into the keys' basis (R·q: what the
+// attention on codes scores against); k and v centered (kc / vc: `[n_kv, d]` means, or null)
+// and encoded into their slots. grid = (tokens, n_heads + 2 n_kv), one warp; d = 32·E.
+// dynamic smem: (d + 32) floats + d bytes.
+template <int E>
+__device__ __forceinline__ void write_kv_codes_impl(float* sh,
+    float* qkv, int width, int n_heads, int n_kv,
+    const u32* tok_pos, const u32* tok_seq, const u32* seq_tbl, const u32* tables,
+    const float* inv_freq, int n_pairs, int half_split,
+    const float* q_norm, const float* k_norm, float eps, int has_norm,
+    unsigned char* k_pool, unsigned char* v_pool, int block_size,
+    const u32* fmt, const float* kc, const float* vc)
+{
+    constexpr int D = 32 * E;
+    float* hv = sh;
+    float* red = sh + D;
+    unsigned char* idx = (unsigned char*)(sh + D + 32);
+    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    float* x = qkv + (u64)t * width + (u64)h * D;
+    const bool is_q = h < n_heads, is_v = h >= n_heads + n_kv;
+    const u32 pos = tok_pos[t];
+    pdl_trigger();
+    for (int i = lane; i < D; i += 32) hv[i] = x[i];
+    __syncthreads();
+    if (!is_v) norm_rope(hv, red, D, is_q, pos, inv_freq, n_pairs, half_split, q_norm, k_norm,
+                         eps, has_norm);
+    float v[E];
+#pragma unroll
+    for (int m = 0; m < E; m++) v[m] = hv[lane + 32 * m];
+    if (is_q) {
+        if (fmt[0] == 1) {   // R·q = (1/σ)·FWHT(D·q), as Rotation::forward
+#pragma unroll
+            for (int m = 0; m < E; m++) v[m] = __uint_as_float(__float_as_uint(v[m]) ^ fmt[32 + lane + 32 * m]);
+            warp_fwht(v, lane);
+#pragma unroll
+            for (int m = 0; m < E; m++) v[m] = __fmul_rn(v[m], __uint_as_float(fmt[7]));
+        }
+#pragma unroll
+        for (int m = 0; m < E; m++) x[lane + 32 * m] = v[m];
+        return;
+    }
+    const int kh = is_v ? h - n_heads - n_kv : h - n_heads;
+    if (!is_v) {
+#pragma unroll
+        for (int m = 0; m < E; m++) x[lane + 32 * m] = v[m];
+    }
+    const float* c = is_v ? vc : kc;
+    if (c) {
+#pragma unroll
+        for (int m = 0; m < E; m++) v[m] = __fsub_rn(v[m], c[(u64)kh * D + lane + 32 * m]);
+    }
+    const u32* desc = fmt + (is_v ? CODE_DESC_WORDS : 0);
+    const u32 blk = tables[seq_tbl[tok_seq[t]] + pos / block_size];
+    const u32 slot = pos % block_size;
+    unsigned char* base = (is_v ? v_pool : k_pool) + ((u64)blk * n_kv + kh) * desc[3];
+    encode_vector(v, desc, base + (u64)slot * desc[2], (u16*)(base + desc[4]) + slot, idx, lane);
+}
+
+#define WRITE_KV_CODES(D) \
+    extern "C" __global__ void __launch_bounds__(32) write_kv_codes_##D( \
+        float* qkv, int width, int n_heads, int n_kv, \
+        const u32* tok_pos, const u32* tok_seq, const u32* seq_tbl, const u32* tables, \
+        const float* inv_freq, int n_pairs, int half_split, \
+        const float* q_norm, const float* k_norm, float eps, int has_norm, \
+        unsigned char* k_pool, unsigned char* v_pool, int block_size, \
+        const u32* fmt, const float* kc, const float* vc) { \
+        extern __shared__ float sh[]; \
+        write_kv_codes_impl<D / 32>(sh, qkv, width, n_heads, n_kv, tok_pos, tok_seq, seq_tbl, tables, \
+            inv_freq, n_pairs, half_split, q_norm, k_norm, eps, has_norm, k_pool, v_pool, \
+            block_size, fmt, kc, vc); \
+    }
+WRITE_KV_CODES(64)
+WRITE_KV_CODES(128)
+
+// The attention output of coded values back in the original basis: out ← Rᵀ·out (TurboQuant
+// values: FWHT, ×1/σ, then the signs, as Rotation::inverse) + the value mean of the head's
+// kv head (vc, or null), and its bf16 copy (the output projection's input).
+// grid = (rows, n_heads), one warp; d = 32·E.
+template <int E>
+__device__ __forceinline__ void attn_unrotate_impl(float* out, u16* out_bf16, int n_heads, int n_kv,
+                                                   const u32* vdesc, const float* vc)
+{
+    constexpr int D = 32 * E;
+    pdl_wait();
+    const int r = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    const int kh = h / (n_heads / n_kv);
+    const u64 at = ((u64)r * n_heads + h) * D;
+    float v[E];
+#pragma unroll
+    for (int m = 0; m < E; m++) v[m] = out[at + lane + 32 * m];
+    if (vdesc[0] == 1) {
+        warp_fwht(v, lane);
+#pragma unroll
+        for (int m = 0; m < E; m++)
+            v[m] = __uint_as_float(__float_as_uint(__fmul_rn(v[m], __uint_as_float(vdesc[7]))) ^
+                                   vdesc[32 + lane + 32 * m]);
+    }
+    if (vc) {
+#pragma unroll
+        for (int m = 0; m < E; m++) v[m] += vc[(u64)kh * D + lane + 32 * m];
+    }
+#pragma unroll
+    for (int m = 0; m < E; m++) {
+        out[at + lane + 32 * m] = v[m];
+        out_bf16[at + lane + 32 * m] = f32_to_bf16(v[m]);
+    }
+}
+
+#define ATTN_UNROTATE(D) \
+    extern "C" __global__ void __launch_bounds__(32) attn_unrotate_##D(float* out, u16* out_bf16, \
+        int n_heads, int n_kv, const u32* vdesc, const float* vc) { \
+        attn_unrotate_impl<D / 32>(out, out_bf16, n_heads, n_kv, vdesc, vc); \
+    }
+ATTN_UNROTATE(64)
+ATTN_UNROTATE(128)

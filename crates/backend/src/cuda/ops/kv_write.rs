@@ -7,6 +7,7 @@ use crate::Error;
 use crate::backend::{
     AttnGeometry, Backend, QkNorm, QkvProjection, Rope, RopeStyle, SeqSpan, separate_qkv_write_kv,
 };
+use crate::cuda::codes::CODE_HEAD_DIMS;
 use crate::cuda::kernels;
 use crate::cuda::launch::Launches;
 use crate::cuda::{CudaBackend, CudaKvPool, CudaMatrix, CudaTensor, CudaVector};
@@ -61,6 +62,38 @@ impl CudaBackend {
             addr(&pool.k, &self.stream),
             addr(&pool.v, &self.stream),
         );
+        if let Some(c) = &pool.codes {
+            let hd = g.head_dim;
+            let fi = CODE_HEAD_DIMS
+                .iter()
+                .position(|&d| d == hd)
+                .ok_or_else(|| shape("write_kv", format!("no coded kernel for head_dim {hd}")))?;
+            let (kc, vc) = c.centers.as_ref().map_or((0, 0), |(k, v)| {
+                (addr(k, &self.stream), addr(v, &self.stream))
+            });
+            let cfg = LaunchConfig {
+                grid_dim: (rows as u32, (g.n_heads + 2 * g.n_kv_heads) as u32, 1),
+                block_dim: (32, 1, 1),
+                shared_mem_bytes: ((hd + 32) * 4 + hd) as u32,
+            };
+            let mut l = Launches::new(opc::WRITE_KV);
+            let a = l.kernel("write_kv_codes", &self.k.write_kv_codes[fi], cfg, false);
+            a.ptr(qp).arg(width).arg(nh).arg(nkv);
+            a.ptr(meta[0]).ptr(meta[1]).ptr(meta[2]).ptr(meta[3]);
+            a.ptr(inv_freq).arg(pairs).arg(half_split);
+            a.ptr(qn).ptr(kn).arg(eps).arg(has_norm);
+            a.ptr(kp).ptr(vp).arg(bs);
+            a.ptr(addr(&c.desc, &self.stream)).ptr(kc).ptr(vc);
+            let launch = st.admit(l.signature())?;
+            st.last_write_kv = false;
+            if !launch {
+                return Ok(());
+            }
+            // SAFETY: as for write_kv below; each (block, kv head) of the pool is
+            // `desc[3]` bytes (the descriptor was built from the pool's own block layouts),
+            // the centers hold kv_heads × head_dim floats, and head_dim is the kernel's.
+            return unsafe { self.launch(&mut l) };
+        }
         let threads = g.head_dim.div_ceil(32).clamp(1, 8) as u32 * 32;
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, (g.n_heads + 2 * g.n_kv_heads) as u32, 1),
@@ -102,6 +135,7 @@ impl CudaBackend {
     ) -> Result<(), Error> {
         let total: usize = proj.weights.iter().map(|w| w.rows).sum();
         let fusable = self.rope_gemv
+            && pool.codes.is_none()
             && proj.qk_norm.is_none()
             && self.use_gemv(x.rows, x.cols)
             && (1..=4).contains(&proj.weights.len())

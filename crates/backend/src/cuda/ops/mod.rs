@@ -109,6 +109,16 @@ impl Backend for CudaBackend {
             {
                 Ok(())
             }
+            other if other.is_compressed() => {
+                match crate::cuda::codes::unsupported_reason(other, head_dim) {
+                    None => Ok(()),
+                    Some(why) => Err(Error::UnsupportedKvDtype {
+                        dtype: format!("{other} ({why})"),
+                        backend: "cuda",
+                        accepted: crate::cuda::codes::ACCEPTED,
+                    }),
+                }
+            }
             other => Err(unsupported_kv(other)),
         }
     }
@@ -204,6 +214,58 @@ impl Backend for CudaBackend {
 
     fn kv_pool(&self, layout: &KvLayout, layer: usize) -> Result<CudaKvPool, Error> {
         self.pool(layout, layer)
+    }
+
+    fn read_kv_block(&self, pool: &CudaKvPool, block: u32, out: &mut Vec<u8>) -> Result<(), Error> {
+        let (k_range, v_range, kh, vh) = pool.block_ranges(block)?;
+        let mut k = vec![0u16; k_range.len()];
+        let mut v = vec![0u16; v_range.len()];
+        self.stream
+            .memcpy_dtoh(&pool.k.slice(k_range), k.as_mut_slice())
+            .map_err(cuda_err("download kv block"))?;
+        self.stream
+            .memcpy_dtoh(&pool.v.slice(v_range), v.as_mut_slice())
+            .map_err(cuda_err("download kv block"))?;
+        out.clear();
+        for (kb, vb) in k.chunks_exact(kh).zip(v.chunks_exact(vh)) {
+            out.extend(kb.iter().chain(vb).flat_map(|x| x.to_le_bytes()));
+        }
+        Ok(())
+    }
+
+    fn write_kv_block(&self, pool: &mut CudaKvPool, block: u32, bytes: &[u8]) -> Result<(), Error> {
+        let (k_range, v_range, kh, vh) = pool.block_ranges(block)?;
+        let per_head = 2 * (kh + vh);
+        if bytes.len() != per_head * pool.kv_heads {
+            return Err(shape(
+                "write_kv_block",
+                format!(
+                    "{} bytes, the block holds {}",
+                    bytes.len(),
+                    per_head * pool.kv_heads
+                ),
+            ));
+        }
+        let (mut k, mut v) = (
+            Vec::with_capacity(k_range.len()),
+            Vec::with_capacity(v_range.len()),
+        );
+        let halves = |b: &[u8]| -> Vec<u16> {
+            b.chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect()
+        };
+        for head in bytes.chunks_exact(per_head) {
+            k.extend(halves(&head[..2 * kh]));
+            v.extend(halves(&head[2 * kh..]));
+        }
+        self.stream
+            .memcpy_htod(&k, &mut pool.k.slice_mut(k_range))
+            .map_err(cuda_err("upload kv block"))?;
+        self.stream
+            .memcpy_htod(&v, &mut pool.v.slice_mut(v_range))
+            .map_err(cuda_err("upload kv block"))?;
+        Ok(())
     }
 
     fn embed(&self, table: &CudaMatrix, ids: &[u32], out: &mut CudaTensor) -> Result<(), Error> {

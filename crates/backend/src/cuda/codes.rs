@@ -1,0 +1,329 @@
+//! Coded KV pools on the GPU (`int8`, TurboQuant-MSE `tq{2,3,4}` and mixed `k{b}v{b}`): the
+//! format descriptors the kernels read, and what a coded pool holds beside its bytes.
+//!
+//! A coded pool stores every (physical block, kv head) in the codec's own block layout
+//! ([`turbokv_codec::layout`]), so a block's bytes are the CPU backend's bytes: snapshots move
+//! between the backends unchanged. The encoder (`write_kv_codes`, write_kv.cu) reproduces the
+//! codec's f32 operations in order, so the codes are the CPU's; attention reads the codes
+//! (`attn_codes_*`, attention.cu) with the query rotated into the keys' basis by the encoder
+//! launch and the output rotated back by `attn_unrotate` (write_kv.cu).
+
+use cudarc::driver::{CudaSlice, CudaStream};
+use half::f16;
+use turbokv_cache::KvLayout;
+use turbokv_codec::{BlockLayout, DeviceFormat, KvDtype, LayerCodec, VectorCodec};
+
+use super::cuda_err;
+use crate::Error;
+
+/// u32 words of one role's format descriptor (write_kv.cu `CODE_DESC_WORDS`).
+pub(crate) const DESC_WORDS: usize = 288;
+/// Keys per staged tile of the coded decode kernels (attention.cu `ATTN_CODES`).
+pub(crate) const CODE_TILE: usize = 128;
+/// Warps per block of the coded decode kernels.
+pub(crate) const CODE_WARPS: usize = 4;
+/// Tile bytes a coded kernel keeps in flight (attention.cu `code_stages`).
+const CODE_BYTES_IN_FLIGHT: usize = 49152;
+
+/// Pipeline stages of a coded kernel whose tiles are `tile_bytes` (attention.cu
+/// `code_stages`): enough for [`CODE_BYTES_IN_FLIGHT`], 2 to 6. The bytes in flight bound a
+/// streaming kernel's bandwidth, and a tile of codes is 2-5× smaller than a 16-bit one.
+fn code_stages(tile_bytes: usize) -> usize {
+    CODE_BYTES_IN_FLIGHT.div_ceil(tile_bytes).clamp(2, 6)
+}
+
+/// Head dims with coded kernels.
+pub(crate) const CODE_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Code widths per role the kernels are instantiated for (8 = int8, which pairs only with
+/// itself), in attention.cu's `ATTN_CODES_D` order.
+const CODE_WIDTHS: [(u8, u8); 10] = [
+    (8, 8),
+    (4, 4),
+    (4, 3),
+    (4, 2),
+    (3, 4),
+    (3, 3),
+    (3, 2),
+    (2, 4),
+    (2, 3),
+    (2, 2),
+];
+
+/// One coded decode kernel: head dim, key bits, value bits (8 = int8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CodeVariant {
+    pub head_dim: usize,
+    pub key_bits: u8,
+    pub value_bits: u8,
+}
+
+impl CodeVariant {
+    /// Every instantiated kernel, in a fixed order (the index of [`Kernels::attn_codes`]).
+    pub(crate) fn all() -> Vec<CodeVariant> {
+        CODE_HEAD_DIMS
+            .iter()
+            .flat_map(|&head_dim| {
+                CODE_WIDTHS
+                    .iter()
+                    .map(move |&(key_bits, value_bits)| CodeVariant {
+                        head_dim,
+                        key_bits,
+                        value_bits,
+                    })
+            })
+            .collect()
+    }
+
+    /// The kernel's name in attention.cu.
+    pub(crate) fn kernel_name(&self) -> String {
+        format!(
+            "attn_codes_{}_{}_{}",
+            self.head_dim, self.key_bits, self.value_bits
+        )
+    }
+
+    /// Threads per block.
+    pub(crate) fn threads(&self) -> usize {
+        32 * CODE_WARPS
+    }
+
+    /// Dynamic shared memory: the pipeline's K and V tiles (code records and scales), or the
+    /// warps' final states, whichever is larger (the merge's is added by the launch).
+    pub(crate) fn smem_bytes(&self) -> usize {
+        let row = |bits: u8| self.head_dim * usize::from(bits) / 8 + 2;
+        let tile = CODE_TILE * (row(self.key_bits) + row(self.value_bits));
+        (code_stages(tile) * tile).max(CODE_WARPS * 16 * (self.head_dim + 2) * 4)
+    }
+}
+
+/// What a coded pool holds beside its bytes.
+#[derive(Debug)]
+pub(crate) struct PoolCodes {
+    /// The kernel that attends over this pool.
+    pub variant: CodeVariant,
+    /// Whether values are TurboQuant (the output is rotated back).
+    pub values_rotated: bool,
+    /// Block layouts of keys and values (bytes per (block, kv head)).
+    pub k_layout: BlockLayout,
+    pub v_layout: BlockLayout,
+    /// The key then the value descriptor, [`DESC_WORDS`] each.
+    pub desc: CudaSlice<u32>,
+    /// Per-head mean key and value (`[kv_heads, head_dim]` each), subtracted before encoding.
+    pub centers: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+}
+
+/// Code width of one role's device format (8 for int8).
+fn width(f: &DeviceFormat) -> u8 {
+    match f {
+        DeviceFormat::Int8 => 8,
+        DeviceFormat::HadamardMse(h) => h.bits,
+    }
+}
+
+/// The descriptor words of one role (write_kv.cu documents them).
+pub(crate) fn descriptor(f: &DeviceFormat, layout: &BlockLayout) -> Result<Vec<u32>, Error> {
+    let mut w = vec![0u32; DESC_WORDS];
+    let too_large = || Error::Cuda {
+        op: "kv pool",
+        detail: format!("a block of {} bytes is too large", layout.total_bytes),
+    };
+    w[2] = u32::try_from(layout.code_bytes_per_token).map_err(|_| too_large())?;
+    w[3] = u32::try_from(layout.total_bytes).map_err(|_| too_large())?;
+    w[4] = u32::try_from(layout.scalars_offset).map_err(|_| too_large())?;
+    match f {
+        DeviceFormat::Int8 => {
+            w[0] = 0;
+            w[1] = 8;
+        }
+        DeviceFormat::HadamardMse(h) => {
+            if h.sign_masks.len() > DESC_WORDS - 32 || h.boundaries.len() > 15 {
+                return Err(Error::Cuda {
+                    op: "kv pool",
+                    detail: format!(
+                        "{}-bit codes of dimension {} do not fit a descriptor",
+                        h.bits,
+                        h.sign_masks.len()
+                    ),
+                });
+            }
+            w[0] = 1;
+            w[1] = u32::from(h.bits);
+            w[6] = h.sigma.to_bits();
+            w[7] = h.scale.to_bits();
+            for (k, b) in h.boundaries.iter().enumerate() {
+                w[8 + k] = b.to_bits();
+            }
+            // Centroid j as f16: low byte j of the table at word 24, high byte at word 28.
+            for (j, c) in h.centroids.iter().enumerate() {
+                let bits = f16::from_f32(*c).to_bits();
+                w[24 + j / 4] |= u32::from(bits & 0xff) << (8 * (j % 4));
+                w[28 + j / 4] |= u32::from(bits >> 8) << (8 * (j % 4));
+            }
+            w[32..32 + h.sign_masks.len()].copy_from_slice(&h.sign_masks);
+        }
+    }
+    Ok(w)
+}
+
+/// Why a dtype has no coded kernel, or `None` when it has one (at `head_dim`).
+pub(crate) fn unsupported_reason(dtype: KvDtype, head_dim: usize) -> Option<String> {
+    if !CODE_HEAD_DIMS.contains(&head_dim) {
+        return Some(format!(
+            "head_dim {head_dim} (coded pools have kernels for head_dim {CODE_HEAD_DIMS:?})"
+        ));
+    }
+    let codec = match LayerCodec::new(dtype, head_dim, 0, &Default::default()) {
+        Ok(c) => c,
+        Err(e) => return Some(e.to_string()),
+    };
+    for (role, c) in [("keys", &codec.key), ("values", &codec.value)] {
+        match c.device_format() {
+            Some(f) if width(&f) >= 2 => {}
+            _ => {
+                return Some(format!(
+                    "{role}: only int8 and whole widths 2-4 (no outlier split, 1-bit or QJL \
+                     codes) are read on the GPU"
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// The coded state of layer `layer` of `layout` (its dtype compressed), uploaded.
+pub(crate) fn pool_codes(
+    stream: &std::sync::Arc<CudaStream>,
+    layout: &KvLayout,
+    layer: usize,
+) -> Result<PoolCodes, Error> {
+    let dtype = layout.layers[layer].dtype;
+    let refuse = |why: String| Error::UnsupportedKvDtype {
+        dtype: format!("{dtype} ({why})"),
+        backend: "cuda",
+        accepted: ACCEPTED,
+    };
+    if let Some(why) = unsupported_reason(dtype, layout.head_dim) {
+        return Err(refuse(why));
+    }
+    if layout.window.is_active() {
+        return Err(refuse(
+            "a full-precision recent window or sinks are not yet kept on the GPU".into(),
+        ));
+    }
+    if layout.block_size < 16 || !layout.block_size.is_power_of_two() {
+        return Err(refuse(format!(
+            "block size {} (coded pools need a power of two of 16 or more)",
+            layout.block_size
+        )));
+    }
+    let codec = LayerCodec::new(
+        dtype,
+        layout.head_dim,
+        u32::try_from(layer).unwrap_or(u32::MAX),
+        &layout.codec_options(layer),
+    )
+    .map_err(|e| refuse(e.to_string()))?;
+    let role = |c: &VectorCodec| -> Result<(DeviceFormat, BlockLayout), Error> {
+        let f = c
+            .device_format()
+            .ok_or_else(|| refuse("prod (QJL) keys are not read on the GPU".into()))?;
+        let l = c
+            .block_layout(layout.block_size)
+            .map_err(|e| refuse(e.to_string()))?;
+        Ok((f, l))
+    };
+    let (kf, k_layout) = role(&codec.key)?;
+    let (vf, v_layout) = role(&codec.value)?;
+    let variant = CodeVariant {
+        head_dim: layout.head_dim,
+        key_bits: width(&kf),
+        value_bits: width(&vf),
+    };
+    if !CodeVariant::all().contains(&variant) {
+        return Err(refuse("int8 keys pair only with int8 values".into()));
+    }
+    let mut words = descriptor(&kf, &k_layout)?;
+    words.extend(descriptor(&vf, &v_layout)?);
+    let desc = stream.clone_htod(&words).map_err(cuda_err("upload"))?;
+    let centers = match &layout.centers {
+        None => None,
+        Some(c) => {
+            let (mut k, mut v) = (Vec::new(), Vec::new());
+            for h in 0..layout.kv_heads {
+                match (c.key(layer, h), c.value(layer, h)) {
+                    (Some(kc), Some(vc)) if kc.len() == layout.head_dim => {
+                        k.extend_from_slice(kc);
+                        v.extend_from_slice(vc);
+                    }
+                    _ => {
+                        return Err(crate::shape::shape(
+                            "kv centers",
+                            format!(
+                                "no mean of head_dim {} for layer {layer} head {h}",
+                                layout.head_dim
+                            ),
+                        ));
+                    }
+                }
+            }
+            Some((
+                stream.clone_htod(&k).map_err(cuda_err("upload"))?,
+                stream.clone_htod(&v).map_err(cuda_err("upload"))?,
+            ))
+        }
+    };
+    Ok(PoolCodes {
+        variant,
+        values_rotated: matches!(vf, DeviceFormat::HadamardMse(_)),
+        k_layout,
+        v_layout,
+        desc,
+        centers,
+    })
+}
+
+/// What the CUDA backend stores KV caches as.
+pub(crate) const ACCEPTED: &str = "f16, bf16 (head_dim a multiple of 4, ≤ 256); int8, tq2, \
+     tq3, tq4 and k{b}v{b} with whole b in 2-4 (head_dim 64 or 128, MSE keys, no window)";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_width_pair_has_one_kernel_per_head_dim() {
+        let all = CodeVariant::all();
+        assert_eq!(all.len(), CODE_HEAD_DIMS.len() * CODE_WIDTHS.len());
+        for v in &all {
+            assert!(v.kernel_name().starts_with("attn_codes_"));
+            // Three blocks per SM fit an H200's 228 KiB.
+            assert!(v.smem_bytes() <= 72 * 1024, "{v:?}");
+        }
+    }
+
+    #[test]
+    fn descriptors_hold_the_codec_numbers() {
+        let codec = LayerCodec::new("k4v2".parse().unwrap(), 128, 1, &Default::default()).unwrap();
+        let kf = codec.key.device_format().unwrap();
+        let kl = codec.key.block_layout(16).unwrap();
+        let w = descriptor(&kf, &kl).unwrap();
+        let DeviceFormat::HadamardMse(h) = kf else {
+            panic!("tq keys");
+        };
+        assert_eq!((w[0], w[1], w[2]), (1, 4, 64));
+        assert_eq!(w[3] as usize, kl.total_bytes);
+        assert_eq!(w[4] as usize, kl.scalars_offset);
+        assert_eq!(f32::from_bits(w[6]), h.sigma);
+        for (j, c) in h.centroids.iter().enumerate() {
+            let lo = (w[24 + j / 4] >> (8 * (j % 4))) & 0xff;
+            let hi = (w[28 + j / 4] >> (8 * (j % 4))) & 0xff;
+            assert_eq!(f16::from_bits((lo | hi << 8) as u16), f16::from_f32(*c));
+        }
+        assert_eq!(&w[32..160], &h.sign_masks[..]);
+        assert!(unsupported_reason("tq3".parse().unwrap(), 128).is_none());
+        assert!(unsupported_reason("int8".parse().unwrap(), 64).is_none());
+        assert!(unsupported_reason("tq2.5".parse().unwrap(), 128).is_some());
+        assert!(unsupported_reason("tq1".parse().unwrap(), 128).is_some());
+        assert!(unsupported_reason("tq3".parse().unwrap(), 96).is_some());
+    }
+}

@@ -1,0 +1,361 @@
+//! Coded KV pools on the GPU (int8, TurboQuant-MSE) against the CPU backend: the encoder's
+//! codes, attention on the codes, and blocks moved between the backends.
+//!
+//! Skips (with a message) when no GPU or driver is present.
+//!
+//! What must hold, and why that tolerance:
+//! - **codes**: values reach the encoders as the same f32 bits, so their codes and scales are
+//!   identical. Keys are roped first, and the two backends' sin/cos differ in the last bits,
+//!   so a key coordinate within that distance of a codebook boundary (or an int8 rounding
+//!   tie) may land one code away: ≥ 99.9% of key codes identical, every other one adjacent,
+//!   scales within one f16 ulp.
+//! - **attention**: the GPU rounds queries, centroids and softmax weights × scales to f16
+//!   (2⁻¹¹ relative) for its MMAs and sums in another order; the CPU uses f32 throughout.
+//!   Outputs of size ≈ rms(V): 1e-2 absolute + 2e-2 relative (the bf16 tolerance of the
+//!   16-bit tests, f16 being finer), and on the same bytes (a block moved between backends)
+//!   the same.
+
+use std::sync::{Arc, OnceLock};
+
+use turbokv_backend::cpu::{CpuBackend, CpuTensor};
+use turbokv_backend::cuda::{CudaBackend, CudaTensor};
+use turbokv_backend::{AttnGeometry, Backend, Error, Rope, RopeStyle, SeqSpan};
+use turbokv_cache::{KvCenters, KvLayout, KvWindow};
+use turbokv_codec::{KeyMode, KvDtype, LayerCodec, bitpack};
+
+fn gpu() -> Option<&'static CudaBackend> {
+    static B: OnceLock<Option<CudaBackend>> = OnceLock::new();
+    B.get_or_init(|| match CudaBackend::new(0) {
+        Ok(b) => Some(b),
+        Err(e @ Error::CudaUnavailable { .. }) => {
+            eprintln!("skipping CUDA tests: {e}");
+            None
+        }
+        Err(e) => panic!("the CUDA backend failed to start: {e}"),
+    })
+    .as_ref()
+}
+
+struct Rng(u64);
+impl Rng {
+    fn f(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f() * scale).collect()
+    }
+    fn below(&mut self, n: usize) -> usize {
+        ((self.f() + 1.0) * 0.5 * n as f32) as usize % n
+    }
+}
+
+const BS: usize = 16;
+
+struct Case {
+    dtype: &'static str,
+    d: usize,
+    group: usize,
+    centered: bool,
+}
+
+fn layout(case: &Case, kv_heads: usize, r: &mut Rng) -> KvLayout {
+    let dtype: KvDtype = case.dtype.parse().unwrap();
+    let mut l = KvLayout::uniform(1, kv_heads, case.d, dtype, BS, 8192).unwrap();
+    if case.centered {
+        l.centers = Some(Arc::new(KvCenters {
+            kv_heads,
+            head_dim: case.d,
+            key: r.vec(kv_heads * case.d, 0.8),
+            value: r.vec(kv_heads * case.d, 0.5),
+        }));
+    }
+    l
+}
+
+/// Code coordinates of one (block, head) record pair: (identical, total) after asserting that
+/// every differing code is adjacent and every scale within one f16 ulp.
+fn compare_block(
+    what: &str,
+    got: &[u8],
+    want: &[u8],
+    codec: &turbokv_codec::VectorCodec,
+    exact: bool,
+) -> (usize, usize) {
+    let layout = codec.block_layout(BS).unwrap();
+    let bits = match codec.device_format().unwrap() {
+        turbokv_codec::DeviceFormat::Int8 => 8,
+        turbokv_codec::DeviceFormat::HadamardMse(h) => h.bits,
+    };
+    let d = codec.head_dim();
+    let (mut same, mut total) = (0, 0);
+    for slot in 0..BS {
+        let (g, w) = (
+            &got[layout.codes_range(slot)],
+            &want[layout.codes_range(slot)],
+        );
+        let (mut gi, mut wi) = (vec![0u8; d], vec![0u8; d]);
+        bitpack::unpack(g, bits, &mut gi).unwrap();
+        bitpack::unpack(w, bits, &mut wi).unwrap();
+        for (i, (&a, &b)) in gi.iter().zip(&wi).enumerate() {
+            total += 1;
+            if a == b {
+                same += 1;
+                continue;
+            }
+            let (a, b) = if bits == 8 {
+                (i32::from(a as i8), i32::from(b as i8))
+            } else {
+                (i32::from(a), i32::from(b))
+            };
+            assert!(
+                !exact && (a - b).abs() == 1,
+                "{what}: slot {slot} coordinate {i}: code {a} vs {b}"
+            );
+        }
+        let (gs, ws) = (
+            &got[layout.scalars_range(slot)],
+            &want[layout.scalars_range(slot)],
+        );
+        let (gs, ws) = (
+            u16::from_le_bytes([gs[0], gs[1]]),
+            u16::from_le_bytes([ws[0], ws[1]]),
+        );
+        assert!(
+            gs == ws || (!exact && gs.abs_diff(ws) == 1),
+            "{what}: slot {slot} scale {gs:#06x} vs {ws:#06x}"
+        );
+    }
+    (same, total)
+}
+
+fn close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) -> f32 {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = 0f32;
+    for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
+        let err = (a - b).abs();
+        assert!(
+            err <= atol + rtol * b.abs(),
+            "{what}: element {i}: got {a}, want {b}"
+        );
+        worst = worst.max(err);
+    }
+    worst
+}
+
+fn host(g: &CudaBackend, t: &CudaTensor) -> Vec<f32> {
+    let mut v = Vec::new();
+    g.to_host(t, &mut v).unwrap();
+    v
+}
+
+/// Three steps over four sequences (prefill of histories up to 1100 tokens, a mixed step,
+/// a decode step), each: write on both backends, compare the pools' blocks, attend on both
+/// and compare; after the last step, the GPU's blocks imported into a fresh CPU pool and the
+/// CPU's into a fresh GPU pool attend like the originals.
+fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
+    let c = CpuBackend::new();
+    let mut r = Rng(seed);
+    let kv_heads = 2;
+    let geo = AttnGeometry {
+        n_heads: kv_heads * case.group,
+        n_kv_heads: kv_heads,
+        head_dim: case.d,
+        scale: 1.0 / (case.d as f32).sqrt(),
+    };
+    let rope = Rope {
+        inv_freq: (0..case.d / 2)
+            .map(|i| 10000f32.powf(-(2.0 * i as f32) / case.d as f32))
+            .collect(),
+        style: RopeStyle::HalfSplit,
+    };
+    let layout = layout(case, kv_heads, &mut r);
+    let codec =
+        LayerCodec::new(layout.layers[0].dtype, case.d, 0, &layout.codec_options(0)).unwrap();
+    let (mut cpool, mut gpool) = (
+        c.kv_pool(&layout, 0).unwrap(),
+        g.kv_pool(&layout, 0).unwrap(),
+    );
+    let mut perm: Vec<u32> = (0..layout.num_blocks as u32).collect();
+    for i in (1..perm.len()).rev() {
+        perm.swap(i, r.below(i + 1));
+    }
+    let tables: Vec<&[u32]> = perm.chunks(layout.num_blocks / 4).take(4).collect();
+    let seqs = [(1100usize, 1usize), (37, 1), (20, 5), (0, 19)];
+    let (mut same, mut total) = (0, 0);
+    let what = format!(
+        "{} d={} group {}{}",
+        case.dtype,
+        case.d,
+        case.group,
+        if case.centered { " centered" } else { "" }
+    );
+    for step in 0..3 {
+        let mut spans = Vec::new();
+        let mut row = 0;
+        for (i, &(hist, new)) in seqs.iter().enumerate() {
+            let (first_pos, n) = match step {
+                0 => (0, hist),
+                1 => (hist, new),
+                _ => (hist + new, 1),
+            };
+            if n > 0 {
+                spans.push(SeqSpan {
+                    first_row: row,
+                    n_tokens: n,
+                    first_pos,
+                    blocks: tables[i],
+                });
+                row += n;
+            }
+        }
+        let w = geo.qkv_width();
+        let qkv = r.vec(row * w, 1.5);
+        let mut cq = CpuTensor::from_vec(qkv.clone(), row, w).unwrap();
+        let mut gq = g.tensor_from_host(&qkv, row, w).unwrap();
+        c.write_kv(&mut cq, &geo, &rope, None, &spans, &mut cpool)
+            .unwrap();
+        g.write_kv(&mut gq, &geo, &rope, None, &spans, &mut gpool)
+            .unwrap();
+        // Every block this step touched, for every kv head.
+        let mut blocks: Vec<u32> = spans
+            .iter()
+            .flat_map(|s| {
+                (s.first_pos / BS..(s.first_pos + s.n_tokens).div_ceil(BS)).map(|b| s.blocks[b])
+            })
+            .collect();
+        blocks.sort_unstable();
+        blocks.dedup();
+        let (kb, vb) = (
+            codec.key.block_layout(BS).unwrap().total_bytes,
+            codec.value.block_layout(BS).unwrap().total_bytes,
+        );
+        let (mut gb, mut cb) = (Vec::new(), Vec::new());
+        for &b in &blocks {
+            g.read_kv_block(&gpool, b, &mut gb).unwrap();
+            c.read_kv_block(&cpool, b, &mut cb).unwrap();
+            assert_eq!(gb.len(), cb.len(), "{what}: block bytes");
+            for (h, (gh, ch)) in gb
+                .chunks_exact(kb + vb)
+                .zip(cb.chunks_exact(kb + vb))
+                .enumerate()
+            {
+                let at = format!("{what} step {step} block {b} head {h}");
+                let (s, t) =
+                    compare_block(&format!("{at} K"), &gh[..kb], &ch[..kb], &codec.key, false);
+                same += s;
+                total += t;
+                compare_block(&format!("{at} V"), &gh[kb..], &ch[kb..], &codec.value, true);
+            }
+        }
+        let cols = geo.n_heads * case.d;
+        let mut co = c.tensor(row, cols).unwrap();
+        c.attention(&cq, &geo, &spans, &cpool, &mut co).unwrap();
+        let mut go = g
+            .tensor_from_host(&vec![f32::NAN; row * cols], row, cols)
+            .unwrap();
+        g.attention(&gq, &geo, &spans, &gpool, &mut go).unwrap();
+        let e = close(
+            &format!("{what} step {step} attention"),
+            &host(g, &go),
+            co.as_slice(),
+            1e-2,
+            2e-2,
+        );
+        eprintln!("{what} step {step}: attention max err {e:.2e}");
+        if step == 2 {
+            // Blocks across the backends: the GPU's bytes on the CPU, the CPU's on the GPU.
+            let (mut cpool2, mut gpool2) = (
+                c.kv_pool(&layout, 0).unwrap(),
+                g.kv_pool(&layout, 0).unwrap(),
+            );
+            let mut bytes = Vec::new();
+            for b in 0..layout.num_blocks as u32 {
+                g.read_kv_block(&gpool, b, &mut bytes).unwrap();
+                c.write_kv_block(&mut cpool2, b, &bytes).unwrap();
+                c.read_kv_block(&cpool, b, &mut bytes).unwrap();
+                g.write_kv_block(&mut gpool2, b, &bytes).unwrap();
+            }
+            let mut co2 = c.tensor(row, cols).unwrap();
+            c.attention(&cq, &geo, &spans, &cpool2, &mut co2).unwrap();
+            let mut go2 = g
+                .tensor_from_host(&vec![f32::NAN; row * cols], row, cols)
+                .unwrap();
+            g.attention(&gq, &geo, &spans, &gpool2, &mut go2).unwrap();
+            close(
+                &format!("{what}: GPU blocks on the CPU"),
+                co2.as_slice(),
+                &host(g, &go),
+                1e-2,
+                2e-2,
+            );
+            close(
+                &format!("{what}: CPU blocks on the GPU"),
+                &host(g, &go2),
+                co.as_slice(),
+                1e-2,
+                2e-2,
+            );
+        }
+    }
+    (same, total)
+}
+
+#[test]
+fn coded_pools_match_the_cpu_codec_and_attention() {
+    let Some(g) = gpu() else { return };
+    let (mut same, mut total) = (0, 0);
+    let mut seed = 7;
+    for d in [64, 128] {
+        for dtype in ["int8", "tq4", "tq3", "tq2", "k4v3", "k4v2", "k3v2", "k2v4"] {
+            for (group, centered) in [(1, false), (4, true), (8, false)] {
+                seed += 1;
+                let (s, t) = run_case(
+                    g,
+                    &Case {
+                        dtype,
+                        d,
+                        group,
+                        centered,
+                    },
+                    seed,
+                );
+                same += s;
+                total += t;
+            }
+        }
+    }
+    let frac = same as f64 / total as f64;
+    eprintln!("key codes identical: {same} / {total} ({:.5})", frac);
+    assert!(
+        frac >= 0.999,
+        "only {frac} of key codes equal the CPU codec's"
+    );
+}
+
+#[test]
+fn unsupported_coded_pools_are_refused() {
+    let Some(g) = gpu() else { return };
+    let refused = |l: KvLayout, why: &str| match g.kv_pool(&l, 0) {
+        Err(Error::UnsupportedKvDtype { .. }) => {}
+        other => panic!("{why}: {other:?}"),
+    };
+    let base =
+        |dtype: &str, d| KvLayout::uniform(1, 2, d, dtype.parse().unwrap(), BS, 256).unwrap();
+    refused(base("tq2.5", 128), "outlier split");
+    refused(base("tq3", 96), "dense rotation");
+    let mut windowed = base("tq3", 128);
+    windowed.window = KvWindow {
+        recent: 32,
+        sinks: 1,
+    };
+    refused(windowed, "window");
+    let mut prod = base("tq3", 128);
+    prod.codec.key_mode = KeyMode::Prod;
+    refused(prod, "prod keys");
+    assert!(g.check_kv_dtype("tq3.5".parse().unwrap(), 128).is_err());
+    assert!(g.check_kv_dtype("k4v2".parse().unwrap(), 64).is_ok());
+}
