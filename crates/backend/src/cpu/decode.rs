@@ -1,6 +1,6 @@
 //! Decode attention (one query token per task) read straight from the cache pages.
 //!
-//! For pools whose keys and values are [`direct`] formats (16-bit, `int8`, single-part
+//! For pools whose keys and values are [`direct`] formats (16-bit, `int8`, `fp8`, single-part
 //! TurboQuant MSE) a decode task makes two passes over its key range, with no f32 tile and no
 //! online-softmax rescaling per page:
 //! 1. scores of every grouped query row against every key, page by page, straight from the

@@ -1,5 +1,6 @@
 //! AVX2 + FMA + F16C twins of the direct kernels in `direct`: scores and value sums read
-//! straight from the cache's token records (16-bit values, int8 codes, packed table codes).
+//! straight from the cache's token records (16-bit values, int8 and fp8 codes, packed table
+//! codes).
 //!
 //! One template per kernel, instantiated per record format through [`Load8`] (eight
 //! coordinates of one token as f32 lanes) and per number of query rows `R`: the eight
@@ -59,6 +60,27 @@ impl Load8 for Int8 {
         // SAFETY: 8 bytes at rec + 8c are readable (caller).
         let b = unsafe { _mm_loadl_epi64(rec.add(8 * c).cast()) };
         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Fp8;
+
+impl Load8 for Fp8 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(self, rec: *const u8, c: usize) -> __m256 {
+        // SAFETY: 8 bytes at rec + 8c are readable (caller).
+        let b = unsafe { _mm_loadl_epi64(rec.add(8 * c).cast()) };
+        let w = _mm_cvtepu8_epi16(b);
+        // E4M3 S.EEEE.MMM becomes the f16 S.0EEEE.MMM0000000: the same value times 2⁻⁸
+        // (exponent bias 15 instead of 7), subnormals included, so the hardware conversion and
+        // one exact ×2⁸ decode it. The NaN codes (magnitude 0x7F) become the f16 NaN 0xFFFF.
+        let mag = _mm_and_si128(w, _mm_set1_epi16(0x7F));
+        let sign = _mm_slli_epi16::<8>(_mm_and_si128(w, _mm_set1_epi16(0x80)));
+        let nan = _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7F));
+        let h = _mm_or_si128(_mm_or_si128(sign, _mm_slli_epi16::<7>(mag)), nan);
+        _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_set1_ps(256.0))
     }
 }
 
@@ -301,6 +323,10 @@ macro_rules! with_loader {
             }
             Fmt::Int8 => {
                 let $ld = Int8;
+                $body
+            }
+            Fmt::Fp8 => {
+                let $ld = Fp8;
                 $body
             }
             Fmt::Table { bits: 1, table } => {
