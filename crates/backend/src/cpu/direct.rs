@@ -3,9 +3,10 @@
 //! single-part TurboQuant MSE codes (see [`turbokv_codec::DirectCodes`]).
 //!
 //! A page is `n` token records `stride` bytes apart. Token `j`'s working vector is
-//! `x_j = s_j · value(record_j)`; the caller folds `s_j` (and the softmax scale) into the
-//! per-token `scales` of [`scores`] and the `weights` of [`accumulate`], so the kernels see
-//! only the records. Each function has a plain scalar reference (`*_ref`) that the AVX2 twin
+//! `x_j = s_j · unit · value(record_j)`; the caller folds `s_j · unit` (and the softmax scale)
+//! into the per-token `scales` of [`scores`] and the `weights` of [`accumulate`], so the
+//! kernels see only the records. `unit` ([`Fmt::unit`]) is 1 except for fp8, whose values
+//! are E4M3's times 2⁻⁸ (what the loader gets from the f16 conversion without a multiply). Each function has a plain scalar reference (`*_ref`) that the AVX2 twin
 //! (`direct_avx2`) is tested against.
 
 use turbokv_codec::{DirectCodes, DirectKind};
@@ -35,6 +36,15 @@ impl Fmt {
         }
     }
 
+    /// The factor between [`Fmt::value`] and the format's own value of a code (2⁸ for fp8,
+    /// else 1), which callers fold into the per-token scales.
+    pub(crate) fn unit(self) -> f32 {
+        match self {
+            Fmt::Fp8 => 256.0,
+            _ => 1.0,
+        }
+    }
+
     /// Bytes the SIMD loaders may read from the start of a record of `w` coordinates (table
     /// codes are read as one 4-byte word per 8 codes).
     fn read_len(self, w: usize) -> usize {
@@ -45,13 +55,14 @@ impl Fmt {
         }
     }
 
-    /// Coordinate `i` of the record `rec` (the scalar reference decode).
+    /// Coordinate `i` of the record `rec` over [`Fmt::unit`] (the scalar reference decode).
     fn value(self, rec: &[u8], i: usize) -> f32 {
         match self {
             Fmt::Bf16 => half::bf16::from_le_bytes([rec[2 * i], rec[2 * i + 1]]).to_f32(),
             Fmt::F16 => half::f16::from_le_bytes([rec[2 * i], rec[2 * i + 1]]).to_f32(),
             Fmt::Int8 => f32::from(rec[i] as i8),
-            Fmt::Fp8 => turbokv_codec::fp8::decode(rec[i]),
+            // Exact: a power of two, and 2⁻⁹ · 2⁻⁸ is still a normal f32.
+            Fmt::Fp8 => turbokv_codec::fp8::decode(rec[i]) / 256.0,
             Fmt::Table { bits, table } => {
                 let b = usize::from(bits);
                 let (bit, mut code) = (i * b, 0usize);
@@ -391,11 +402,8 @@ mod tests {
                             list: &list,
                         };
                         let what = format!("{fmt:?} w {w} n {n} rows {rows}");
-                        let mag = match fmt {
-                            Fmt::Int8 => 128.0,
-                            Fmt::Fp8 => 448.0,
-                            _ => 3.0,
-                        };
+                        // fp8 values are E4M3's over 2⁸: at most 1.75.
+                        let mag = if fmt == Fmt::Int8 { 128.0 } else { 3.0 };
                         let q: Vec<f32> = (0..rows * w).map(|_| rng.next()).collect();
                         let scales: Vec<f32> = (0..n).map(|_| rng.next()).collect();
                         let os = n + 3;
@@ -423,8 +431,8 @@ mod tests {
         }
     }
 
-    /// The SIMD loader decodes all 256 E4M3 codes to `fp8::decode`'s values (NaN codes to
-    /// NaN): a value sum with weight 1 into zeros is the decoded record itself.
+    /// The SIMD loader decodes all 256 E4M3 codes to `fp8::decode`'s values over the unit
+    /// (NaN codes to NaN): a value sum with weight 1 into zeros is the decoded record itself.
     #[test]
     fn fp8_loader_decodes_every_code() {
         if !has_simd() {
@@ -445,9 +453,9 @@ mod tests {
         let mut acc = vec![0f32; 256];
         accumulate(pages, &[1.0], 1, &mut acc, 1);
         for (c, a) in acc.iter().enumerate() {
-            let want = turbokv_codec::fp8::decode(c as u8);
+            let (a, want) = (a * Fmt::Fp8.unit(), turbokv_codec::fp8::decode(c as u8));
             assert!(
-                *a == want || (a.is_nan() && want.is_nan()),
+                a == want || (a.is_nan() && want.is_nan()),
                 "code {c:#04x}: {a} vs {want}"
             );
         }

@@ -73,8 +73,8 @@ impl Load8 for Fp8 {
         // SAFETY: 8 bytes at rec + 8c are readable (caller).
         let b = unsafe { _mm_loadl_epi64(rec.add(8 * c).cast()) };
         // E4M3 S.EEEE.MMM becomes the f16 S.0EEEE.MMM0000000: the same value times 2⁻⁸
-        // (exponent bias 15 instead of 7), subnormals included, so the hardware conversion and
-        // one exact ×2⁸ decode it. Sign-extended and shifted left by 7, the sign lands on bits
+        // (exponent bias 15 instead of 7; `Fmt::unit`), subnormals included, so the hardware
+        // conversion decodes it. Sign-extended and shifted left by 7, the sign lands on bits
         // 15 and 14; the mask clears 14.
         let h = _mm_and_si128(
             _mm_slli_epi16::<7>(_mm_cvtepi8_epi16(b)),
@@ -83,10 +83,7 @@ impl Load8 for Fp8 {
         // The NaN codes (all of E and M set) become the f16 NaN 0xFFFF.
         let em = _mm_set1_epi16(0x3F80);
         let nan = _mm_cmpeq_epi16(_mm_and_si128(h, em), em);
-        _mm256_mul_ps(
-            _mm256_cvtph_ps(_mm_or_si128(h, nan)),
-            _mm256_set1_ps(256.0),
-        )
+        _mm256_cvtph_ps(_mm_or_si128(h, nan))
     }
 }
 
