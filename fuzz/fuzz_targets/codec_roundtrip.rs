@@ -24,8 +24,8 @@ fn cached(
         .clone()
 }
 
-const DTYPES: [&str; 10] = [
-    "bf16", "f16", "int8", "tq1", "tq2", "tq2.5", "tq3", "tq3.5", "tq4", "k4v1.5",
+const DTYPES: [&str; 11] = [
+    "bf16", "f16", "int8", "tq1", "tq2", "tq2.5", "tq3", "tq3.5", "tq4", "k4v1.5", "fp8",
 ];
 const DIMS: [usize; 6] = [8, 16, 24, 64, 80, 128];
 

@@ -236,7 +236,9 @@ fn check_with(
     worst
 }
 
-const DTYPES: [&str; 8] = ["f16", "bf16", "int8", "tq4", "tq3", "tq2", "tq2.5", "k4v3"];
+const DTYPES: [&str; 9] = [
+    "f16", "bf16", "int8", "fp8", "tq4", "tq3", "tq2", "tq2.5", "k4v3",
+];
 
 #[test]
 fn prefill_in_chunks_matches_decoded_reference_for_every_dtype() {
@@ -254,7 +256,7 @@ fn prefill_in_chunks_matches_decoded_reference_for_every_dtype() {
 
 #[test]
 fn long_context_split_k_decode_matches_decoded_reference() {
-    for name in ["f16", "tq3", "k4v3"] {
+    for name in ["f16", "fp8", "tq3", "k4v3"] {
         let dtype: KvDtype = name.parse().unwrap();
         // 1100 prefilled tokens, then single-token steps whose context splits into chunks.
         let err = check(dtype, 6, 2, 64, &[600, 500, 1, 1, 1], 7);
@@ -276,7 +278,7 @@ fn unsupported_dtype_and_head_dim_are_refused_with_the_accepted_list() {
 
 #[test]
 fn window_and_sink_tokens_are_attended_at_f16_and_the_rest_on_codes() {
-    for name in ["int8", "tq3", "k4v3", "tq2"] {
+    for name in ["int8", "fp8", "tq3", "k4v3", "tq2"] {
         let dtype: KvDtype = name.parse().unwrap();
         for window in [
             KvWindow {
@@ -362,7 +364,7 @@ fn centered_pools_match_the_uncentered_reference() {
             sinks: 1,
         },
     ];
-    for name in ["int8", "tq3", "k4v3", "f16"] {
+    for name in ["int8", "fp8", "tq3", "k4v3", "f16"] {
         let dtype: KvDtype = name.parse().unwrap();
         for w in windows {
             let err = check_with(dtype, w, centered, 6, 2, 64, &[40, 30, 1, 1], 9);

@@ -155,7 +155,7 @@ fn check(
 #[test]
 fn windowed_and_sink_attention_match_reference_for_every_pool_format() {
     let chunks = [7, 1, 29, 1, 1, 40, 1];
-    for dtype in ["f16", "bf16", "int8", "tq3", "k4v2"] {
+    for dtype in ["f16", "bf16", "int8", "fp8", "tq3", "k4v2"] {
         let dtype: KvDtype = dtype.parse().unwrap();
         for (window, sinks) in [(Some(5), false), (None, true), (Some(20), true)] {
             let err = check(dtype, KvWindow::default(), window, sinks, &chunks);
@@ -174,7 +174,7 @@ fn windowed_attention_reads_a_policys_exact_tokens() {
         sinks: 3,
         recent: 9,
     };
-    for dtype in ["tq2", "int8"] {
+    for dtype in ["tq2", "int8", "fp8"] {
         let dtype: KvDtype = dtype.parse().unwrap();
         for window in [Some(6), Some(30), None] {
             let err = check(dtype, exact, window, true, &[20, 1, 1, 35, 1]);

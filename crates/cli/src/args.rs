@@ -95,10 +95,10 @@ pub struct EvalPplArgs {
     /// Windows (consecutive, non-overlapping).
     #[arg(long, default_value_t = 4)]
     pub windows: usize,
-    /// KV caches to compare with bf16, comma-separated: dtypes (f16,int8,tq4,tq3,k4v3), presets
-    /// (balanced, compact, tiny), or a dtype with its own full-precision window, `k4v3@w16s1`
-    /// (16 most recent tokens and 1 sink token exact); `/prod` or `/mse` after the dtype sets
-    /// the key mode of that entry (`tq4/prod`), a trailing `+c` centers it (`tq3+c`).
+    /// KV caches to compare with bf16, comma-separated: dtypes (f16,int8,fp8,tq4,tq3,k4v3),
+    /// presets (balanced, compact, tiny), or a dtype with its own full-precision window,
+    /// `k4v3@w16s1` (16 most recent tokens and 1 sink token exact); `/prod` or `/mse` after the
+    /// dtype sets the key mode of that entry (`tq4/prod`), a trailing `+c` centers it (`tq3+c`).
     #[arg(long, value_delimiter = ',', default_value = "f16")]
     pub kv: Vec<String>,
     #[command(flatten)]
@@ -163,10 +163,10 @@ pub struct ModelArgs {
 /// The KV cache's number format.
 #[derive(Args, Debug, Clone)]
 pub struct CacheArgs {
-    /// KV cache: f16, bf16, int8, tq4/tq3/tq2, tq3.5/tq2.5, k{b}v{b}, a preset (balanced,
-    /// compact, tiny), or a compressed format with a full-precision window (`k4v3@w32s1`: the 32
-    /// most recent and the first token kept at f16); `tq4/prod` sets the key mode, a trailing
-    /// `+c` centers the cache (`tq3+c`).
+    /// KV cache: f16, bf16, int8, fp8 (e4m3), tq4/tq3/tq2, tq3.5/tq2.5, k{b}v{b}, a preset
+    /// (balanced, compact, tiny), or a compressed format with a full-precision window
+    /// (`k4v3@w32s1`: the 32 most recent and the first token kept at f16); `tq4/prod` sets the
+    /// key mode, a trailing `+c` centers the cache (`tq3+c`).
     #[arg(long, default_value = "f16")]
     pub kv: String,
     /// Maximum context (prompt + generated tokens); default: the model's, capped at 8192.

@@ -5,6 +5,9 @@
 //! D_prod = E(⟨y,x⟩ − ⟨y,x̂⟩)²·d/‖y‖². Bias: E[⟨x, x̂⟩ − 1] with the rotation/sketch seed drawn
 //! too (the QJL estimate is unbiased over that draw), with a t statistic over per-seed means.
 //! Throughput: best of several timed passes on one thread.
+//!
+//! A second table measures the 8-bit formats (`int8`, `fp8`) the same way, so the two can be
+//! compared with each other and with TurboQuant on the same vectors.
 
 use std::path::Path;
 use std::time::Instant;
@@ -50,12 +53,29 @@ struct Row {
     samples: usize,
 }
 
+/// One row of the 8-bit table / JSON.
+#[derive(Debug, Serialize)]
+struct PlainRow {
+    d: usize,
+    dtype: String,
+    bits_per_element: f64,
+    d_mse: f64,
+    d_prod: f64,
+    encode_vectors_per_s: f64,
+    score_tokens_per_s: f64,
+    samples: usize,
+}
+
 #[derive(Debug, Serialize)]
 struct Report {
     machine: String,
     simd: String,
     rows: Vec<Row>,
+    plain_rows: Vec<PlainRow>,
 }
+
+/// The 8-bit formats of the second table.
+const PLAIN_DTYPES: [KvDtype; 2] = [KvDtype::Int8, KvDtype::Fp8];
 
 fn unit(rng: &mut Xoshiro256, d: usize) -> Vec<f32> {
     let v: Vec<f64> = (0..d).map(|_| rng.gaussian()).collect();
@@ -76,10 +96,10 @@ fn codec(d: usize, bits: u8, mode: KeyMode, qjl: QjlSketch, seed: u64) -> Result
 }
 
 /// (D_mse, D_prod).
-fn distortion(c: &TqCodec, d: usize, n: usize, seed: u64) -> Result<(f64, f64)> {
+fn distortion(c: &VectorCodec, d: usize, n: usize, seed: u64) -> Result<(f64, f64)> {
     let mut rng = Xoshiro256::new(seed);
-    let mut codes = vec![0u8; c.code_bytes()];
-    let mut sc = vec![f16::ZERO; c.scalars_per_vector()];
+    let mut codes = vec![0u8; c.token_sizes().code_bytes];
+    let mut sc = vec![f16::ZERO; c.token_sizes().scalars];
     let mut xh = vec![0.0f32; d];
     let (mut mse, mut prod) = (0.0, 0.0);
     for _ in 0..n {
@@ -140,7 +160,18 @@ fn best_rate(items: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
 
 /// (encode vectors/s, score tokens/s, LUT score tokens/s) on one thread.
 fn throughput(d: usize, bits: u8, mode: KeyMode) -> Result<(f64, f64, f64)> {
-    let vc = VectorCodec::from_tq(codec(d, bits, mode, QjlSketch::Structured, 7)?);
+    throughput_of(&VectorCodec::from_tq(codec(
+        d,
+        bits,
+        mode,
+        QjlSketch::Structured,
+        7,
+    )?))
+}
+
+/// [`throughput`] of any codec.
+fn throughput_of(vc: &VectorCodec) -> Result<(f64, f64, f64)> {
+    let d = vc.head_dim();
     let n = THROUGHPUT_VECTORS;
     let mut rng = Xoshiro256::new(3);
     let xs: Vec<f32> = (0..n * d).map(|_| rng.gaussian() as f32).collect();
@@ -195,12 +226,12 @@ fn measure_rows() -> Result<Vec<Row>> {
         for bits in 1..=4u8 {
             let dtype = KvDtype::tq(TqBits::from_bits(bits)?);
             for mode in [KeyMode::Mse, KeyMode::Prod] {
-                let c = codec(d, bits, mode, QjlSketch::Structured, 1)?;
+                let c = VectorCodec::from_tq(codec(d, bits, mode, QjlSketch::Structured, 1)?);
                 let seed = 100 * d as u64 + u64::from(bits);
                 let (d_mse, d_prod) = distortion(&c, d, DISTORTION_SAMPLES, seed)?;
                 let gaussian = match mode {
                     KeyMode::Prod => {
-                        let g = codec(d, bits, mode, QjlSketch::Gaussian, 1)?;
+                        let g = VectorCodec::from_tq(codec(d, bits, mode, QjlSketch::Gaussian, 1)?);
                         Some(distortion(&g, d, DISTORTION_SAMPLES / 2, seed + 1)?.1)
                     }
                     KeyMode::Mse => None,
@@ -232,6 +263,49 @@ fn measure_rows() -> Result<Vec<Row>> {
         }
     }
     Ok(rows)
+}
+
+/// The 8-bit formats on the same kind of vectors (the seed does not depend on the dtype, so
+/// both see the same vectors).
+fn measure_plain_rows() -> Result<Vec<PlainRow>> {
+    let mut rows = Vec::new();
+    for d in DIMS {
+        for dtype in PLAIN_DTYPES {
+            let c = VectorCodec::new(dtype, turbokv_codec::KvRole::Key, d, 0, &Default::default())?;
+            let (d_mse, d_prod) = distortion(&c, d, DISTORTION_SAMPLES, 100 * d as u64 + 8)?;
+            let (enc, score, _) = throughput_of(&c)?;
+            rows.push(PlainRow {
+                d,
+                dtype: dtype.to_string(),
+                bits_per_element: dtype.key_bits_per_element(d, KeyMode::Mse),
+                d_mse,
+                d_prod,
+                encode_vectors_per_s: enc,
+                score_tokens_per_s: score,
+                samples: DISTORTION_SAMPLES,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+fn print_plain_table(rows: &[PlainRow]) {
+    println!(
+        "{:>4} {:>5} {:>6} {:>10} {:>10} {:>9} {:>9}",
+        "d", "dtype", "bits/e", "D_mse", "D_prod", "enc M/s", "score M/s"
+    );
+    for r in rows {
+        println!(
+            "{:>4} {:>5} {:>6.3} {:>10.3e} {:>10.3e} {:>9.2} {:>9.2}",
+            r.d,
+            r.dtype,
+            r.bits_per_element,
+            r.d_mse,
+            r.d_prod,
+            r.encode_vectors_per_s / 1e6,
+            r.score_tokens_per_s / 1e6
+        );
+    }
 }
 
 fn print_table(rows: &[Row]) {
@@ -283,11 +357,15 @@ pub fn run(json: Option<&Path>) -> Result<()> {
     );
     let rows = measure_rows()?;
     print_table(&rows);
+    println!();
+    let plain_rows = measure_plain_rows()?;
+    print_plain_table(&plain_rows);
     if let Some(path) = json {
         let report = Report {
             machine: std::env::consts::ARCH.to_string(),
             simd,
             rows,
+            plain_rows,
         };
         let text = serde_json::to_string_pretty(&report)?;
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
@@ -305,7 +383,31 @@ mod tests {
         let (enc, score, lut) = throughput(64, 3, KeyMode::Mse).unwrap();
         assert!(enc > 0.0 && score > 0.0 && lut > 0.0);
         let c = codec(64, 2, KeyMode::Mse, QjlSketch::Structured, 1).unwrap();
-        let (mse, _) = distortion(&c, 64, 2000, 1).unwrap();
+        let (mse, _) = distortion(&VectorCodec::from_tq(c), 64, 2000, 1).unwrap();
         assert!((mse / 0.117 - 1.0).abs() < 0.1);
+    }
+
+    /// The 8-bit rows. On unit vectors D_mse is the relative error: fp8's 3-bit mantissa
+    /// (round to nearest) gives about 2⁻⁶/12 · E[(1 + m)⁻²] ≈ 6.6e-4, `m` the mantissa
+    /// fraction; int8's uniform step absmax/127 gives ~16× less at d = 64.
+    #[test]
+    fn eight_bit_rows_measure_both_formats() {
+        let mut d_mse = Vec::new();
+        for dtype in PLAIN_DTYPES {
+            let c = VectorCodec::new(
+                dtype,
+                turbokv_codec::KvRole::Key,
+                64,
+                0,
+                &Default::default(),
+            )
+            .unwrap();
+            let (mse, prod) = distortion(&c, 64, 2000, 1).unwrap();
+            assert!(mse > 0.0 && prod > 0.0, "{dtype}");
+            d_mse.push(mse);
+        }
+        let (int8, fp8) = (d_mse[0], d_mse[1]);
+        assert!(int8 < 1e-4, "int8 {int8}");
+        assert!((4e-4..9e-4).contains(&fp8), "fp8 {fp8}");
     }
 }

@@ -323,6 +323,20 @@ mod tests {
     }
 
     #[test]
+    fn fp8_is_an_eight_bit_format_with_windows_and_centering() {
+        let none = KvDefaults::default();
+        let f = KvSpec::parse("fp8", none).unwrap();
+        assert_eq!(f.dtype, KvDtype::Fp8);
+        assert_eq!(f.bits_per_element(64, 1024), 8.25);
+        assert_eq!(KvSpec::parse("e4m3", none).unwrap().dtype, KvDtype::Fp8);
+        let w = KvSpec::parse("fp8@w16s1+c", none).unwrap();
+        assert!(w.center && w.window.is_active());
+        assert_eq!(w.label("fp8@w16s1+c"), "fp8@w16s1+c");
+        let cpu = turbokv_backend::cpu::CpuBackend::new();
+        assert_eq!(check_spec(&cpu, 3, 1, 64, &f, "fp8", &[]).unwrap().len(), 3);
+    }
+
+    #[test]
     fn presets_plain_and_windowed() {
         let none = KvDefaults::default();
         let b = KvSpec::parse("balanced", none).unwrap();

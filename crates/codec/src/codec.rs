@@ -65,6 +65,7 @@ impl VectorCodec {
             KvDtype::Bf16 => Format::Plain(Plain::Bf16),
             KvDtype::F16 => Format::Plain(Plain::F16),
             KvDtype::Int8 => Format::Plain(Plain::Int8),
+            KvDtype::Fp8 => Format::Plain(Plain::Fp8),
             KvDtype::Tq {
                 key_bits,
                 value_bits,

@@ -1,7 +1,7 @@
 //! `KvDtype`: which number format a layer's keys and values are stored in, and what it costs.
 //!
 //! Spellings (case-insensitive, surrounding whitespace ignored):
-//! `bf16`, `f16`, `int8`, `tq{b}` (keys and values at `b` bits), `k{b}v{b}` (different
+//! `bf16`, `f16`, `int8`, `fp8` (or `e4m3`), `tq{b}` (keys and values at `b` bits), `k{b}v{b}` (different
 //! widths), where `b` ∈ {1, 1.5, 2, 2.5, 3, 3.5, 4}. `Display` prints the canonical spelling,
 //! which parses back to the same value.
 //!
@@ -159,6 +159,8 @@ pub enum KvDtype {
     F16,
     /// int8 per coordinate with one f16 absmax scale per vector.
     Int8,
+    /// FP8 E4M3 per coordinate with one f16 absmax scale per vector (see [`crate::fp8`]).
+    Fp8,
     /// TurboQuant with separate key and value widths.
     Tq {
         /// Key bits per coordinate.
@@ -168,7 +170,7 @@ pub enum KvDtype {
     },
 }
 
-const ACCEPTED: &str = "bf16, f16, int8, tq{b} or k{b}v{b} with b in {1, 1.5, 2, 2.5, 3, 3.5, 4} \
+const ACCEPTED: &str = "bf16, f16, int8, fp8, tq{b} or k{b}v{b} with b in {1, 1.5, 2, 2.5, 3, 3.5, 4} \
                         (e.g. tq3, tq2.5, k4v3, k3.5v2)";
 
 /// Bits of one f16 side-info scalar (norm, residual norm, scale).
@@ -183,7 +185,7 @@ impl KvDtype {
         }
     }
 
-    /// True for formats smaller than 16 bits (int8 and TurboQuant).
+    /// True for formats smaller than 16 bits (int8, fp8 and TurboQuant).
     pub fn is_compressed(&self) -> bool {
         !matches!(self, KvDtype::Bf16 | KvDtype::F16)
     }
@@ -216,7 +218,7 @@ impl KvDtype {
     fn plain_bits_per_element(&self, head_dim: usize) -> f64 {
         match self {
             KvDtype::Bf16 | KvDtype::F16 => 16.0,
-            KvDtype::Int8 => 8.0 + F16_BITS / head_dim.max(1) as f64,
+            KvDtype::Int8 | KvDtype::Fp8 => 8.0 + F16_BITS / head_dim.max(1) as f64,
             // Not reached: callers handle Tq first.
             KvDtype::Tq { .. } => f64::NAN,
         }
@@ -254,6 +256,7 @@ impl fmt::Display for KvDtype {
             KvDtype::Bf16 => f.write_str("bf16"),
             KvDtype::F16 => f.write_str("f16"),
             KvDtype::Int8 => f.write_str("int8"),
+            KvDtype::Fp8 => f.write_str("fp8"),
             KvDtype::Tq {
                 key_bits,
                 value_bits,
@@ -278,6 +281,7 @@ impl FromStr for KvDtype {
             "bf16" => return Ok(KvDtype::Bf16),
             "f16" | "fp16" => return Ok(KvDtype::F16),
             "int8" | "i8" => return Ok(KvDtype::Int8),
+            "fp8" | "e4m3" | "fp8_e4m3" => return Ok(KvDtype::Fp8),
             _ => {}
         }
         if let Some(b) = lower.strip_prefix("tq") {
@@ -305,8 +309,8 @@ mod tests {
     #[test]
     fn parse_display_round_trip() {
         for s in [
-            "bf16", "f16", "int8", "tq1", "tq2", "tq2.5", "tq3", "tq3.5", "tq4", "k4v3", "k3.5v2",
-            "k1.5v4",
+            "bf16", "f16", "int8", "fp8", "tq1", "tq2", "tq2.5", "tq3", "tq3.5", "tq4", "k4v3",
+            "k3.5v2", "k1.5v4",
         ] {
             let d: KvDtype = s.parse().unwrap();
             assert_eq!(d.to_string(), s);
@@ -314,12 +318,15 @@ mod tests {
         }
         assert_eq!("k3v3".parse::<KvDtype>().unwrap().to_string(), "tq3");
         assert_eq!(" TQ3 ".parse::<KvDtype>().unwrap(), KvDtype::tq(TqBits::B3));
+        for s in ["e4m3", "FP8", "fp8_e4m3"] {
+            assert_eq!(s.parse::<KvDtype>().unwrap(), KvDtype::Fp8, "{s}");
+        }
     }
 
     #[test]
     fn parse_rejects_with_list() {
         for s in [
-            "", "tq5", "tq0", "tq2.25", "k4", "kv", "q4_0", "k4v", "tq3.5.5", "int4",
+            "", "tq5", "tq0", "tq2.25", "k4", "kv", "q4_0", "k4v", "tq3.5.5", "int4", "fp4", "e5m2",
         ] {
             let err = s.parse::<KvDtype>().unwrap_err();
             let msg = err.to_string();
@@ -338,6 +345,8 @@ mod tests {
         assert_eq!(tq3.value_bits_per_element(128), 3.125);
         assert_eq!(tq3.value_bits_per_element(64), 3.25);
         assert_eq!(KvDtype::Int8.bits_per_element(128, KeyMode::Mse), 8.125);
+        assert_eq!(KvDtype::Fp8.bits_per_element(128, KeyMode::Prod), 8.125);
+        assert_eq!(KvDtype::Fp8.value_bits_per_element(64), 8.25);
         assert_eq!(KvDtype::Bf16.bits_per_element(128, KeyMode::Prod), 16.0);
         // 2.5 bits: 64 channels at 3 + 64 at 2, two f16 norms.
         let tq25 = KvDtype::tq(TqBits::B2_5);
@@ -351,6 +360,7 @@ mod tests {
             (4.125 + 3.125) / 2.0
         );
         assert!(k4v3.is_compressed() && KvDtype::Int8.is_compressed());
+        assert!(KvDtype::Fp8.is_compressed());
         assert!(!KvDtype::F16.is_compressed());
     }
 

@@ -15,7 +15,8 @@
 //! | dtype | code record | scalars (f16) |
 //! |---|---|---|
 //! | `bf16`, `f16` | d values, 2 bytes each, little-endian | none |
-//! | `int8` | d bytes, two's complement | scale |
+//! | `int8` | d bytes, two's complement | scale (absmax/127) |
+//! | `fp8` | d bytes, OCP FP8 E4M3 (see [`crate::fp8`]) | scale (absmax/448) |
 //! | `tq{b}`, MSE | d·b bits of Lloyd–Max codes | norm |
 //! | `tq{b}`, prod (keys) | d·(b−1) bits of codes, then d sign bits | norm, γ |
 //! | `tq{b}.5` | outlier part (d/2 channels, ⌈b⌉ bits) then regular part (⌊b⌋ bits), each laid out as above and byte-aligned | per part, in the same order: norm (, γ) |
@@ -174,7 +175,7 @@ pub fn token_sizes(
                 scalars: 0,
             });
         }
-        (KvDtype::Int8, _) => {
+        (KvDtype::Int8 | KvDtype::Fp8, _) => {
             return Ok(TokenSizes {
                 code_bytes: head_dim,
                 scalars: 1,
@@ -235,7 +236,7 @@ mod tests {
         let s = token_sizes(KvDtype::tq(TqBits::B2_5), KvRole::Value, 128, KeyMode::Mse).unwrap();
         assert_eq!((s.code_bytes, s.scalars), (24 + 16, 2));
         // bits_per_element agrees with the layout (no padding at these sizes).
-        for dt in ["tq2", "tq2.5", "tq3", "tq3.5", "tq4", "int8", "bf16"] {
+        for dt in ["tq2", "tq2.5", "tq3", "tq3.5", "tq4", "int8", "fp8", "bf16"] {
             let dt: KvDtype = dt.parse().unwrap();
             for mode in [KeyMode::Mse, KeyMode::Prod] {
                 let s = token_sizes(dt, KvRole::Key, 128, mode).unwrap();

@@ -2,7 +2,7 @@
 //! backend matches bit for bit (encode) or to rounding (attention on codes).
 //!
 //! No I/O, no threads. Entry points:
-//! * [`KvDtype`] — `bf16`, `f16`, `int8`, `tq{b}`, `tq{b}.5`, `k{b}v{b}`; parsing, display and
+//! * [`KvDtype`] — `bf16`, `f16`, `int8`, `fp8`, `tq{b}`, `tq{b}.5`, `k{b}v{b}`; parsing, display and
 //!   bits-per-element accounting (side information included).
 //! * [`VectorCodec`] / [`LayerCodec`] — one layer's keys / values: encode and decode one
 //!   vector, into or out of a block slot, and attention on codes ([`VectorCodec::prepare_query`],
@@ -29,6 +29,7 @@
 //! |---|---|---|---|
 //! | `bf16`, `f16` | d little-endian 16-bit values | – | 256 |
 //! | `int8` | d two's-complement bytes | absmax/127 scale | 128 + 2 |
+//! | `fp8` | d OCP FP8 E4M3 bytes ([`fp8`]) | absmax/448 scale | 128 + 2 |
 //! | `tq{b}` (MSE) | d·b bits of Lloyd–Max codes | norm | 16·b + 2 |
 //! | `tq{b}` keys, prod | d·(b−1) bits of codes, then d QJL sign bits | norm, γ | 16·b + 4 |
 //! | `tq{b}.5` | outlier part (d/2 channels at ⌈b⌉ bits) then regular part (d/2 at ⌊b⌋ bits), each as above, byte-aligned | per part in the same order | 16·b + 4 (MSE) |
@@ -56,6 +57,7 @@ pub mod codec;
 pub mod device;
 pub mod dtype;
 mod error;
+pub mod fp8;
 pub mod kernels;
 pub mod layout;
 pub mod lut;

@@ -22,7 +22,7 @@
 //! num_blocks   u32
 //! num_tokens   u32  tokens covered (≤ num_blocks · block_size)
 //! n_layers     u32
-//! per layer:   layer u32, dtype u8 (0 bf16, 1 f16, 2 int8, 3 tq), key half-bits u8,
+//! per layer:   layer u32, dtype u8 (0 bf16, 1 f16, 2 int8, 3 tq, 4 fp8), key half-bits u8,
 //!              value half-bits u8 (0 unless tq), key outliers, value outliers
 //!              (outliers: u16 count, 0xFFFF = none, then count × u16 channel)
 //! n_tokens     u32, then n_tokens × u32 token ids (may be 0: ids are optional)
@@ -384,6 +384,7 @@ impl Snapshot {
                 KvDtype::Bf16 => (0u8, 0u8, 0u8),
                 KvDtype::F16 => (1, 0, 0),
                 KvDtype::Int8 => (2, 0, 0),
+                KvDtype::Fp8 => (4, 0, 0),
                 KvDtype::Tq {
                     key_bits,
                     value_bits,
@@ -540,12 +541,17 @@ impl<'a> Reader<'a> {
         let layer = self.u32()?;
         let tag = self.u8()?;
         let dtype = match tag {
-            0..=2 => {
+            0..=2 | 4 => {
                 let (kb, vb) = (self.u8()?, self.u8()?);
                 if kb != 0 || vb != 0 {
                     return Err(invalid("dtype", "bit widths given for a plain dtype"));
                 }
-                [KvDtype::Bf16, KvDtype::F16, KvDtype::Int8][usize::from(tag)]
+                match tag {
+                    0 => KvDtype::Bf16,
+                    1 => KvDtype::F16,
+                    2 => KvDtype::Int8,
+                    _ => KvDtype::Fp8,
+                }
             }
             3 => KvDtype::Tq {
                 key_bits: self.tq_bits("key bits")?,

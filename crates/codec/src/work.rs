@@ -54,6 +54,8 @@ pub enum DirectKind {
     },
     /// One two's-complement byte per coordinate; `value(c) = c`.
     Int8,
+    /// One OCP FP8 E4M3 byte per coordinate; `value(c) =` [`crate::fp8::decode`]`(c)`.
+    Fp8,
 }
 
 impl VectorCodec {
@@ -72,12 +74,17 @@ impl VectorCodec {
         }
     }
 
-    /// The direct description of this format's working vectors, when it has one: `int8`, and
-    /// TurboQuant with a single MSE part of 1–4 bits (no QJL signs, no outlier split).
+    /// The direct description of this format's working vectors, when it has one: `int8`,
+    /// `fp8`, and TurboQuant with a single MSE part of 1–4 bits (no QJL signs, no outlier
+    /// split).
     pub fn direct_codes(&self) -> Option<DirectCodes> {
         match &self.format {
-            Format::Plain(Plain::Int8) => Some(DirectCodes {
-                kind: DirectKind::Int8,
+            Format::Plain(p @ (Plain::Int8 | Plain::Fp8)) => Some(DirectCodes {
+                kind: if *p == Plain::Int8 {
+                    DirectKind::Int8
+                } else {
+                    DirectKind::Fp8
+                },
                 code_offset: 0,
                 scalar_index: 0,
             }),

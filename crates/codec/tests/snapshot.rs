@@ -8,6 +8,7 @@ fn dtype_strategy() -> impl Strategy<Value = KvDtype> {
         Just(KvDtype::Bf16),
         Just(KvDtype::F16),
         Just(KvDtype::Int8),
+        Just(KvDtype::Fp8),
         (2u8..=8, 2u8..=8).prop_map(|(k, v)| KvDtype::Tq {
             key_bits: TqBits::from_half_bits(k).unwrap(),
             value_bits: TqBits::from_half_bits(v).unwrap(),
@@ -223,4 +224,136 @@ fn payload_size_is_checked_on_encode() {
     .block_range(0, 0, 0, KvRole::Value)
     .unwrap();
     assert_eq!(range, 1056..2112);
+}
+
+fn one_layer(dtype: KvDtype, d: u32, block_size: u32, payload: Vec<u8>) -> Snapshot {
+    Snapshot {
+        identity: SnapshotIdentity {
+            codec_version: CODEC_VERSION,
+            head_dim: d,
+            key_mode: KeyMode::Mse,
+            norm: NormMode::Exact,
+            qjl: QjlSketch::Structured,
+            base_seed: 9,
+            layers: vec![LayerIdentity {
+                layer: 3,
+                dtype,
+                key_outliers: None,
+                value_outliers: None,
+            }],
+        },
+        shape: SnapshotShape {
+            kv_heads: 1,
+            block_size,
+            num_blocks: 1,
+            num_tokens: block_size,
+        },
+        tokens: vec![],
+        payload,
+    }
+}
+
+/// The dtype byte of each plain format on the wire (after the 52-byte header and the layer
+/// index): the old codes stay what they were, so snapshots written before fp8 still decode.
+#[test]
+fn dtype_tags_on_the_wire_are_stable() {
+    for (dtype, tag) in [
+        (KvDtype::Bf16, 0u8),
+        (KvDtype::F16, 1),
+        (KvDtype::Int8, 2),
+        (KvDtype::Fp8, 4),
+    ] {
+        let len = 2 * block_bytes(dtype, KvRole::Key, 16, 4, KeyMode::Mse).unwrap();
+        let s = one_layer(dtype, 16, 4, vec![0x11; len]);
+        let bytes = s.encode().unwrap();
+        assert_eq!(bytes[56..59], [tag, 0, 0], "{dtype}");
+        assert_eq!(Snapshot::decode(&bytes).unwrap(), s, "{dtype}");
+    }
+    let tq = one_layer(KvDtype::tq(TqBits::B3), 16, 4, vec![]);
+    let len = expected_len(&tq);
+    let bytes = one_layer(KvDtype::tq(TqBits::B3), 16, 4, vec![0; len])
+        .encode()
+        .unwrap();
+    assert_eq!(bytes[56..59], [3, 6, 6]);
+}
+
+fn expected_len(s: &Snapshot) -> usize {
+    let d = s.identity.head_dim as usize;
+    let bs = s.shape.block_size as usize;
+    let dt = s.identity.layers[0].dtype;
+    [KvRole::Key, KvRole::Value]
+        .into_iter()
+        .map(|r| block_bytes(dt, r, d, bs, KeyMode::Mse).unwrap())
+        .sum()
+}
+
+/// An fp8 layer's encoded blocks survive a snapshot byte for byte and decode to the same
+/// vectors afterwards; a plain tag with bit widths, and an unknown tag, are refused.
+#[test]
+fn fp8_layer_round_trips_through_a_snapshot() {
+    let (d, bs) = (64usize, 8usize);
+    let codec = LayerCodec::new(KvDtype::Fp8, d, 3, &CodecOptions::default()).unwrap();
+    let kl = codec.key.block_layout(bs).unwrap();
+    let vl = codec.value.block_layout(bs).unwrap();
+    let (mut kb, mut vb) = (vec![0u8; kl.total_bytes], vec![0u8; vl.total_bytes]);
+    let mut rng = prng::Xoshiro256::new(4);
+    let xs: Vec<Vec<f32>> = (0..2 * bs)
+        .map(|_| (0..d).map(|_| rng.gaussian() as f32 * 3.0).collect())
+        .collect();
+    for t in 0..bs {
+        codec.key.encode_slot(&xs[t], &mut kb, &kl, t).unwrap();
+        codec
+            .value
+            .encode_slot(&xs[bs + t], &mut vb, &vl, t)
+            .unwrap();
+    }
+    let payload = [kb.clone(), vb.clone()].concat();
+    let s = one_layer(KvDtype::Fp8, d as u32, bs as u32, payload);
+    let bytes = s.encode().unwrap();
+    let back = Snapshot::decode_expecting(&bytes, &s.identity).unwrap();
+    assert_eq!(back, s);
+    let kr = back.block_range(0, 0, 0, KvRole::Key).unwrap();
+    let vr = back.block_range(0, 0, 0, KvRole::Value).unwrap();
+    assert_eq!(&back.payload[kr.clone()], &kb[..]);
+    for t in 0..bs {
+        let (mut a, mut b) = (vec![0f32; d], vec![0f32; d]);
+        codec.key.decode_slot(&kb, &kl, t, &mut a).unwrap();
+        codec
+            .key
+            .decode_slot(&back.payload[kr.clone()], &kl, t, &mut b)
+            .unwrap();
+        assert_eq!(a, b);
+        codec
+            .value
+            .decode_slot(&back.payload[vr.clone()], &vl, t, &mut b)
+            .unwrap();
+        for (y, x) in b.iter().zip(&xs[bs + t]) {
+            assert!(
+                (y - x).abs() <= x.abs() / 15.9 + 1e-4,
+                "value {t}: {y} for {x}"
+            );
+        }
+    }
+    // Rewrite the dtype byte and fix the checksum: bad widths, then an unknown tag.
+    for (tag, widths, want_unknown) in [(4u8, [1u8, 0], false), (5, [0, 0], true)] {
+        let mut b = bytes.clone();
+        b[56] = tag;
+        b[57..59].copy_from_slice(&widths);
+        let body = b.len() - 4;
+        let crc = checksum::crc32(&b[..body]);
+        b[body..].copy_from_slice(&crc.to_le_bytes());
+        let err = Snapshot::decode(&b).unwrap_err();
+        let ok = if want_unknown {
+            matches!(
+                err,
+                SnapshotError::UnknownValue {
+                    field: "dtype",
+                    value: 5
+                }
+            )
+        } else {
+            matches!(err, SnapshotError::InvalidField { field: "dtype", .. })
+        };
+        assert!(ok, "tag {tag}: {err:?}");
+    }
 }

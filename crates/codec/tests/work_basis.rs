@@ -21,7 +21,7 @@ fn codecs() -> Vec<(String, VectorCodec)> {
     let mut out = Vec::new();
     for d in [64, 128, 256] {
         for name in [
-            "int8", "tq4", "tq3", "tq2", "tq1", "tq3.5", "tq2.5", "tq1.5",
+            "int8", "fp8", "tq4", "tq3", "tq2", "tq1", "tq3.5", "tq2.5", "tq1.5",
         ] {
             let dtype: KvDtype = name.parse().unwrap();
             for mode in [KeyMode::Mse, KeyMode::Prod] {
@@ -201,6 +201,7 @@ fn direct_coordinate(
     let s = f16::from_le_bytes([block[at], block[at + 1]]).to_f32();
     match dc.kind {
         DirectKind::Int8 => s * f32::from(rec[i] as i8),
+        DirectKind::Fp8 => s * fp8::decode(rec[i]),
         DirectKind::Table { bits, table } => {
             let b = usize::from(bits);
             let mut code = 0usize;
@@ -219,6 +220,7 @@ fn direct_codes_describe_the_decoded_tile() {
     for (name, c) in codecs() {
         let direct = c.direct_codes();
         let expect_direct = name.starts_with("int8")
+            || name.starts_with("fp8")
             || (!name.contains(".5") && (name.contains("value") || name.contains("/Mse")));
         assert_eq!(direct.is_some(), expect_direct, "{name}");
         let Some(dc) = direct else { continue };

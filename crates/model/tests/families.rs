@@ -140,7 +140,7 @@ fn every_kv_dtype_runs_each_family() {
         let model = load(&family_dir(name).join("model.gguf")).unwrap();
         let base = engine_logits(&model, &want.prompt, KvDtype::F16);
         let mut last_kl = 0.0;
-        for dtype in ["bf16", "int8", "tq4", "tq3", "tq2"] {
+        for dtype in ["bf16", "int8", "fp8", "tq4", "tq3", "tq2"] {
             let kv: KvDtype = dtype.parse().unwrap();
             let got = engine_logits(&model, &want.prompt, kv);
             assert!(got.iter().all(|x| x.is_finite()), "{name} {dtype}");

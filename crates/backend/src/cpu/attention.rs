@@ -14,7 +14,7 @@
 //! softmax.
 //!
 //! Decode tasks (one query token) on pools whose halves are `direct` formats (16-bit, int8,
-//! single-part MSE TurboQuant) skip the tile and read the pages straight (`decode.rs`); this
+//! fp8, single-part MSE TurboQuant) skip the tile and read the pages straight (`decode.rs`); this
 //! tiled loop serves prefill and the other formats.
 
 use half::f16;

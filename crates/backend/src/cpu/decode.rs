@@ -1,6 +1,6 @@
 //! Decode attention (one query token per task) read straight from the cache pages.
 //!
-//! For pools whose keys and values are [`direct`] formats (16-bit, `int8`, single-part
+//! For pools whose keys and values are [`direct`] formats (16-bit, `int8`, `fp8`, single-part
 //! TurboQuant MSE) a decode task makes two passes over its key range, with no f32 tile and no
 //! online-softmax rescaling per page:
 //! 1. scores of every grouped query row against every key, page by page, straight from the
@@ -95,7 +95,8 @@ impl Views {
 
 impl HalfView {
     /// Slots `slot0..slot0 + n` of (block, head) as the task's keys `off..off + n`; their
-    /// scales (times `mul`) go to `scales` when `scales` is given (`n` of them).
+    /// scales (times `mul` and the format's unit) go to `scales` when `scales` is given (`n`
+    /// of them).
     #[allow(clippy::too_many_arguments)]
     fn page<'a>(
         &self,
@@ -108,6 +109,7 @@ impl HalfView {
         mul: f32,
         scales: Option<&mut [f32]>,
     ) -> Result<Page<'a>, Error> {
+        let mul = mul * self.fmt.unit();
         let missing = || {
             shape(
                 "decode attention",

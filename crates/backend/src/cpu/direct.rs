@@ -1,11 +1,12 @@
 //! Scores and value sums read straight from a page of the cache, for the formats whose working
-//! coordinates decode independently with one scale per token: 16-bit values, `int8`, and
+//! coordinates decode independently with one scale per token: 16-bit values, `int8`, `fp8`, and
 //! single-part TurboQuant MSE codes (see [`turbokv_codec::DirectCodes`]).
 //!
 //! A page is `n` token records `stride` bytes apart. Token `j`'s working vector is
-//! `x_j = s_j · value(record_j)`; the caller folds `s_j` (and the softmax scale) into the
-//! per-token `scales` of [`scores`] and the `weights` of [`accumulate`], so the kernels see
-//! only the records. Each function has a plain scalar reference (`*_ref`) that the AVX2 twin
+//! `x_j = s_j · unit · value(record_j)`; the caller folds `s_j · unit` (and the softmax scale)
+//! into the per-token `scales` of [`scores`] and the `weights` of [`accumulate`], so the
+//! kernels see only the records. `unit` ([`Fmt::unit`]) is 1 except for fp8, whose values
+//! are E4M3's times 2⁻⁸ (what the loader gets from the f16 conversion without a multiply). Each function has a plain scalar reference (`*_ref`) that the AVX2 twin
 //! (`direct_avx2`) is tested against.
 
 use turbokv_codec::{DirectCodes, DirectKind};
@@ -19,6 +20,8 @@ pub(crate) enum Fmt {
     F16,
     /// Two's-complement bytes.
     Int8,
+    /// OCP FP8 E4M3 bytes.
+    Fp8,
     /// `bits`-bit (1–4) codes packed LSB-first, decoded through `table`.
     Table { bits: u8, table: [f32; 16] },
 }
@@ -28,7 +31,17 @@ impl Fmt {
     pub(crate) fn of(direct: &DirectCodes) -> Self {
         match direct.kind {
             DirectKind::Int8 => Fmt::Int8,
+            DirectKind::Fp8 => Fmt::Fp8,
             DirectKind::Table { bits, table } => Fmt::Table { bits, table },
+        }
+    }
+
+    /// The factor between [`Fmt::value`] and the format's own value of a code (2⁸ for fp8,
+    /// else 1), which callers fold into the per-token scales.
+    pub(crate) fn unit(self) -> f32 {
+        match self {
+            Fmt::Fp8 => 256.0,
+            _ => 1.0,
         }
     }
 
@@ -37,17 +50,19 @@ impl Fmt {
     fn read_len(self, w: usize) -> usize {
         match self {
             Fmt::Bf16 | Fmt::F16 => 2 * w,
-            Fmt::Int8 => w,
+            Fmt::Int8 | Fmt::Fp8 => w,
             Fmt::Table { bits, .. } => (w / 8).saturating_sub(1) * usize::from(bits) + 4,
         }
     }
 
-    /// Coordinate `i` of the record `rec` (the scalar reference decode).
+    /// Coordinate `i` of the record `rec` over [`Fmt::unit`] (the scalar reference decode).
     fn value(self, rec: &[u8], i: usize) -> f32 {
         match self {
             Fmt::Bf16 => half::bf16::from_le_bytes([rec[2 * i], rec[2 * i + 1]]).to_f32(),
             Fmt::F16 => half::f16::from_le_bytes([rec[2 * i], rec[2 * i + 1]]).to_f32(),
             Fmt::Int8 => f32::from(rec[i] as i8),
+            // Exact: a power of two, and 2⁻⁹ · 2⁻⁸ is still a normal f32.
+            Fmt::Fp8 => turbokv_codec::fp8::decode(rec[i]) / 256.0,
             Fmt::Table { bits, table } => {
                 let b = usize::from(bits);
                 let (bit, mut code) = (i * b, 0usize);
@@ -296,7 +311,7 @@ mod tests {
     }
 
     fn formats(rng: &mut Rng) -> Vec<Fmt> {
-        let mut f = vec![Fmt::Bf16, Fmt::F16, Fmt::Int8];
+        let mut f = vec![Fmt::Bf16, Fmt::F16, Fmt::Int8, Fmt::Fp8];
         for bits in 1..=4u8 {
             let mut table = [0f32; 16];
             for t in table.iter_mut().take(1 << bits) {
@@ -311,6 +326,13 @@ mod tests {
     fn records(fmt: Fmt, n: usize, stride: usize, w: usize, rng: &mut Rng) -> Vec<u8> {
         // Slack after the last record, as a block's padding and scalars give the loaders.
         let mut bytes: Vec<u8> = (0..n * stride + 4).map(|_| rng.byte()).collect();
+        if fmt == Fmt::Fp8 {
+            // No NaN codes: they would make every comparison fail (decoding them is checked
+            // in `fp8_loader_decodes_every_code`).
+            for b in bytes.iter_mut().filter(|b| **b & 0x7F == 0x7F) {
+                *b ^= 1;
+            }
+        }
         if matches!(fmt, Fmt::Bf16 | Fmt::F16) {
             for j in 0..n {
                 for i in 0..w {
@@ -330,7 +352,7 @@ mod tests {
     fn code_bytes(fmt: Fmt, w: usize) -> usize {
         match fmt {
             Fmt::Bf16 | Fmt::F16 => 2 * w,
-            Fmt::Int8 => w,
+            Fmt::Int8 | Fmt::Fp8 => w,
             Fmt::Table { bits, .. } => w * usize::from(bits) / 8,
         }
     }
@@ -380,6 +402,7 @@ mod tests {
                             list: &list,
                         };
                         let what = format!("{fmt:?} w {w} n {n} rows {rows}");
+                        // fp8 values are E4M3's over 2⁸: at most 1.75.
                         let mag = if fmt == Fmt::Int8 { 128.0 } else { 3.0 };
                         let q: Vec<f32> = (0..rows * w).map(|_| rng.next()).collect();
                         let scales: Vec<f32> = (0..n).map(|_| rng.next()).collect();
@@ -406,6 +429,40 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The SIMD loader decodes all 256 E4M3 codes to `fp8::decode`'s values over the unit
+    /// (NaN codes to NaN): a value sum with weight 1 into zeros is the decoded record itself.
+    #[test]
+    fn fp8_loader_decodes_every_code() {
+        if !has_simd() {
+            eprintln!("skipped: no AVX2/FMA/F16C on this CPU");
+            return;
+        }
+        let rec: Vec<u8> = (0..=255u8).collect();
+        let list = [Page {
+            bytes: &rec,
+            n: 1,
+            off: 0,
+        }];
+        let pages = Pages {
+            fmt: Fmt::Fp8,
+            stride: 256,
+            list: &list,
+        };
+        let mut acc = vec![0f32; 256];
+        accumulate(pages, &[1.0], 1, &mut acc, 1);
+        for (c, a) in acc.iter().enumerate() {
+            let (a, want) = (a * Fmt::Fp8.unit(), turbokv_codec::fp8::decode(c as u8));
+            assert!(
+                a == want || (a.is_nan() && want.is_nan()),
+                "code {c:#04x}: {a} vs {want}"
+            );
+        }
+        let mut s = [0f32; 1];
+        let q = vec![1f32; 256];
+        scores(pages, &q, 1, &[1.0], &mut s, 1);
+        assert!(s[0].is_nan(), "a NaN code makes the score NaN");
     }
 
     #[test]

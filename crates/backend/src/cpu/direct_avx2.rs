@@ -1,5 +1,6 @@
 //! AVX2 + FMA + F16C twins of the direct kernels in `direct`: scores and value sums read
-//! straight from the cache's token records (16-bit values, int8 codes, packed table codes).
+//! straight from the cache's token records (16-bit values, int8 and fp8 codes, packed table
+//! codes).
 //!
 //! One template per kernel, instantiated per record format through [`Load8`] (eight
 //! coordinates of one token as f32 lanes) and per number of query rows `R`: the eight
@@ -59,6 +60,30 @@ impl Load8 for Int8 {
         // SAFETY: 8 bytes at rec + 8c are readable (caller).
         let b = unsafe { _mm_loadl_epi64(rec.add(8 * c).cast()) };
         _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Fp8;
+
+impl Load8 for Fp8 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(self, rec: *const u8, c: usize) -> __m256 {
+        // SAFETY: 8 bytes at rec + 8c are readable (caller).
+        let b = unsafe { _mm_loadl_epi64(rec.add(8 * c).cast()) };
+        // E4M3 S.EEEE.MMM becomes the f16 S.0EEEE.MMM0000000: the same value times 2⁻⁸
+        // (exponent bias 15 instead of 7; `Fmt::unit`), subnormals included, so the hardware
+        // conversion decodes it. Sign-extended and shifted left by 7, the sign lands on bits
+        // 15 and 14; the mask clears 14.
+        let h = _mm_and_si128(
+            _mm_slli_epi16::<7>(_mm_cvtepi8_epi16(b)),
+            _mm_set1_epi16(0xBF80u16 as i16),
+        );
+        // The NaN codes (all of E and M set) become the f16 NaN 0xFFFF.
+        let em = _mm_set1_epi16(0x3F80);
+        let nan = _mm_cmpeq_epi16(_mm_and_si128(h, em), em);
+        _mm256_cvtph_ps(_mm_or_si128(h, nan))
     }
 }
 
@@ -301,6 +326,10 @@ macro_rules! with_loader {
             }
             Fmt::Int8 => {
                 let $ld = Int8;
+                $body
+            }
+            Fmt::Fp8 => {
+                let $ld = Fp8;
                 $body
             }
             Fmt::Table { bits: 1, table } => {

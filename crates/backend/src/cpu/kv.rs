@@ -4,7 +4,7 @@
 //! - **16-bit** (`f16`, `bf16`): each of K and V is `[num_blocks, kv_heads, block_size,
 //!   head_dim]` raw values, so one head's tokens in a block are contiguous and decode with
 //!   one slice conversion;
-//! - **codec** (`int8`, `tq*`): each of K and V is `[num_blocks, kv_heads]` blocks laid out
+//! - **codec** (`int8`, `fp8`, `tq*`): each of K and V is `[num_blocks, kv_heads]` blocks laid out
 //!   by [`turbokv_codec::BlockLayout`] (codes of every token, then their f16 scalars).
 //!   Vectors are encoded straight into their slot; attention reads the codes
 //!   (`attention.rs`), never a dequantized copy of the cache.
@@ -27,7 +27,7 @@ pub enum KvStorage {
     F16,
     /// bfloat16, raw.
     Bf16,
-    /// A codec format (`int8`, TurboQuant), attended over on its codes.
+    /// A codec format (`int8`, `fp8`, TurboQuant), attended over on its codes.
     Codec,
 }
 
@@ -48,7 +48,7 @@ impl KvStorage {
                     Error::UnsupportedKvDtype {
                         dtype: format!("{other} ({e})"),
                         backend: "cpu",
-                        accepted: "f16, bf16, int8, tq{b}, tq{b}.5, k{b}v{b}",
+                        accepted: "f16, bf16, int8, fp8, tq{b}, tq{b}.5, k{b}v{b}",
                     }
                 })?;
                 Ok(Self::Codec)
