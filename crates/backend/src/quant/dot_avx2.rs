@@ -233,7 +233,8 @@ mod imp {
     /// term).
     ///
     /// # Safety
-    /// Block `ib` of `act` is readable.
+    /// Block `ib` of `act` is readable; the CPU has AVX2 (it is inlined into the AVX2
+    /// kernels, as the `Block::load`s are).
     #[inline(always)]
     unsafe fn block_terms<B: Block>(
         qx: __m256i,
@@ -243,39 +244,40 @@ mod imp {
         ib: usize,
     ) -> (__m256, __m128) {
         // SAFETY: block `ib` of the activations is readable (caller contract); `Q8Block` is
-        // `repr(C)` with `d, s` first, then 32 codes.
-        let (ds, qy) = unsafe {
+        // `repr(C)` with `d, s` first, then 32 codes. AVX2 per the caller contract.
+        unsafe {
             let a = act.add(ib);
-            (
-                _mm_castsi128_ps(_mm_loadl_epi64(a.cast())),
-                _mm256_loadu_si256((*a).qs.as_ptr().cast()),
-            )
-        };
-        let prod = _mm_mul_ps(dm, ds);
-        let sy = if B::SIGNED {
-            _mm256_sign_epi8(qy, qx)
-        } else {
-            qy
-        };
-        let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
-        (_mm256_cvtepi32_ps(sums), prod)
+            let ds = _mm_castsi128_ps(_mm_loadl_epi64(a.cast()));
+            let qy = _mm256_loadu_si256((*a).qs.as_ptr().cast());
+            let prod = _mm_mul_ps(dm, ds);
+            let sy = if B::SIGNED {
+                _mm256_sign_epi8(qy, qx)
+            } else {
+                qy
+            };
+            let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+            (_mm256_cvtepi32_ps(sums), prod)
+        }
     }
 
     /// Weight block `ib` of the row: its codes, their absolute values (the signed formats'
     /// sign trick) and its scales.
     ///
     /// # Safety
-    /// Block `ib` of the row (at `row`) is readable.
+    /// Block `ib` of the row (at `row`) is readable; the CPU has AVX2 and F16C (inlined into
+    /// the AVX2 kernels).
     #[inline(always)]
     unsafe fn weight_block<B: Block>(row: *const u8, ib: usize) -> (__m256i, __m256i, __m128) {
         // SAFETY: caller contract.
-        let (qx, dm) = unsafe { B::load(row.add(ib * B::BYTES)) };
-        let ax = if B::SIGNED {
-            _mm256_sign_epi8(qx, qx)
-        } else {
-            qx
-        };
-        (qx, ax, dm)
+        unsafe {
+            let (qx, dm) = B::load(row.add(ib * B::BYTES));
+            let ax = if B::SIGNED {
+                _mm256_sign_epi8(qx, qx)
+            } else {
+                qx
+            };
+            (qx, ax, dm)
+        }
     }
 
     /// Adds blocks `ib` and `ib + 1` of the row times the same blocks of each token's
