@@ -225,15 +225,17 @@ fn thirty_two_concurrent_greedy_requests_equal_each_request_alone() {
     );
 }
 
-/// A prompt cut into chunks of 16, 48 or 512 tokens gives the same log-probabilities bit for
-/// bit (every chunk but a lone last token takes the same path through attention; these
+/// A prompt cut into chunks of 16, 48 or 512 tokens gives the same tokens and top-2
+/// log-probability margins bit for bit (every chunk but a lone last token takes the same path through attention; these
 /// prompts' lengths leave no one-token chunk).
 #[test]
 fn a_prompt_gives_the_same_bits_whatever_its_chunking() {
     let Some(path) = demo_model() else { return };
-    let mut runs = Vec::new();
+    let (mut runs, mut steps) = (Vec::new(), Vec::new());
     for budget in [16, 48, 512] {
+        // One sequence at a time: the budget is at least `max_num_seqs`.
         let opts = EngineOptions {
+            max_num_seqs: 1,
             max_batched_tokens: budget,
             prefix_caching: false,
             ..Default::default()
@@ -242,7 +244,8 @@ fn a_prompt_gives_the_same_bits_whatever_its_chunking() {
         let h = &r.handle;
         let mut run = Vec::new();
         for p in PROMPTS.iter().take(3) {
-            let tokens = prompt(h, &format!("{PREAMBLE}{p}"));
+            let tokens = prompt(h, &format!("{PREAMBLE}{PREAMBLE}{p}"));
+            assert!(tokens.len() > 48, "the prompt must need two chunks of 48");
             assert_ne!(
                 tokens.len() % 16,
                 1,
@@ -253,7 +256,12 @@ fn a_prompt_gives_the_same_bits_whatever_its_chunking() {
             run.push((got.ids, bits));
         }
         runs.push(run);
+        steps.push(metric(h, "turbokv:engine_steps_total"));
     }
+    assert!(
+        steps[0] > steps[1] && steps[1] > steps[2],
+        "the prompts must have been cut differently: {steps:?} steps"
+    );
     assert_eq!(runs[0], runs[1], "chunks of 16 vs 48");
     assert_eq!(runs[0], runs[2], "chunks of 16 vs 512");
 }

@@ -5,8 +5,9 @@
 //! bit-for-bit the same alone or batched.
 //!
 //! Shape of every kernel: `out[r·n + t] = row_r · x_t` for the rows of a chunk `w`
-//! (`row_bytes` apart) and all `n` tokens. Tokens go in groups of up to four so that each
-//! weight block is loaded and unpacked once per group (decode with a few sequences reads the
+//! (`row_bytes` apart) and all `n` tokens. Tokens go in groups (up to two for the quantized
+//! formats, four for the float ones) so that each weight block is loaded and unpacked once
+//! per group (decode with a few sequences reads the
 //! weights from memory once); the group loop is outside the row loop so that, in prefill, a
 //! chunk of rows stays in cache while every token group passes over it.
 //!
@@ -280,38 +281,6 @@ mod imp {
         }
     }
 
-    /// Adds blocks `ib` and `ib + 1` of the row times the same blocks of each token's
-    /// activations into `acc`: the pair's two terms are summed first and join the token's
-    /// accumulator with one add, so the loop-carried chain has one add per two blocks.
-    ///
-    /// # Safety
-    /// Blocks `ib` and `ib + 1` of the row and of each `acts[t]` are readable.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn pair_step<B: Block, const NT: usize>(
-        row: *const u8,
-        ib: usize,
-        acts: &[*const Q8Block; NT],
-        acc: &mut Acc<NT>,
-    ) {
-        // SAFETY (all calls): blocks `ib` and `ib + 1` are readable (caller contract).
-        let (qx0, ax0, dm0) = unsafe { weight_block::<B>(row, ib) };
-        let (qx1, ax1, dm1) = unsafe { weight_block::<B>(row, ib + 1) };
-        for (t, &act) in acts.iter().enumerate() {
-            let (s0, p0) = unsafe { block_terms::<B>(qx0, ax0, dm0, act, ib) };
-            let (s1, p1) = unsafe { block_terms::<B>(qx1, ax1, dm1, act, ib + 1) };
-            let pair = _mm256_fmadd_ps(
-                _mm256_broadcastss_ps(p1),
-                s1,
-                _mm256_mul_ps(_mm256_broadcastss_ps(p0), s0),
-            );
-            acc.dot[t] = _mm256_add_ps(acc.dot[t], pair);
-            if !B::SIGNED {
-                acc.min[t] = _mm_add_ps(acc.min[t], _mm_add_ps(p0, p1));
-            }
-        }
-    }
-
     /// Adds block `ib` of the row times block `ib` of each token's activations into `acc`.
     ///
     /// # Safety
@@ -335,12 +304,14 @@ mod imp {
         }
     }
 
-    /// One weight row (`nb` blocks at `row`) against `NT` tokens' activations.
+    /// One weight row (`nb` blocks at `row`) against `NT` (one or two) tokens' activations.
     ///
-    /// Each token's sum is formed in the same order whatever `NT` is (blocks in pairs, then
-    /// the odd last block), so a token's result does not depend on how many tokens share the
-    /// call: a request batched with others gets the bits it gets alone. Pairing keeps the
-    /// single-token case off the FMA latency without a second accumulator per token.
+    /// Even and odd blocks go to separate accumulators, so a single token's chain does not
+    /// wait on the FMA latency every block. Each token's sum is formed in the same order for
+    /// one token or two, and `q8_rows` groups tokens in twos only, so a token's result does
+    /// not depend on how many tokens share the call: a request batched with others gets the
+    /// bits it gets alone. (Groups of four with one chain per token summed in another order;
+    /// two chains for four tokens would need more registers than AVX2 has.)
     ///
     /// # Safety
     /// `row` points at `nb·B::BYTES` readable bytes and each `acts[t]` at `nb` blocks.
@@ -351,23 +322,27 @@ mod imp {
         nb: usize,
         acts: [*const Q8Block; NT],
     ) -> [f32; NT] {
-        let mut acc = Acc::<NT>::new();
+        let (mut even, mut odd) = (Acc::<NT>::new(), Acc::<NT>::new());
         let mut ib = 0;
         // SAFETY (both steps): every block they read is below `nb` (caller contract).
         while ib + 2 <= nb {
-            unsafe { pair_step::<B, NT>(row, ib, &acts, &mut acc) };
+            unsafe {
+                block_step::<B, NT>(row, ib, &acts, &mut even);
+                block_step::<B, NT>(row, ib + 1, &acts, &mut odd);
+            }
             ib += 2;
         }
         if ib < nb {
-            unsafe { block_step::<B, NT>(row, ib, &acts, &mut acc) };
+            unsafe { block_step::<B, NT>(row, ib, &acts, &mut even) };
         }
         std::array::from_fn(|t| {
+            let dot = _mm256_add_ps(even.dot[t], odd.dot[t]);
             let min = if B::SIGNED {
                 0.0
             } else {
-                _mm_cvtss_f32(_mm_movehdup_ps(acc.min[t]))
+                _mm_cvtss_f32(_mm_movehdup_ps(_mm_add_ps(even.min[t], odd.min[t])))
             };
-            hsum(acc.dot[t]) + min
+            hsum(dot) + min
         })
     }
 
@@ -406,13 +381,11 @@ mod imp {
         let mut t0 = 0;
         // SAFETY (each call): contract of `rows_q8`, and `t0 + NT <= n` by construction.
         while t0 < n {
-            let nt = (n - t0).min(4);
+            let nt = (n - t0).min(2);
             unsafe {
                 match nt {
                     1 => token_group::<B, 1>(w, row_bytes, acts, n, t0, out),
-                    2 => token_group::<B, 2>(w, row_bytes, acts, n, t0, out),
-                    3 => token_group::<B, 3>(w, row_bytes, acts, n, t0, out),
-                    _ => token_group::<B, 4>(w, row_bytes, acts, n, t0, out),
+                    _ => token_group::<B, 2>(w, row_bytes, acts, n, t0, out),
                 }
             }
             t0 += nt;
