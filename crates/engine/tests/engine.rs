@@ -226,8 +226,8 @@ fn thirty_two_concurrent_greedy_requests_equal_each_request_alone() {
 }
 
 /// A prompt cut into chunks of 16, 48 or 512 tokens gives the same tokens and top-2
-/// log-probability margins bit for bit (every chunk but a lone last token takes the same path through attention; these
-/// prompts' lengths leave no one-token chunk).
+/// log-probability margins bit for bit: every chunk but a lone last token takes the same path
+/// through attention.
 #[test]
 fn a_prompt_gives_the_same_bits_whatever_its_chunking() {
     let Some(path) = demo_model() else { return };
@@ -243,14 +243,17 @@ fn a_prompt_gives_the_same_bits_whatever_its_chunking() {
         let r = start(&path, KvDtype::Bf16, opts, None);
         let h = &r.handle;
         let mut run = Vec::new();
-        for p in PROMPTS.iter().take(3) {
-            let tokens = prompt(h, &format!("{PREAMBLE}{PREAMBLE}{p}"));
+        // Lengths that leave a one-token last chunk (at 16 or 48) are left out: that token
+        // would take the decode path in one cut and the prompt path in another.
+        let prompts: Vec<Vec<u32>> = PROMPTS
+            .iter()
+            .map(|p| prompt(h, &format!("{PREAMBLE}{PREAMBLE}{p}")))
+            .filter(|t| t.len() % 16 != 1 && t.len() % 48 != 1)
+            .take(3)
+            .collect();
+        assert_eq!(prompts.len(), 3, "too few prompts of usable lengths");
+        for tokens in prompts {
             assert!(tokens.len() > 48, "the prompt must need two chunks of 48");
-            assert_ne!(
-                tokens.len() % 16,
-                1,
-                "a one-token last chunk: pick another prompt"
-            );
             let got = reference(h, tokens, 8);
             let bits: Vec<u32> = got.margins.iter().map(|m| m.to_bits()).collect();
             run.push((got.ids, bits));
