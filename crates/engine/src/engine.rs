@@ -8,6 +8,14 @@
 //! free, the most recently admitted sequences are preempted: their blocks are released (the
 //! full ones stay in the prefix cache) and they go back to the front of the queue, to be
 //! recomputed from their prompt and the tokens generated so far.
+//!
+//! A request's output does not depend on what it runs with. The CPU kernels compute every
+//! row the same way whatever else the step holds, but a prompt row's attention is computed
+//! one way in a one-token span and another in a longer chunk. So each token is fed as it
+//! would be with the request alone: prompts in chunks that end at fixed multiples of the
+//! chunk size (also after a prefix-cache hit, which may end up sharing one block less to
+//! keep that true), generated tokens one per step (also when they are recomputed after a
+//! preemption).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -461,9 +469,23 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Blocks of a prompt that may be shared: full ones, leaving at least one token to run
-    /// (its logits are the first output).
+    /// (its logits are the first output). One fewer where the first chunk after them would
+    /// hold a single prompt token off a chunk boundary: alone, that token is computed in a
+    /// longer chunk, which attention computes differently from a one-token span.
     fn shareable_blocks(&self, seq: &Sequence) -> usize {
-        (seq.tokens.len() - 1) / self.opts.block_size
+        let bs = self.opts.block_size;
+        let share = (seq.tokens.len() - 1) / bs;
+        let start = share * bs;
+        let unit = self.chunk_unit();
+        let first_chunk = seq
+            .prompt_len
+            .saturating_sub(start)
+            .min(unit - start % unit);
+        if share > 0 && first_chunk == 1 && !start.is_multiple_of(unit) {
+            share - 1
+        } else {
+            share
+        }
     }
 
     /// Puts a waiting sequence into the cache, sharing its cached prefix.
@@ -529,17 +551,31 @@ impl<B: Backend> Engine<B> {
             .sum()
     }
 
-    /// The prefill chunk of a sequence with `pending` tokens to feed: the rest of its prompt,
-    /// cut at multiples of the budget. Fixed boundaries keep a request's numerics independent
-    /// of what else runs (the CPU kernels read a chunk's own keys at full precision).
-    fn prefill_chunk(&self, pending: usize) -> usize {
-        pending.min(self.opts.max_batched_tokens)
+    /// Prompt chunks end at multiples of this many positions: the token budget, rounded down
+    /// to whole blocks (so a prefix-cache hit, which ends on a block boundary, starts a chunk
+    /// of more than one token or on a chunk boundary; see [`Self::shareable_blocks`]).
+    fn chunk_unit(&self) -> usize {
+        let (budget, bs) = (self.opts.max_batched_tokens, self.opts.block_size);
+        if budget >= bs {
+            budget / bs * bs
+        } else {
+            budget
+        }
     }
 
-    /// One scheduling round and its forward steps: one over the decode rows, then one per
-    /// prefill chunk. They run apart because a row's logits differ in their last bits with
-    /// the rows it shares a step with, and a request's output should depend on its
-    /// neighbours as little as possible.
+    /// Tokens `seq` feeds next: the rest of its prompt up to the next chunk boundary, or one
+    /// token once the prompt is in the cache (decoding, or recomputing generated tokens after
+    /// a preemption as they were first computed).
+    fn next_chunk(&self, seq: &Sequence) -> usize {
+        if seq.cached >= seq.prompt_len {
+            return 1;
+        }
+        let unit = self.chunk_unit();
+        (seq.prompt_len - seq.cached).min(unit - seq.cached % unit)
+    }
+
+    /// One scheduling round and its forward step: the decode rows and the prefill chunks
+    /// run together (each row's result is the same as in a step of its own).
     fn step(&mut self) -> Result<(), String> {
         let budget_total = self.opts.max_batched_tokens;
         // (index into running, tokens to feed)
@@ -549,14 +585,14 @@ impl<B: Backend> Engine<B> {
             budget = budget_total;
             plan = Vec::new();
             for (i, s) in self.running.iter().enumerate() {
-                if s.pending() == 1 {
+                if s.cached >= s.prompt_len {
                     plan.push((i, 1));
                 }
             }
             // Prefill chunks in arrival order, each whole or not at all this step.
             for (i, s) in self.running.iter().enumerate() {
-                let n = self.prefill_chunk(s.pending());
-                if s.pending() > 1 && n <= budget {
+                let n = self.next_chunk(s);
+                if s.cached < s.prompt_len && n <= budget {
                     plan.push((i, n));
                     budget -= n;
                 }
@@ -577,7 +613,7 @@ impl<B: Backend> Engine<B> {
                 self.waiting.push_front(seq);
                 return Err(e);
             }
-            let n = self.prefill_chunk(seq.pending());
+            let n = self.next_chunk(&seq);
             let more = self
                 .cache
                 .allocator()
@@ -634,17 +670,13 @@ impl<B: Backend> Engine<B> {
                 &self.metrics,
             );
         }
-        let (decode, prefill): (Vec<_>, Vec<_>) = plan
-            .into_iter()
-            .partition(|&(i, n)| n == 1 && self.running[i].pending() == 1);
         let mut finished = Vec::new();
-        if !decode.is_empty() {
-            self.forward(&decode, &mut finished)?;
-        }
-        // One step per prefill chunk: the kernels group a step's tokens in fours, so a chunk
-        // batched with another would be grouped differently from the chunk alone.
-        for chunk in prefill {
-            self.forward(&[chunk], &mut finished)?;
+        self.forward(&plan, &mut finished)?;
+        let m = &self.metrics;
+        m.steps.inc();
+        m.step_sequences.inc_by(plan.len() as u64);
+        if plan.len() as i64 > m.running_peak.get() {
+            m.running_peak.set(plan.len() as i64);
         }
         // Remove from the back so the indices stay valid.
         finished.sort_by_key(|f: &(usize, FinishReason)| std::cmp::Reverse(f.0));
@@ -701,7 +733,7 @@ impl<B: Backend> Engine<B> {
                 }
             }
             if seq.pending() > 0 {
-                continue; // a prefill chunk short of the prompt's end
+                continue; // a prefill chunk short of the prompt's end, or a recomputed token
             }
             row.clear();
             row.extend_from_slice(&self.logits[r * vocab..(r + 1) * vocab]);

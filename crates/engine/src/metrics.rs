@@ -11,6 +11,12 @@ pub struct Metrics {
     pub running: IntGauge,
     /// Requests waiting for admission (preempted ones included).
     pub waiting: IntGauge,
+    /// The most requests that ran in one forward step since the engine started.
+    pub running_peak: IntGauge,
+    /// Forward steps run.
+    pub steps: IntCounter,
+    /// Sequences over all forward steps (divided by `steps`: the mean batch).
+    pub step_sequences: IntCounter,
     /// Fraction of KV blocks held by requests (0..1).
     pub kv_usage: Gauge,
     /// The same, under vLLM v0's name.
@@ -108,6 +114,15 @@ impl Metrics {
             gpu_cache_usage: fgauge(
                 "vllm:gpu_cache_usage_perc",
                 "Fraction of KV blocks in use (0-1), vLLM v0 name.",
+            ),
+            running_peak: gauge(
+                "turbokv:num_requests_running_peak",
+                "The most requests that ran in one forward step.",
+            ),
+            steps: counter("turbokv:engine_steps_total", "Forward steps run."),
+            step_sequences: counter(
+                "turbokv:engine_step_sequences_total",
+                "Sequences summed over forward steps (over steps: the mean batch).",
             ),
             kv_blocks_used: gauge("turbokv:kv_blocks_used", "KV blocks held by requests."),
             kv_blocks_total: gauge("turbokv:kv_blocks_total", "KV blocks in the pool."),

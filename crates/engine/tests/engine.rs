@@ -1,5 +1,5 @@
 //! The engine on the demo model (CPU): batched requests equal the same requests run alone,
-//! a load larger than the KV cache completes through preemption, cancellation frees blocks,
+//! a load larger than the KV cache completes through preemption with the same output, cancellation frees blocks,
 //! a shared prefix is served from the prefix cache with the same output, and prefix blocks
 //! survive a restart through the snapshot store (a corrupted file is refused and counted).
 
@@ -154,39 +154,70 @@ const PROMPTS: [&str; 8] = [
     "A list of prime numbers: 2, 3, 5,",
 ];
 
-/// Continuous batching two at a time: eight requests queued at once are admitted as others
-/// finish, prefilled beside running decodes, and each equals the same request run alone,
-/// token for token.
-///
-/// Two at a time because the CPU's quantized matmul sums a token's dot products in an order
-/// that depends on how many tokens share its group (two accumulator chains for groups of one
-/// or two, one chain for three or four: `quant/dot_avx2.rs`), so a decode row batched with
-/// three or more others differs from the row alone in its last bits, and greedy picks at
-/// near ties can flip. The wider test below checks what holds at any batch size.
+/// Shared by half of the requests below: long enough for full blocks to be shared, so that
+/// requests admitted after the first ones to carry it start from the prefix cache.
+const PREAMBLE: &str = "You are a careful assistant. Answer in one short sentence, plainly, without lists, headings or any other formatting, and do not repeat the question. ";
+
+/// The 32 requests of the batching tests: each prompt bare and after the preamble, each with
+/// a short and a longer output.
+fn thirty_two_requests(h: &EngineHandle) -> Vec<(Vec<u32>, usize)> {
+    let mut out = Vec::new();
+    for p in PROMPTS {
+        for text in [p.to_string(), format!("{PREAMBLE}{p}")] {
+            for max_tokens in [6, 14] {
+                out.push((prompt(h, &text), max_tokens));
+            }
+        }
+    }
+    out
+}
+
+/// Thirty-two greedy requests queued at once, run by continuous batching (up to 32 rows a
+/// step, prompts prefilled in 48-token chunks beside running decodes, half of them sharing a
+/// cached prefix), each equal token for token to the same request run alone on an engine
+/// of its own without prefix caching.
 #[test]
-fn concurrent_greedy_requests_equal_each_request_alone() {
+fn thirty_two_concurrent_greedy_requests_equal_each_request_alone() {
     let Some(path) = demo_model() else { return };
     let opts = EngineOptions {
-        max_num_seqs: 2,
-        max_batched_tokens: 64,
+        max_num_seqs: 32,
+        max_batched_tokens: 48,
         ..Default::default()
+    };
+    let alone: Vec<Reference> = {
+        let solo = EngineOptions {
+            prefix_caching: false,
+            ..opts.clone()
+        };
+        let r = start(&path, KvDtype::Bf16, solo, None);
+        let h = &r.handle;
+        thirty_two_requests(h)
+            .into_iter()
+            .map(|(p, n)| reference(h, p, n))
+            .collect()
     };
     let r = start(&path, KvDtype::Bf16, opts, None);
     let h = &r.handle;
-    let alone: Vec<Reference> = PROMPTS
+    let requests = thirty_two_requests(h);
+    let streams: Vec<_> = requests
         .iter()
-        .map(|p| reference(h, prompt(h, p), 12))
-        .collect();
-    let streams: Vec<_> = PROMPTS
-        .iter()
-        .map(|p| h.submit(GenerateRequest::greedy(prompt(h, p), 12)).unwrap())
+        .map(|(p, n)| h.submit(GenerateRequest::greedy(p.clone(), *n)).unwrap())
         .collect();
     for (i, s) in streams.into_iter().enumerate() {
         let (ids, reason, usage) = collect(s);
-        assert_matches(&ids, &alone[i], &format!("prompt {i} batched"));
-        assert_eq!(reason, FinishReason::Length);
-        assert_eq!(usage.completion_tokens, 12);
+        assert_matches(&ids, &alone[i], &format!("request {i} batched"));
+        if reason == FinishReason::Length {
+            assert_eq!(usage.completion_tokens, requests[i].1);
+        }
     }
+    assert!(
+        metric(h, "turbokv:num_requests_running_peak") >= 16.0,
+        "the requests must have run together"
+    );
+    assert!(
+        metric(h, "vllm:prefix_cache_hits_total") > 0.0,
+        "some requests must have started from the prefix cache"
+    );
     assert_eq!(
         metric(h, "turbokv:kv_blocks_used"),
         0.0,
@@ -194,32 +225,48 @@ fn concurrent_greedy_requests_equal_each_request_alone() {
     );
 }
 
-/// Sixteen at once (each prompt twice): all complete with their full length, and each first
-/// token — from the prompt's prefill, which does not depend on its neighbours — equals the
-/// one of the request alone.
+/// A prompt cut into chunks of 16, 48 or 512 tokens gives the same tokens and top-2
+/// log-probability margins bit for bit: every chunk but a lone last token takes the same path
+/// through attention.
 #[test]
-fn sixteen_concurrent_requests_all_complete() {
+fn a_prompt_gives_the_same_bits_whatever_its_chunking() {
     let Some(path) = demo_model() else { return };
-    let r = start(&path, KvDtype::Bf16, EngineOptions::default(), None);
-    let h = &r.handle;
-    let alone: Vec<Reference> = PROMPTS
-        .iter()
-        .map(|p| reference(h, prompt(h, p), 12))
-        .collect();
-    let streams: Vec<_> = PROMPTS
-        .iter()
-        .chain(PROMPTS.iter())
-        .map(|p| h.submit(GenerateRequest::greedy(prompt(h, p), 12)).unwrap())
-        .collect();
-    for (i, s) in streams.into_iter().enumerate() {
-        let (ids, reason, usage) = collect(s);
-        assert_eq!(ids[0], alone[i % PROMPTS.len()].ids[0], "prompt {i}");
-        assert_eq!(
-            (reason, usage.completion_tokens),
-            (FinishReason::Length, 12)
-        );
+    let (mut runs, mut steps) = (Vec::new(), Vec::new());
+    for budget in [16, 48, 512] {
+        // One sequence at a time: the budget is at least `max_num_seqs`.
+        let opts = EngineOptions {
+            max_num_seqs: 1,
+            max_batched_tokens: budget,
+            prefix_caching: false,
+            ..Default::default()
+        };
+        let r = start(&path, KvDtype::Bf16, opts, None);
+        let h = &r.handle;
+        let mut run = Vec::new();
+        // Lengths that leave a one-token last chunk (at 16 or 48) are left out: that token
+        // would take the decode path in one cut and the prompt path in another.
+        let prompts: Vec<Vec<u32>> = PROMPTS
+            .iter()
+            .map(|p| prompt(h, &format!("{PREAMBLE}{PREAMBLE}{p}")))
+            .filter(|t| t.len() % 16 != 1 && t.len() % 48 != 1)
+            .take(3)
+            .collect();
+        assert_eq!(prompts.len(), 3, "too few prompts of usable lengths");
+        for tokens in prompts {
+            assert!(tokens.len() > 48, "the prompt must need two chunks of 48");
+            let got = reference(h, tokens, 8);
+            let bits: Vec<u32> = got.margins.iter().map(|m| m.to_bits()).collect();
+            run.push((got.ids, bits));
+        }
+        runs.push(run);
+        steps.push(metric(h, "turbokv:engine_steps_total"));
     }
-    assert_eq!(metric(h, "turbokv:kv_blocks_used"), 0.0);
+    assert!(
+        steps[0] > steps[1] && steps[1] > steps[2],
+        "the prompts must have been cut differently: {steps:?} steps"
+    );
+    assert_eq!(runs[0], runs[1], "chunks of 16 vs 48");
+    assert_eq!(runs[0], runs[2], "chunks of 16 vs 512");
 }
 
 #[test]
@@ -242,12 +289,10 @@ fn a_load_larger_than_the_cache_completes_through_preemption() {
         .map(|p| h.submit(GenerateRequest::greedy(prompt(h, p), 40)).unwrap())
         .collect();
     for (i, s) in streams.into_iter().enumerate() {
-        // A preempted request recomputes its generated tokens' keys and values in a prefill,
-        // whose numerics differ from the decode steps that first wrote them: its tokens
-        // after the preemption may differ from the run alone. Its first token must not, and
-        // it must run to its full length.
+        // A preempted request recomputes its generated tokens one per step, as they were
+        // first computed: its output equals the run alone.
         let (ids, reason, _) = collect(s);
-        assert_eq!(ids[0], alone[i].ids[0], "prompt {i}: first token");
+        assert_matches(&ids, &alone[i], &format!("prompt {i} under preemption"));
         match reason {
             FinishReason::Length => assert_eq!(ids.len(), 40, "prompt {i}"),
             FinishReason::Stop => assert!(h.tokenizer().is_eos(*ids.last().unwrap())),

@@ -490,17 +490,39 @@ async fn a_client_that_disconnects_mid_stream_frees_its_blocks() {
     s.stop().await;
 }
 
+/// 32 greedy chat requests at once, all sharing a cached system prompt: each completes, each
+/// starts from the prefix cache, and each equals the same request run alone on a server of
+/// its own without prefix caching, token for token and log-probability for log-probability.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_requests_complete_and_shared_prefixes_hit_the_cache() {
-    let Some(s) = Server::start(None, EngineOptions::default()).await else {
-        return;
-    };
-    let s = Arc::new(s);
+async fn concurrent_requests_equal_each_alone_and_shared_prefixes_hit_the_cache() {
     let system = "You are a helpful assistant who answers questions about geography, history and science in one short sentence, without lists.";
     let ask = |q: String| {
         json!({"model": MODEL, "temperature": 0, "max_tokens": 8,
+               "logprobs": true, "top_logprobs": 2,
                "messages": [{"role": "system", "content": system}, {"role": "user", "content": q}]})
     };
+    let topics = [
+        "ocean", "desert", "mountain", "river", "lake", "island", "forest", "city",
+    ];
+    let questions: Vec<String> = (0..32)
+        .map(|i| format!("Question {i}: what is the largest {}?", topics[i % 8]))
+        .collect();
+    let alone_opts = EngineOptions {
+        prefix_caching: false,
+        ..EngineOptions::default()
+    };
+    let Some(solo) = Server::start(None, alone_opts).await else {
+        return;
+    };
+    let mut alone = Vec::new();
+    for q in &questions {
+        let (status, v) = solo.post("/v1/chat/completions", ask(q.clone())).await;
+        assert_eq!(status, 200, "{v}");
+        alone.push(v);
+    }
+    solo.stop().await;
+
+    let s = Arc::new(Server::start(None, EngineOptions::default()).await.unwrap());
     let (_, first) = s
         .post(
             "/v1/chat/completions",
@@ -508,15 +530,15 @@ async fn concurrent_requests_complete_and_shared_prefixes_hit_the_cache() {
         )
         .await;
     assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
-    // 32 at once, all sharing the system prompt.
-    let tasks: Vec<_> = (0..32)
-        .map(|i| {
+    let tasks: Vec<_> = questions
+        .iter()
+        .map(|q| {
             let s = s.clone();
-            let body = ask(format!("Question {i}: what is the largest ocean?"));
+            let body = ask(q.clone());
             tokio::spawn(async move { s.post("/v1/chat/completions", body).await })
         })
         .collect();
-    for t in tasks {
+    for (i, t) in tasks.into_iter().enumerate() {
         let (status, v) = t.await.unwrap();
         assert_eq!(status, 200, "{v}");
         let u = &v["usage"];
@@ -528,7 +550,18 @@ async fn concurrent_requests_complete_and_shared_prefixes_hit_the_cache() {
                 >= 16,
             "{u}"
         );
+        let (got, want) = (&v["choices"][0], &alone[i]["choices"][0]);
+        assert_eq!(got["message"], want["message"], "request {i}");
+        assert_eq!(got["logprobs"], want["logprobs"], "request {i}");
+        assert_eq!(
+            u["completion_tokens"],
+            alone[i]["usage"]["completion_tokens"]
+        );
     }
+    assert!(
+        s.metric("turbokv:num_requests_running_peak").await >= 16.0,
+        "the requests must have run together"
+    );
     let (_, again) = s
         .post(
             "/v1/chat/completions",

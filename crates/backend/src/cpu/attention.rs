@@ -2,9 +2,10 @@
 //!
 //! Work is cut into tasks of (sequence, kv head, tile of query tokens, range of keys). The
 //! query heads sharing a kv head are processed together so each key/value block is decoded
-//! once per tile. A sequence with a single tile (decode) has its key range split into chunks
+//! once per tile. A sequence with one new token (decode) has its key range split into chunks
 //! whose partial results `(max, sum, acc)` are merged afterwards, so long-context decode uses
-//! every thread.
+//! every thread. Every choice (split points, path) depends on the row's own sequence only:
+//! a row's output is bit-for-bit the same whatever else the step holds.
 //!
 //! Compressed pools run the same loop in the codec's *working basis* (see
 //! `turbokv_codec::VectorCodec::decode_tile`): queries are rotated once per task, each block
@@ -13,7 +14,7 @@
 //! tokens enter the same basis from their f16 copies, so exact and coded tokens share one
 //! softmax.
 //!
-//! Decode tasks (one query token) on pools whose halves are `direct` formats (16-bit, int8,
+//! Decode tasks (a one-token span) on pools whose halves are `direct` formats (16-bit, int8,
 //! fp8, single-part MSE TurboQuant) skip the tile and read the pages straight (`decode.rs`); this
 //! tiled loop serves prefill and the other formats.
 
@@ -88,21 +89,21 @@ pub(crate) fn attend(
     let partials: Vec<Partial> = tasks
         .par_iter()
         .map(|&t| match &views {
-            Some(v) if t.q1 == t.q0 + 1 => decode::run(t, qkv, g, spans, pool, v),
+            Some(v) if spans[t.span].n_tokens == 1 => decode::run(t, qkv, g, spans, pool, v),
             _ => run_task(t, qkv, g, spans, pool),
         })
         .collect::<Result<_, _>>()?;
     merge_into(partials, g, spans, pool, out)
 }
 
-/// Keys per task of split decode (whole blocks): the decode work of the step over
-/// `TASKS_PER_THREAD` tasks per thread, within `MIN_KEY_CHUNK..=MAX_KEY_CHUNK`.
-fn key_chunk(spans: &[SeqSpan<'_>], g: &AttnGeometry, block_size: usize) -> usize {
-    let work: usize = spans
-        .iter()
-        .filter(|s| s.n_tokens <= QUERY_TILE)
-        .map(|s| (s.first_pos + s.n_tokens) * g.n_kv_heads)
-        .sum();
+/// Keys per task of split decode (whole blocks) for a sequence of `ctx` keys: its decode work
+/// over `TASKS_PER_THREAD` tasks per thread, within `MIN_KEY_CHUNK..=MAX_KEY_CHUNK`.
+///
+/// It depends on the sequence alone, not on the step's other sequences: where the key range
+/// is cut decides the order of the softmax merge, and a request's output must not change
+/// with what it is batched with.
+fn key_chunk(ctx: usize, g: &AttnGeometry, block_size: usize) -> usize {
+    let work = ctx * g.n_kv_heads;
     let tasks = TASKS_PER_THREAD * rayon::current_num_threads().max(1);
     let chunk = work.div_ceil(tasks).clamp(MIN_KEY_CHUNK, MAX_KEY_CHUNK);
     let chunk = chunk.div_ceil(block_size) * block_size;
@@ -115,11 +116,14 @@ fn key_chunk(spans: &[SeqSpan<'_>], g: &AttnGeometry, block_size: usize) -> usiz
 }
 
 fn plan(spans: &[SeqSpan<'_>], g: &AttnGeometry, block_size: usize) -> Vec<Task> {
-    let chunk = key_chunk(spans, g, block_size);
     let mut tasks = Vec::new();
     for (si, s) in spans.iter().enumerate() {
         let ctx = s.first_pos + s.n_tokens;
-        let split = s.n_tokens <= QUERY_TILE && ctx > chunk;
+        let chunk = key_chunk(ctx, g, block_size);
+        // Only one-token spans (decode) take the split and direct paths; a prompt's rows
+        // always take the tiled path over their whole key range, so a row's result does
+        // not depend on how its prompt was cut into chunks (nor on the tile it falls in).
+        let split = s.n_tokens == 1 && ctx > chunk;
         for head in 0..g.n_kv_heads {
             for q0 in (0..s.n_tokens).step_by(QUERY_TILE) {
                 let q1 = (q0 + QUERY_TILE).min(s.n_tokens);

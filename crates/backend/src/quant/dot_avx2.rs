@@ -1,10 +1,13 @@
 //! AVX2 (+FMA, F16C) kernels: weight rows against quantized activations for the 32-element
 //! formats, and against f32 activations for F32/F16/BF16 weights. Each computes the same
-//! quantity as its `dot_scalar` twin; only the f32 summation order differs.
+//! quantity as its `dot_scalar` twin; only the f32 summation order differs. That order is
+//! the same for every token whatever the size of its group, so a token's result is
+//! bit-for-bit the same alone or batched.
 //!
 //! Shape of every kernel: `out[r·n + t] = row_r · x_t` for the rows of a chunk `w`
-//! (`row_bytes` apart) and all `n` tokens. Tokens go in groups of up to four so that each
-//! weight block is loaded and unpacked once per group (decode with a few sequences reads the
+//! (`row_bytes` apart) and all `n` tokens. Tokens go in groups (up to two for the quantized
+//! formats, four for the float ones) so that each weight block is loaded and unpacked once
+//! per group (decode with a few sequences reads the
 //! weights from memory once); the group loop is outside the row loop so that, in prefill, a
 //! chunk of rows stays in cache while every token group passes over it.
 //!
@@ -225,6 +228,59 @@ mod imp {
         }
     }
 
+    /// Block `ib` of token activations `act` against a weight block's codes `qx` (`ax`: their
+    /// absolute values for the signed formats) and scales `dm`: the block's eight i32 lane
+    /// sums as f32, and `[d_w·d_a, m_w·s_a, ..]` (lane 0 scales the sums, lane 1 is the min
+    /// term).
+    ///
+    /// # Safety
+    /// Block `ib` of `act` is readable; the CPU has AVX2 (it is inlined into the AVX2
+    /// kernels, as the `Block::load`s are).
+    #[inline(always)]
+    unsafe fn block_terms<B: Block>(
+        qx: __m256i,
+        ax: __m256i,
+        dm: __m128,
+        act: *const Q8Block,
+        ib: usize,
+    ) -> (__m256, __m128) {
+        // SAFETY: block `ib` of the activations is readable (caller contract); `Q8Block` is
+        // `repr(C)` with `d, s` first, then 32 codes. AVX2 per the caller contract.
+        unsafe {
+            let a = act.add(ib);
+            let ds = _mm_castsi128_ps(_mm_loadl_epi64(a.cast()));
+            let qy = _mm256_loadu_si256((*a).qs.as_ptr().cast());
+            let prod = _mm_mul_ps(dm, ds);
+            let sy = if B::SIGNED {
+                _mm256_sign_epi8(qy, qx)
+            } else {
+                qy
+            };
+            let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+            (_mm256_cvtepi32_ps(sums), prod)
+        }
+    }
+
+    /// Weight block `ib` of the row: its codes, their absolute values (the signed formats'
+    /// sign trick) and its scales.
+    ///
+    /// # Safety
+    /// Block `ib` of the row (at `row`) is readable; the CPU has AVX2 and F16C (inlined into
+    /// the AVX2 kernels).
+    #[inline(always)]
+    unsafe fn weight_block<B: Block>(row: *const u8, ib: usize) -> (__m256i, __m256i, __m128) {
+        // SAFETY: caller contract.
+        unsafe {
+            let (qx, dm) = B::load(row.add(ib * B::BYTES));
+            let ax = if B::SIGNED {
+                _mm256_sign_epi8(qx, qx)
+            } else {
+                qx
+            };
+            (qx, ax, dm)
+        }
+    }
+
     /// Adds block `ib` of the row times block `ib` of each token's activations into `acc`.
     ///
     /// # Safety
@@ -237,47 +293,25 @@ mod imp {
         acts: &[*const Q8Block; NT],
         acc: &mut Acc<NT>,
     ) {
-        // SAFETY: block `ib` of the row is readable (caller contract).
-        let (qx, dm) = unsafe { B::load(row.add(ib * B::BYTES)) };
-        let ax = if B::SIGNED {
-            _mm256_sign_epi8(qx, qx)
-        } else {
-            qx
-        };
-        for (t, act) in acts.iter().enumerate() {
-            // SAFETY: block `ib` of token `t`'s activations is readable (caller contract);
-            // `Q8Block` is `repr(C)` with `d, s` first, then 32 codes.
-            let (ds, qy) = unsafe {
-                let a = act.add(ib);
-                (
-                    _mm_castsi128_ps(_mm_loadl_epi64(a.cast())),
-                    _mm256_loadu_si256((*a).qs.as_ptr().cast()),
-                )
-            };
-            // Lane 0: d_w·d_a (scales the integer sum); lane 1: m_w·s_a (the min term).
-            let prod = _mm_mul_ps(dm, ds);
-            let sy = if B::SIGNED {
-                _mm256_sign_epi8(qy, qx)
-            } else {
-                qy
-            };
-            let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
-            acc.dot[t] = _mm256_fmadd_ps(
-                _mm256_broadcastss_ps(prod),
-                _mm256_cvtepi32_ps(sums),
-                acc.dot[t],
-            );
+        // SAFETY (both calls): block `ib` of the row and of every token is readable.
+        let (qx, ax, dm) = unsafe { weight_block::<B>(row, ib) };
+        for (t, &act) in acts.iter().enumerate() {
+            let (sums, prod) = unsafe { block_terms::<B>(qx, ax, dm, act, ib) };
+            acc.dot[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), sums, acc.dot[t]);
             if !B::SIGNED {
                 acc.min[t] = _mm_add_ps(acc.min[t], prod);
             }
         }
     }
 
-    /// One weight row (`nb` blocks at `row`) against `NT` tokens' activations.
+    /// One weight row (`nb` blocks at `row`) against `NT` (one or two) tokens' activations.
     ///
-    /// With one or two tokens a single accumulator chain would wait on the FMA latency every
-    /// block, so even and odd blocks go to separate accumulators (cache-resident, one
-    /// thread: Q4_1 576×1536 9.9 → 12.9 GB/s, Q8_0 LM head 12.3 → 14.5 GB/s).
+    /// Even and odd blocks go to separate accumulators, so a single token's chain does not
+    /// wait on the FMA latency every block. Each token's sum is formed in the same order for
+    /// one token or two, and `q8_rows` groups tokens in twos only, so a token's result does
+    /// not depend on how many tokens share the call: a request batched with others gets the
+    /// bits it gets alone. (Groups of four with one chain per token summed in another order;
+    /// two chains for four tokens would need more registers than AVX2 has.)
     ///
     /// # Safety
     /// `row` points at `nb·B::BYTES` readable bytes and each `acts[t]` at `nb` blocks.
@@ -290,19 +324,16 @@ mod imp {
     ) -> [f32; NT] {
         let (mut even, mut odd) = (Acc::<NT>::new(), Acc::<NT>::new());
         let mut ib = 0;
-        // SAFETY (block_step calls): `ib < nb` in every call (caller contract covers `nb`).
-        if NT <= 2 {
-            while ib + 2 <= nb {
-                unsafe {
-                    block_step::<B, NT>(row, ib, &acts, &mut even);
-                    block_step::<B, NT>(row, ib + 1, &acts, &mut odd);
-                }
-                ib += 2;
+        // SAFETY (both steps): every block they read is below `nb` (caller contract).
+        while ib + 2 <= nb {
+            unsafe {
+                block_step::<B, NT>(row, ib, &acts, &mut even);
+                block_step::<B, NT>(row, ib + 1, &acts, &mut odd);
             }
+            ib += 2;
         }
-        while ib < nb {
+        if ib < nb {
             unsafe { block_step::<B, NT>(row, ib, &acts, &mut even) };
-            ib += 1;
         }
         std::array::from_fn(|t| {
             let dot = _mm256_add_ps(even.dot[t], odd.dot[t]);
@@ -350,13 +381,11 @@ mod imp {
         let mut t0 = 0;
         // SAFETY (each call): contract of `rows_q8`, and `t0 + NT <= n` by construction.
         while t0 < n {
-            let nt = (n - t0).min(4);
+            let nt = (n - t0).min(2);
             unsafe {
                 match nt {
                     1 => token_group::<B, 1>(w, row_bytes, acts, n, t0, out),
-                    2 => token_group::<B, 2>(w, row_bytes, acts, n, t0, out),
-                    3 => token_group::<B, 3>(w, row_bytes, acts, n, t0, out),
-                    _ => token_group::<B, 4>(w, row_bytes, acts, n, t0, out),
+                    _ => token_group::<B, 2>(w, row_bytes, acts, n, t0, out),
                 }
             }
             t0 += nt;

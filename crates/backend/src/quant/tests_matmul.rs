@@ -112,6 +112,53 @@ fn matmul_matches_f64_reference_all_formats() {
     }
 }
 
+/// A token's output row, bit for bit, whatever tokens share its call: alone, and at every
+/// place of a batch of every size up to nine (groups of 1–4, and their mixes). Float weights
+/// from `GEMM_MIN_TOKENS` tokens on go through `gemm`, whose order differs: checked below it.
+#[test]
+fn matmul_rows_are_bit_identical_whatever_the_batch() {
+    let mut isas = vec![Isa::Scalar];
+    if super::dot_avx2::available() {
+        isas.push(Isa::Avx2);
+    }
+    let mut seed = 900;
+    for ty in ALL {
+        let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16);
+        let max_n = if float { 7 } else { 9 };
+        // Odd and even block counts: the kernels pair blocks and finish an odd one alone.
+        for blocks in [1, 2, 3, 6, 7] {
+            seed += 1;
+            let (rows, cols) = (37, ty.block_len().max(32) * blocks);
+            let mut rng = Rng(seed);
+            let w = matrix(ty, rows, cols, &rng.vec(rows * cols));
+            let x: Vec<f32> = (0..max_n * cols).map(|_| rng.uniform() * 2.0).collect();
+            for &isa in &isas {
+                let alone: Vec<Vec<f32>> = (0..max_n)
+                    .map(|t| {
+                        let mut out = vec![f32::NAN; rows];
+                        matmul_with(&w, &x[t * cols..(t + 1) * cols], 1, &mut out, isa).unwrap();
+                        out
+                    })
+                    .collect();
+                for n in 2..=max_n {
+                    let mut out = vec![f32::NAN; n * rows];
+                    matmul_with(&w, &x[..n * cols], n, &mut out, isa).unwrap();
+                    for (t, row) in out.chunks_exact(rows).enumerate() {
+                        let same = row
+                            .iter()
+                            .zip(&alone[t])
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "{ty:?} {isa:?} {blocks} blocks: token {t} of {n} differs from alone"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn matmul_float_odd_columns() {
     // Float rows need not be a multiple of the SIMD width (tails of 1..15 elements).
