@@ -389,6 +389,13 @@ pub struct BenchAttentionArgs {
     /// Also write the results as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Draw time against context per KV format beside the SDPA peer, one panel per batch
+    /// size, as SVG.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Measure nothing: print and `--plot` the results of an earlier run's `--json` file.
+    #[arg(long)]
+    pub from_json: Option<PathBuf>,
 }
 
 impl ModelArgs {

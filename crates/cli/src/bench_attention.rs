@@ -18,7 +18,7 @@ use turbokv_codec::KvDtype;
 use crate::args::BenchAttentionArgs;
 
 /// One measured point.
-#[derive(Serialize, Debug, Clone)]
+#[derive(Serialize, Deserialize, Debug, Clone)]
 pub struct AttentionRow {
     /// KV format.
     pub kv: String,
@@ -46,7 +46,7 @@ pub struct AttentionRow {
 }
 
 /// The whole run.
-#[derive(Serialize, Debug)]
+#[derive(Serialize, Deserialize, Debug)]
 pub struct AttentionReport {
     pub device: String,
     pub heads: usize,
@@ -98,6 +98,17 @@ fn parse_list(s: &str) -> Result<Vec<usize>> {
 
 /// Runs the benchmark and prints the table (and JSON).
 pub fn run(args: &BenchAttentionArgs) -> Result<()> {
+    if let Some(path) = &args.from_json {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let report: AttentionReport = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a bench attention --json file", path.display()))?;
+        print_report(&report);
+        if let Some(plot) = &args.plot {
+            crate::attention_plot::write_svg(plot, &report)?;
+        }
+        return Ok(());
+    }
     if !args.device.starts_with("cuda") {
         bail!(
             "bench attention times the CUDA kernels: use --device cuda (got '{}')",
@@ -250,6 +261,9 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
         rows,
     };
     print_report(&report);
+    if let Some(plot) = &args.plot {
+        crate::attention_plot::write_svg(plot, &report)?;
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;

@@ -1,6 +1,7 @@
 //! The `turbokv` command line: run, chat, serve, bench, eval.
 
 mod args;
+mod attention_plot;
 mod bench_attention;
 #[macro_use]
 mod generate;
