@@ -338,6 +338,10 @@ pub struct BenchDecodeArgs {
     /// Also write the results as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Measure nothing: print how many sequences of `--ctx` tokens fit a KV budget of this
+    /// many GB (10⁹ bytes) for the shape, per KV format and preset.
+    #[arg(long)]
+    pub kv_budget: Option<f64>,
 }
 
 /// `turbokv bench attention`.

@@ -59,6 +59,8 @@ pub struct DecodeReport {
     pub weight_gb: f64,
     /// KV bytes read per decode step (all sequences, all layers).
     pub kv_gb: f64,
+    /// KV bytes per cached token, all layers, side information included.
+    pub kv_bytes_per_token: f64,
     /// Prefill: tokens per second of one sequence of `ctx` tokens (median over sequences).
     pub prefill_tok_s: f64,
     /// Prefill FLOP/s (matmuls + attention) in TFLOP/s.
@@ -363,8 +365,82 @@ fn median(v: &mut [f64]) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// The formats of the `--kv-budget` capacity table.
+const CAPACITY_FORMATS: [&str; 11] = [
+    "bf16", "fp8", "int8", "tq4", "k4v3", "tq3", "k4v2", "tq2", "balanced", "compact", "tiny",
+];
+
+/// One row of the capacity table: a format's bits per element and the most sequences of
+/// `ctx` tokens a KV budget holds.
+#[derive(Debug, PartialEq)]
+struct CapacityRow {
+    label: String,
+    bits: f64,
+    bytes_per_seq: f64,
+    sequences: usize,
+}
+
+/// The capacity of `budget_gb` (10⁹ bytes) of KV at `ctx` tokens per sequence for the
+/// shape's layers, kv heads and head_dim, per format (windows and centers included, as
+/// `KvSpec::bits_per_element` counts them).
+fn capacity(cfg: &ModelConfig, ctx: usize, budget_gb: f64) -> Result<Vec<CapacityRow>> {
+    let elems = (cfg.n_layers * cfg.n_kv_heads * cfg.head_dim) as f64;
+    CAPACITY_FORMATS
+        .iter()
+        .map(|f| {
+            let spec = crate::kvspec::KvSpec::parse(f, Default::default())?;
+            let bits = spec.bits_per_element(cfg.head_dim, ctx);
+            // K and V: 2 · bits per element.
+            let bytes_per_seq = ctx as f64 * elems * 2.0 * bits / 8.0;
+            Ok(CapacityRow {
+                label: spec.label(f),
+                bits,
+                bytes_per_seq,
+                sequences: (budget_gb * 1e9 / bytes_per_seq).floor() as usize,
+            })
+        })
+        .collect()
+}
+
+/// `--kv-budget`: prints the capacity table of the shape (nothing is run).
+fn print_capacity(args: &BenchDecodeArgs, budget_gb: f64) -> Result<()> {
+    anyhow::ensure!(
+        args.model.is_none(),
+        "--kv-budget works on a --shape, not a --model"
+    );
+    anyhow::ensure!(
+        budget_gb > 0.0 && args.ctx > 0,
+        "--kv-budget and --ctx must be positive"
+    );
+    let (cfg, _) = shape_config(&args.shape)?;
+    let rows = capacity(&cfg, args.ctx, budget_gb)?;
+    let bf16 = rows[0].sequences.max(1) as f64;
+    println!(
+        "{} | {} layers × {} kv heads × {} | ctx {} | KV budget {budget_gb} GB",
+        args.shape, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, args.ctx
+    );
+    println!(
+        "{:>26} {:>9} {:>12} {:>10} {:>8}",
+        "kv", "bits/el", "MB/sequence", "sequences", "vs bf16"
+    );
+    for r in &rows {
+        println!(
+            "{:>26} {:>9.3} {:>12.1} {:>10} {:>7.2}x",
+            r.label,
+            r.bits,
+            r.bytes_per_seq / 1e6,
+            r.sequences,
+            r.sequences as f64 / bf16
+        );
+    }
+    Ok(())
+}
+
 /// Runs the benchmark on the device `args.device` names and prints a table (and JSON).
 pub fn run(args: &BenchDecodeArgs) -> Result<()> {
+    if let Some(budget) = args.kv_budget {
+        return print_capacity(args, budget);
+    }
     let report = crate::with_device!(&args.device, b => measure(b, args))?;
     print_report(&report);
     if let Some(path) = &args.json {
@@ -380,8 +456,8 @@ fn print_report(r: &DecodeReport) {
         r.device, r.model, r.batch, r.ctx, r.kv, r.layers
     );
     println!(
-        "copy bandwidth {:.0} GB/s | bf16 GEMM {:.1} TFLOP/s ({}) | weights {:.2} GB | KV {:.3} GB",
-        r.copy_bw_gb_s, r.gemm_tflops, r.gemm_shape, r.weight_gb, r.kv_gb
+        "copy bandwidth {:.0} GB/s | bf16 GEMM {:.1} TFLOP/s ({}) | weights {:.2} GB | KV {:.3} GB ({:.0} B/token)",
+        r.copy_bw_gb_s, r.gemm_tflops, r.gemm_shape, r.weight_gb, r.kv_gb, r.kv_bytes_per_token
     );
     println!(
         "prefill {:.0} tok/s = {:.1} TFLOP/s = {:.0}% of GEMM",
@@ -556,6 +632,7 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
         gemm_shape,
         weight_gb: weight_bytes as f64 / 1e9,
         kv_gb: kv_bytes / 1e9,
+        kv_bytes_per_token: cache.bytes_per_token(),
         prefill_tok_s: n / prefill_s,
         prefill_tflops: prefill_rate / 1e12,
         prefill_fraction_of_gemm: prefill_rate / gemm,
@@ -661,4 +738,35 @@ fn decode<B: Backend>(
         StepOutput::TopK { k, out } => tm.forward_top_k(&inputs, cache, scratch, k, out)?,
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_counts_codes_windows_and_whole_sequences() {
+        let (cfg, _) = shape_config("llama3-8b").unwrap();
+        let rows = capacity(&cfg, 8192, 60.0).unwrap();
+        let get = |l: &str| rows.iter().find(|r| r.label.starts_with(l)).unwrap();
+        // bf16: 32 layers × 8 heads × 128 × 2 (K, V) × 2 bytes = 128 KiB per token.
+        let bf16 = get("bf16");
+        assert_eq!(bf16.bytes_per_seq, 8192.0 * 131_072.0);
+        assert_eq!(bf16.sequences, (60e9 / (8192.0 * 131_072.0)) as usize);
+        // tq3: 3 bits + one f16 norm per 128 → 3.125 bits; int8 8.125.
+        assert!((get("tq3").bits - 3.125).abs() < 1e-9);
+        assert!((get("int8").bits - 8.125).abs() < 1e-9);
+        // compact = k4v2 with 16 f16 tokens per sequence: just over (4.125 + 2.125) / 2 bits.
+        let compact = get("compact");
+        assert!(
+            compact.bits > 3.125 && compact.bits < 3.2,
+            "{}",
+            compact.bits
+        );
+        assert!(compact.sequences as f64 >= 4.5 * bf16.sequences as f64);
+        for r in &rows {
+            assert!(r.sequences as f64 * r.bytes_per_seq <= 60e9);
+            assert!((r.sequences + 1) as f64 * r.bytes_per_seq > 60e9);
+        }
+    }
 }
