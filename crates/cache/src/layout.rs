@@ -122,6 +122,37 @@ impl KvCenters {
         self.key.len() / (self.kv_heads * self.head_dim).max(1)
     }
 
+    /// Layer `layer`'s mean keys and mean values of `kv_heads` heads of `head_dim`, each
+    /// `[kv_heads, head_dim]` (what a pool subtracts before encoding), or an error naming what
+    /// the calibration covers.
+    pub fn layer_means(
+        &self,
+        layer: usize,
+        kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>), CacheError> {
+        if self.head_dim != head_dim {
+            return Err(CacheError::InvalidLayout(format!(
+                "kv centers: head dim {} vs {head_dim}",
+                self.head_dim
+            )));
+        }
+        let (mut k, mut v) = (Vec::new(), Vec::new());
+        for h in 0..kv_heads {
+            let (Some(kc), Some(vc)) = (self.key(layer, h), self.value(layer, h)) else {
+                return Err(CacheError::InvalidLayout(format!(
+                    "kv centers: no mean for layer {layer} head {h} (calibrated {} layers × {} heads × {})",
+                    self.layers(),
+                    self.kv_heads,
+                    self.head_dim
+                )));
+            };
+            k.extend_from_slice(kc);
+            v.extend_from_slice(vc);
+        }
+        Ok((k, v))
+    }
+
     fn slice<'a>(&self, v: &'a [f32], layer: usize, head: usize) -> Option<&'a [f32]> {
         if head >= self.kv_heads {
             return None;

@@ -158,31 +158,10 @@ impl CpuKvPool {
                     .ok_or_else(overflow)?;
                 let centers = match &layout.centers {
                     None => None,
-                    Some(c) => {
-                        let (mut k, mut v) = (Vec::new(), Vec::new());
-                        for h in 0..layout.kv_heads {
-                            let (Some(kc), Some(vc)) = (c.key(layer, h), c.value(layer, h)) else {
-                                return Err(shape(
-                                    "kv centers",
-                                    format!(
-                                        "no mean for layer {layer} head {h} (calibrated {} layers × {} heads × {})",
-                                        c.layers(),
-                                        c.kv_heads,
-                                        c.head_dim
-                                    ),
-                                ));
-                            };
-                            if kc.len() != layout.head_dim || c.head_dim != layout.head_dim {
-                                return Err(shape(
-                                    "kv centers",
-                                    format!("head dim {} vs {}", c.head_dim, layout.head_dim),
-                                ));
-                            }
-                            k.extend_from_slice(kc);
-                            v.extend_from_slice(vc);
-                        }
-                        Some((k, v))
-                    }
+                    Some(c) => Some(
+                        c.layer_means(layer, layout.kv_heads, layout.head_dim)
+                            .map_err(|e| shape("kv centers", e.to_string()))?,
+                    ),
                 };
                 Store::Codec(Box::new(CodecStore {
                     codec,

@@ -248,24 +248,9 @@ pub(crate) fn pool_codes(
     let centers = match &layout.centers {
         None => None,
         Some(c) => {
-            let (mut k, mut v) = (Vec::new(), Vec::new());
-            for h in 0..layout.kv_heads {
-                match (c.key(layer, h), c.value(layer, h)) {
-                    (Some(kc), Some(vc)) if kc.len() == layout.head_dim => {
-                        k.extend_from_slice(kc);
-                        v.extend_from_slice(vc);
-                    }
-                    _ => {
-                        return Err(crate::shape::shape(
-                            "kv centers",
-                            format!(
-                                "no mean of head_dim {} for layer {layer} head {h}",
-                                layout.head_dim
-                            ),
-                        ));
-                    }
-                }
-            }
+            let (k, v) = c
+                .layer_means(layer, layout.kv_heads, layout.head_dim)
+                .map_err(|e| crate::shape::shape("kv centers", e.to_string()))?;
             Some((
                 stream.clone_htod(&k).map_err(cuda_err("upload"))?,
                 stream.clone_htod(&v).map_err(cuda_err("upload"))?,

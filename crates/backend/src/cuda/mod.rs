@@ -423,31 +423,21 @@ impl CudaBackend {
             )
             .map_err(cuda_err("function attribute"))?;
         }
+        // Blocks of a kernel resident on the whole GPU at once (occupancy calculator).
+        let resident = |f: &cudarc::driver::CudaFunction, threads: usize, smem: usize| {
+            f.occupancy_max_active_blocks_per_multiprocessor(threads as u32, smem, None)
+                .map(|n| n.max(1) as usize * sms)
+                .map_err(cuda_err("occupancy"))
+        };
         let decode_slots = DECODE_VARIANTS
             .iter()
             .zip(&k.attn_dec)
-            .map(|(v, f)| {
-                f.occupancy_max_active_blocks_per_multiprocessor(
-                    v.threads() as u32,
-                    v.smem_bytes(),
-                    None,
-                )
-                .map(|n| n.max(1) as usize * sms)
-                .map_err(cuda_err("occupancy"))
-            })
+            .map(|(v, f)| resident(f, v.threads(), v.smem_bytes()))
             .collect::<Result<Vec<_>, _>>()?;
         let code_slots = codes::CodeVariant::all()
             .iter()
             .zip(&k.attn_codes)
-            .map(|(v, f)| {
-                f.occupancy_max_active_blocks_per_multiprocessor(
-                    v.threads() as u32,
-                    v.smem_bytes(),
-                    None,
-                )
-                .map(|n| n.max(1) as usize * sms)
-                .map_err(cuda_err("occupancy"))
-            })
+            .map(|(v, f)| resident(f, v.threads(), v.smem_bytes()))
             .collect::<Result<Vec<_>, _>>()?;
         if let Some(v) = opts.decode_variant
             && !DECODE_VARIANTS.contains(&v)
