@@ -4,7 +4,8 @@ time) and then ptxas for the target, printing compile errors and each kernel's r
 spills and shared memory. The NVRTC and ptxas binaries come from NVIDIA's PyPI wheels
 (`nvidia-cuda-nvrtc`, `nvidia-cuda-nvcc`), installed on first use into ~/.cache/turbokv/cuda.
 
-    scripts/cuda-check.py [--arch sm_90] [--filter attn_dec] [--ptx-cache DIR] [FILE.cu ...]
+    scripts/cuda-check.py [--arch sm_90] [--filter attn_dec] [--ptx-cache DIR]
+                          [--entry KERNEL ... --cubin OUT.cubin] [FILE.cu ...]
 
 `--ptx-cache DIR` also writes each module's PTX under the name the backend's PTX disk cache
 looks for (crates/backend/src/cuda/kernels.rs), so a GPU machine can start without compiling:
@@ -75,6 +76,9 @@ def main() -> int:
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--filter", default="", help="only report kernels whose name contains it")
     ap.add_argument("--ptx-cache", type=Path)
+    ap.add_argument("--entry", action="append", default=[],
+                    help="assemble only this kernel (repeatable; ptxas -e): a fast check")
+    ap.add_argument("--cubin", type=Path, help="keep ptxas's output here (for cuobjdump -sass)")
     ap.add_argument("files", nargs="*")
     a = ap.parse_args()
     lib = toolkit()
@@ -99,8 +103,10 @@ def main() -> int:
         with tempfile.NamedTemporaryFile("w", suffix=".ptx") as t:
             t.write(ptx)
             t.flush()
-            r = subprocess.run([str(lib / "bin/ptxas"), f"-arch={a.arch}", "-v", t.name, "-o",
-                                os.devnull], capture_output=True, text=True)
+            entries = [x for e in a.entry for x in ("-e", e)]
+            out = str(a.cubin) if a.cubin else os.devnull
+            r = subprocess.run([str(lib / "bin/ptxas"), f"-arch={a.arch}", "-v", *entries, t.name,
+                                "-o", out], capture_output=True, text=True)
         if r.returncode != 0:
             failed = True
             print(f"--- {f.name} (ptxas)\n{r.stderr}")

@@ -311,7 +311,8 @@ fn coded_pools_match_the_cpu_codec_and_attention() {
     let mut seed = 7;
     for d in [64, 128] {
         for dtype in ["int8", "tq4", "tq3", "tq2", "k4v3", "k4v2", "k3v2", "k2v4"] {
-            for (group, centered) in [(1, false), (4, true), (8, false)] {
+            // Groups up to 8 take the keys-as-M kernels, 16 the template's.
+            for (group, centered) in [(1, false), (4, true), (8, false), (16, true)] {
                 seed += 1;
                 let (s, t) = run_case(
                     g,

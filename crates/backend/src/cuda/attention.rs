@@ -3,7 +3,9 @@
 
 use cudarc::driver::LaunchConfig;
 
-use super::codes::{CODE_HEAD_DIMS, CODE_TILE, CODE_WARPS, CodeVariant, DESC_WORDS};
+use super::codes::{
+    CODE_HEAD_DIMS, CODE_TILE, CODE_WARPS, CodeVariant, DESC_WORDS, KEYS_AS_M_MAX_GROUP,
+};
 use super::kernels::{DECODE_SETS, MANY_PAIRS};
 use super::launch::Launches;
 use super::ops::{addr, check_geometry, expect_cols, ints, opc};
@@ -257,6 +259,7 @@ impl CudaBackend {
             ),
             None => None,
         };
+        let keys_as_m = grp <= KEYS_AS_M_MAX_GROUP;
         let dec = match code_kernel {
             Some(_) => None,
             None => (self.dec_mma && grp <= DEC_MAX_GROUP)
@@ -267,7 +270,14 @@ impl CudaBackend {
         let rows_kernel =
             rows_kernel_index(hd, grp).filter(|_| dec_kernel.is_none() && code_kernel.is_none());
         let splits = match (code_kernel, dec) {
-            (Some(i), _) => wave_splits(pairs, max_ctx, self.code_slots[i], CODE_TILE),
+            (Some(i), _) => {
+                let slots = if keys_as_m {
+                    self.code_m_slots[i]
+                } else {
+                    self.code_slots[i]
+                };
+                wave_splits(pairs, max_ctx, slots, CODE_TILE)
+            }
             (None, Some((_, s))) => s,
             (None, None) => self.split_count(rows, g.n_kv_heads, max_ctx),
         };
@@ -372,6 +382,9 @@ impl CudaBackend {
             addr(&out.buf, &self.stream),
         );
         let f = match (dec_kernel, rows_kernel) {
+            _ if code_kernel.is_some() && keys_as_m => {
+                &self.k.attn_codes_m[code_kernel.unwrap_or(0)]
+            }
             _ if code_kernel.is_some() => &self.k.attn_codes[code_kernel.unwrap_or(0)],
             (Some(i), _) => &self.k.attn_dec[i],
             (None, Some(i)) => &self.k.attn_rows[2 * i + usize::from(deep)],

@@ -1,8 +1,9 @@
 //! Coded KV pools on the GPU (`int8`, TurboQuant-MSE `tq{2,3,4}` and mixed `k{b}v{b}`): the
 //! format descriptors the kernels read, and what a coded pool holds beside its bytes.
 //!
-//! A coded pool stores every (physical block, kv head) in the codec's own block layout
-//! ([`turbokv_codec::layout`]), so a block's bytes are the CPU backend's bytes: snapshots move
+//! A coded pool stores every (physical block, kv head) in the codec's block layout
+//! ([`turbokv_codec::layout`]) with each token's code record rearranged where that unpacks
+//! faster ([`RecordLayout`]); block I/O converts records back, so blocks and snapshots move
 //! between the backends unchanged. The encoder (`write_kv_codes`, write_kv.cu) reproduces the
 //! codec's f32 operations in order, so the codes are the CPU's; attention reads the codes
 //! (`attn_codes_*`, attention.cu) with the query rotated into the keys' basis by the encoder
@@ -13,6 +14,7 @@ use half::f16;
 use turbokv_cache::KvLayout;
 use turbokv_codec::{BlockLayout, DeviceFormat, KvDtype, LayerCodec, VectorCodec};
 
+use super::code_layout::RecordLayout;
 use super::cuda_err;
 use crate::Error;
 
@@ -22,6 +24,9 @@ pub(crate) const DESC_WORDS: usize = 288;
 pub(crate) const CODE_TILE: usize = 128;
 /// Warps per block of the coded decode kernels.
 pub(crate) const CODE_WARPS: usize = 4;
+/// The largest GQA group (query heads per kv head) of the keys-as-M coded kernels (the 8
+/// columns of their MMAs); larger groups take the template's kernels.
+pub(crate) const KEYS_AS_M_MAX_GROUP: usize = 8;
 /// Tile bytes a coded kernel keeps in flight (attention.cu `code_stages`).
 const CODE_BYTES_IN_FLIGHT: usize = 49152;
 
@@ -74,11 +79,16 @@ impl CodeVariant {
             .collect()
     }
 
-    /// The kernel's name in attention.cu.
-    pub(crate) fn kernel_name(&self) -> String {
+    /// The kernel's name in attention.cu: the template's (`attn_codes_*`, any GQA group up
+    /// to 16) or, with `keys_as_m`, the kernel with the keys as the MMAs' rows
+    /// (`attn_codes_m_*`, groups up to [`KEYS_AS_M_MAX_GROUP`]).
+    pub(crate) fn kernel_name(&self, keys_as_m: bool) -> String {
         format!(
-            "attn_codes_{}_{}_{}",
-            self.head_dim, self.key_bits, self.value_bits
+            "attn_codes_{}{}_{}_{}",
+            if keys_as_m { "m_" } else { "" },
+            self.head_dim,
+            self.key_bits,
+            self.value_bits
         )
     }
 
@@ -103,6 +113,9 @@ pub(crate) struct PoolCodes {
     pub variant: CodeVariant,
     /// Whether values are TurboQuant (the output is rotated back).
     pub values_rotated: bool,
+    /// How key and value code records are arranged (the codec's layout or a GPU one).
+    pub k_records: RecordLayout,
+    pub v_records: RecordLayout,
     /// Block layouts of keys and values (bytes per (block, kv head)).
     pub k_layout: BlockLayout,
     pub v_layout: BlockLayout,
@@ -110,6 +123,27 @@ pub(crate) struct PoolCodes {
     pub desc: CudaSlice<u32>,
     /// Per-head mean key and value (`[kv_heads, head_dim]` each), subtracted before encoding.
     pub centers: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+}
+
+impl PoolCodes {
+    /// Rewrites the code records of one (block, kv head)'s key and value blocks (the codec's
+    /// block layout) from the GPU record layouts into the codec's (`to_codec`) or back.
+    pub(crate) fn convert_records(&self, k: &mut [u8], v: &mut [u8], to_codec: bool) {
+        let roles = [
+            (k, self.k_records, &self.k_layout, self.variant.key_bits),
+            (v, self.v_records, &self.v_layout, self.variant.value_bits),
+        ];
+        for (block, records, layout, bits) in roles {
+            let end = layout.block_size * layout.code_bytes_per_token;
+            for rec in block[..end].chunks_exact_mut(layout.code_bytes_per_token) {
+                if to_codec {
+                    records.to_codec(bits, rec);
+                } else {
+                    records.to_device(bits, rec);
+                }
+            }
+        }
+    }
 }
 
 /// Code width of one role's device format (8 for int8).
@@ -120,8 +154,24 @@ fn width(f: &DeviceFormat) -> u8 {
     }
 }
 
-/// The descriptor words of one role (write_kv.cu documents them).
-pub(crate) fn descriptor(f: &DeviceFormat, layout: &BlockLayout) -> Result<Vec<u32>, Error> {
+/// Codes per kernel lane run of each role (the unit of [`RecordLayout`]): keys are read in
+/// runs of `head_dim / 4` codes, values in runs of `head_dim / 8` (attention.cu `KvCodes`).
+pub(crate) fn runs(head_dim: usize) -> (usize, usize) {
+    (head_dim / 4, head_dim / 8)
+}
+
+/// The record layout of one role in a GPU pool.
+pub(crate) fn record_layout(f: &DeviceFormat, run: usize) -> RecordLayout {
+    RecordLayout::for_role(width(f), run)
+}
+
+/// The descriptor words of one role (write_kv.cu documents them), whose codes are read in
+/// runs of `run`.
+pub(crate) fn descriptor(
+    f: &DeviceFormat,
+    layout: &BlockLayout,
+    run: usize,
+) -> Result<Vec<u32>, Error> {
     let mut w = vec![0u32; DESC_WORDS];
     let too_large = || Error::Cuda {
         op: "kv pool",
@@ -130,6 +180,8 @@ pub(crate) fn descriptor(f: &DeviceFormat, layout: &BlockLayout) -> Result<Vec<u
     w[2] = u32::try_from(layout.code_bytes_per_token).map_err(|_| too_large())?;
     w[3] = u32::try_from(layout.total_bytes).map_err(|_| too_large())?;
     w[4] = u32::try_from(layout.scalars_offset).map_err(|_| too_large())?;
+    let record = record_layout(f, run);
+    w[5] = record.descriptor_word();
     match f {
         DeviceFormat::Int8 => {
             w[0] = 0;
@@ -153,8 +205,13 @@ pub(crate) fn descriptor(f: &DeviceFormat, layout: &BlockLayout) -> Result<Vec<u
             for (k, b) in h.boundaries.iter().enumerate() {
                 w[8 + k] = b.to_bits();
             }
-            // Centroid j as f16: low byte j of the table at word 24, high byte at word 28.
-            for (j, c) in h.centroids.iter().enumerate() {
+            // Centroid j as f16: low byte j of the table at word 24, high byte at word 28
+            // (sign-magnitude records: the 8 positive centroids, magnitude m at j = m).
+            let table = match record {
+                RecordLayout::SignMagnitude4 => &h.centroids[8..],
+                _ => &h.centroids[..],
+            };
+            for (j, c) in table.iter().enumerate() {
                 let bits = f16::from_f32(*c).to_bits();
                 w[24 + j / 4] |= u32::from(bits & 0xff) << (8 * (j % 4));
                 w[28 + j / 4] |= u32::from(bits >> 8) << (8 * (j % 4));
@@ -234,6 +291,15 @@ pub(crate) fn pool_codes(
     };
     let (kf, k_layout) = role(&codec.key)?;
     let (vf, v_layout) = role(&codec.value)?;
+    // The attention kernels address a block's kv heads with 32-bit offsets.
+    for l in [&k_layout, &v_layout] {
+        if l.total_bytes.saturating_mul(layout.kv_heads) > i32::MAX as usize {
+            return Err(refuse(format!(
+                "{} kv heads of {}-byte blocks exceed the kernels' 32-bit block offsets",
+                layout.kv_heads, l.total_bytes
+            )));
+        }
+    }
     let variant = CodeVariant {
         head_dim: layout.head_dim,
         key_bits: width(&kf),
@@ -242,8 +308,9 @@ pub(crate) fn pool_codes(
     if !CodeVariant::all().contains(&variant) {
         return Err(refuse("int8 keys pair only with int8 values".into()));
     }
-    let mut words = descriptor(&kf, &k_layout)?;
-    words.extend(descriptor(&vf, &v_layout)?);
+    let (k_run, v_run) = runs(layout.head_dim);
+    let mut words = descriptor(&kf, &k_layout, k_run)?;
+    words.extend(descriptor(&vf, &v_layout, v_run)?);
     let desc = stream.clone_htod(&words).map_err(cuda_err("upload"))?;
     let centers = match &layout.centers {
         None => None,
@@ -260,6 +327,8 @@ pub(crate) fn pool_codes(
     Ok(PoolCodes {
         variant,
         values_rotated: matches!(vf, DeviceFormat::HadamardMse(_)),
+        k_records: record_layout(&kf, k_run),
+        v_records: record_layout(&vf, v_run),
         k_layout,
         v_layout,
         desc,
@@ -280,7 +349,8 @@ mod tests {
         let all = CodeVariant::all();
         assert_eq!(all.len(), CODE_HEAD_DIMS.len() * CODE_WIDTHS.len());
         for v in &all {
-            assert!(v.kernel_name().starts_with("attn_codes_"));
+            assert!(v.kernel_name(false).starts_with("attn_codes_"));
+            assert!(v.kernel_name(true).starts_with("attn_codes_m_"));
             // Three blocks per SM fit an H200's 228 KiB.
             assert!(v.smem_bytes() <= 72 * 1024, "{v:?}");
         }
@@ -291,7 +361,7 @@ mod tests {
         let codec = LayerCodec::new("k4v2".parse().unwrap(), 128, 1, &Default::default()).unwrap();
         let kf = codec.key.device_format().unwrap();
         let kl = codec.key.block_layout(16).unwrap();
-        let w = descriptor(&kf, &kl).unwrap();
+        let w = descriptor(&kf, &kl, 32).unwrap();
         let DeviceFormat::HadamardMse(h) = kf else {
             panic!("tq keys");
         };
@@ -299,7 +369,9 @@ mod tests {
         assert_eq!(w[3] as usize, kl.total_bytes);
         assert_eq!(w[4] as usize, kl.scalars_offset);
         assert_eq!(f32::from_bits(w[6]), h.sigma);
-        for (j, c) in h.centroids.iter().enumerate() {
+        // 4-bit records are sign-magnitude: the table holds the 8 positive centroids.
+        assert_eq!(w[5], RecordLayout::SignMagnitude4.descriptor_word());
+        for (j, c) in h.centroids[8..].iter().enumerate() {
             let lo = (w[24 + j / 4] >> (8 * (j % 4))) & 0xff;
             let hi = (w[28 + j / 4] >> (8 * (j % 4))) & 0xff;
             assert_eq!(f16::from_bits((lo | hi << 8) as u16), f16::from_f32(*c));

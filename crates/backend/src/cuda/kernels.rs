@@ -40,6 +40,8 @@ pub(crate) struct Kernels {
     pub attn_unrotate: [CudaFunction; 2],
     /// The decode template on coded K/V, one per `codes::CodeVariant::all()` entry.
     pub attn_codes: Vec<CudaFunction>,
+    /// The keys-as-M coded decode kernels (GQA groups up to 8), in the same order.
+    pub attn_codes_m: Vec<CudaFunction>,
     /// Attention partials for head_dim 64, 128, 256 (compile-time) and any other.
     pub attn_partial: [CudaFunction; 4],
     /// Row-parallel attention for head_dim 64/128/256 × up to 4/8 query heads per kv head ×
@@ -359,7 +361,11 @@ impl Kernels {
             attn_unrotate: [f(&kv, "attn_unrotate_64")?, f(&kv, "attn_unrotate_128")?],
             attn_codes: super::codes::CodeVariant::all()
                 .iter()
-                .map(|v| f(&at, &v.kernel_name()))
+                .map(|v| f(&at, &v.kernel_name(false)))
+                .collect::<Result<_, _>>()?,
+            attn_codes_m: super::codes::CodeVariant::all()
+                .iter()
+                .map(|v| f(&at, &v.kernel_name(true)))
                 .collect::<Result<_, _>>()?,
             topk_rows: f(&sm, "topk_rows")?,
             argmax_rows: f(&sm, "argmax_rows")?,

@@ -37,6 +37,7 @@
 
 mod attention;
 mod attention_bench;
+mod code_layout;
 mod codes;
 mod graph;
 mod kernels;
@@ -280,6 +281,8 @@ pub struct CudaBackend {
     decode_slots: Vec<usize>,
     /// The same for the coded decode kernels (`codes::CodeVariant::all()` order).
     code_slots: Vec<usize>,
+    /// The same for the keys-as-M coded kernels.
+    code_m_slots: Vec<usize>,
     state: Mutex<State>,
     /// cuBLAS workspace set on the handle (so that captured GEMMs allocate nothing).
     _blas_workspace: CudaSlice<u8>,
@@ -412,6 +415,7 @@ impl CudaBackend {
             .chain(&k.attn_mma8)
             .chain(&k.attn_dec)
             .chain(&k.attn_codes)
+            .chain(&k.attn_codes_m)
         {
             // The opt-in limit covers static and dynamic shared memory together.
             let fixed = f
@@ -437,6 +441,11 @@ impl CudaBackend {
         let code_slots = codes::CodeVariant::all()
             .iter()
             .zip(&k.attn_codes)
+            .map(|(v, f)| resident(f, v.threads(), v.smem_bytes()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let code_m_slots = codes::CodeVariant::all()
+            .iter()
+            .zip(&k.attn_codes_m)
             .map(|(v, f)| resident(f, v.threads(), v.smem_bytes()))
             .collect::<Result<Vec<_>, _>>()?;
         if let Some(v) = opts.decode_variant
@@ -478,6 +487,7 @@ impl CudaBackend {
             prefill_warps: opts.prefill_warps,
             decode_slots,
             code_slots,
+            code_m_slots,
             state: Mutex::new(State::default()),
             _blas_workspace: blas_workspace,
         })

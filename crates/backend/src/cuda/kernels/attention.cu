@@ -1158,9 +1158,10 @@ ATTN_DEC16(128, 32, 2, 2)
 // ---- Coded formats: int8 and TurboQuant-MSE, attended over on their codes --------------
 // Pool layout (the codec's block layout, crates/codec/src/layout.rs): per (physical block,
 // kv head) one block of `total` bytes, the code records of its tokens back to back (ROW bytes
-// each), then at `soff` one f16 scale per token. Format words `fmt` (one 288-word descriptor
+// each, bits arranged per cuda/code_layout.rs), then at `soff` one f16 scale per token. Format words `fmt` (one 288-word descriptor
 // for keys, then one for values; see CodeDesc in cuda/codes.rs): [3] total bytes, [4] scale
-// offset, [24..28) / [28..32) the low / high bytes of the centroids as f16 (TurboQuant).
+// offset, [24..28) / [28..32) the low / high bytes of the centroids as f16 (TurboQuant; the 8
+// magnitudes for 4-bit sign-magnitude records).
 //
 // A tile stages whole runs of 16 keys (block sizes are multiples of 16): their code records,
 // then their scales, so keys past the end of a sequence inside a live run hold stale but
@@ -1170,7 +1171,7 @@ ATTN_DEC16(128, 32, 2, 2)
 // MMAs are m16n8k16 in f16 (queries and weights rounded to f16). The dims of an MMA's k (for
 // scores) and n (for values) are permuted so that each lane's codes are one contiguous run:
 // for scores lane c = lane%4 owns the D/4 dims from c·D/4, for values lane g = lane/4 the D/8
-// dims from g·D/8; Codes<B>::dim(group, j) is the dim of slot j of a run's group of 4 codes,
+// dims from g·D/8; Codes<B, R>::dim(group, j) is the dim of slot j of a run's group of 4 codes,
 // and the query (init_query) and the output (out_dim) use the same map. Codes become f16
 // pairs with byte permutes: a TurboQuant code selects the low and the high byte of its
 // centroid from tables held in registers (`prmt`, 8 entries per pair of registers); an int8
@@ -1213,10 +1214,12 @@ __device__ __forceinline__ void load_run(const unsigned char* p, u32 (&w)[(RB + 
     }
 }
 
-// Group `g` (4 codes) of a run as two f16 pairs (slots 0-1, 2-3); `lo` / `hi`: the centroid
-// byte tables (TurboQuant).
-template <int B> struct Codes;
-template <> struct Codes<8> {   // int8
+// Group `g` (4 codes) of a lane's run of R codes as two f16 pairs (slots 0-1, 2-3); `lo` /
+// `hi`: the centroid byte tables (TurboQuant). The runs are in the pool's record layout
+// (cuda/code_layout.rs), chosen so that a prmt selector (one 3-bit index per nibble, bit 3
+// clear) costs about one mask.
+template <int B, int R> struct Codes;
+template <int R> struct Codes<8, R> {   // int8
     __device__ static constexpr int dim(int g, int j) { return 4 * g + j; }
     __device__ static __forceinline__ void group(const u32* w, int g, const u32*, const u32*,
                                                  u32& a, u32& b) {
@@ -1225,32 +1228,70 @@ template <> struct Codes<8> {   // int8
         b = sub_f16x2(prmt(x, 0x64646464u, 0x7362u), 0x64806480u);
     }
 };
-template <> struct Codes<4> {   // 16 centroids: two 8-entry lookups, then a per-byte select
+// The f16 pairs of the 4 codes of a 16-bit selector, from 8-entry byte tables.
+__device__ __forceinline__ void lookup8(u32 sel, const u32* lo, const u32* hi, u32& a, u32& b) {
+    const u32 l = prmt(lo[0], lo[1], sel), h = prmt(hi[0], hi[1], sel);
+    a = prmt(l, h, 0x5140u);
+    b = prmt(l, h, 0x7362u);
+}
+// Sign-magnitude nibbles (the complement of a nibble is 8·neg | m): magnitude tables, then
+// the sign bit of each high byte flipped where the nibble's bit 3 is clear (prmt's
+// sign-replicate mode reads bit 3 of each nibble as the top bit of a byte of sel << 4 or sel).
+template <int R> struct Codes<4, R> {
     __device__ static constexpr int dim(int g, int j) { return 4 * g + j; }
     __device__ static __forceinline__ void group(const u32* w, int g, const u32* lo, const u32* hi,
                                                  u32& a, u32& b) {
-        const u32 sel = (w[g >> 1] >> (16 * (g & 1))) & 0xffffu;
-        const u32 s7 = sel & 0x7777u;
-        const u32 m = prmt(0x8000u, 0u, (sel & 0x8888u) | ((sel >> 3) & 0x1111u));
-        const u32 l = (prmt(lo[0], lo[1], s7) & ~m) | (prmt(lo[2], lo[3], s7) & m);
-        const u32 h = (prmt(hi[0], hi[1], s7) & ~m) | (prmt(hi[2], hi[3], s7) & m);
+        const u32 sel = w[g >> 1] >> (16 * (g & 1));
+        const u32 mags = ~sel & 0x7777u;
+        const u32 l = prmt(lo[0], lo[1], mags);
+        const u32 pos = prmt(sel << 4, sel, 0xd9c8u);
+        const u32 h = prmt(hi[0], hi[1], mags) ^ (~pos & 0x80808080u);
         a = prmt(l, h, 0x5140u);
         b = prmt(l, h, 0x7362u);
     }
 };
-template <> struct Codes<3> {   // 8 centroids; codes spread from 3-bit fields into nibbles
+// 3-bit nibble units (R a multiple of 16: U = R / 16 units of three halfwords, halfword
+// U·j + u): group g is j = g / U, unit u = g % U; j < 3 is the halfword's nibbles, j = 3 the
+// unit's spare codes gathered from bit 3 of its three halfwords.
+template <int R> struct Codes3Units {
+    static constexpr int U = R / 16;
+    static_assert(U == 1 || U == 2, "runs of 16 or 32 codes");
+    __device__ static constexpr int dim(int g, int j) {
+        return U == 2 ? 16 * (g & 1) + 4 * (g >> 1) + j : 4 * g + j;
+    }
+    __device__ static __forceinline__ void group(const u32* w, int g, const u32* lo, const u32* hi,
+                                                 u32& a, u32& b) {
+        u32 sel;
+        if constexpr (U == 2) {
+            const int j = g >> 1;
+            const u32 s = j < 3 ? w[j] & 0x77777777u
+                                : ((w[0] >> 3) & 0x11111111u) | ((w[1] >> 2) & 0x22222222u) |
+                                      ((w[2] >> 1) & 0x44444444u);
+            sel = (g & 1) ? s >> 16 : s;
+        } else {
+            sel = g == 0 ? w[0] & 0x7777u
+                : g == 1 ? (w[0] >> 16) & 0x7777u
+                : g == 2 ? w[1] & 0x7777u
+                         : ((w[0] >> 3) & 0x1111u) | ((w[0] >> 18) & 0x2222u) | ((w[1] >> 1) & 0x4444u);
+        }
+        lookup8(sel, lo, hi, a, b);
+    }
+};
+// 3-bit codes in the codec's packing (runs of 8): 3-bit fields spread into nibbles.
+struct Codes3Packed {
     __device__ static constexpr int dim(int g, int j) { return 4 * g + j; }
     __device__ static __forceinline__ void group(const u32* w, int g, const u32* lo, const u32* hi,
                                                  u32& a, u32& b) {
         const int bit = 12 * g, wi = bit >> 5, sh = bit & 31;
         const u32 f = sh <= 20 ? w[wi] >> sh : shf_r(w[wi], w[wi + 1], sh);
         const u32 sel = (f & 7u) | ((f << 1) & 0x70u) | ((f << 2) & 0x700u) | ((f << 3) & 0x7000u);
-        const u32 l = prmt(lo[0], lo[1], sel), h = prmt(hi[0], hi[1], sel);
-        a = prmt(l, h, 0x5140u);
-        b = prmt(l, h, 0x7362u);
+        lookup8(sel, lo, hi, a, b);
     }
 };
-template <> struct Codes<2> {   // 4 centroids; a word's even codes, then its odd ones
+template <bool C, class A, class B> struct Pick { using type = A; };
+template <class A, class B> struct Pick<false, A, B> { using type = B; };
+template <int R> struct Codes<3, R> : Pick<R % 16 == 0, Codes3Units<R>, Codes3Packed>::type {};
+template <int R> struct Codes<2, R> {   // 4 centroids; a word's even codes, then its odd ones
     __device__ static constexpr int dim(int g, int j) {
         return 16 * (g >> 2) + 8 * ((g & 3) >> 1) + (g & 1) + 2 * j;
     }
@@ -1264,33 +1305,43 @@ template <> struct Codes<2> {   // 4 centroids; a word's even codes, then its od
     }
 };
 
-// Requests the code records and scales of the G runs of 16 keys from t0 into a tile: codes of
-// run j at 16·j·ROW, the scales from TK·ROW (2 bytes per key); runs from k1 on are zeros.
+// Requests the code records and scales of the G runs of 16 keys from t0 (< k1) into a tile:
+// codes of run j at 16·j·ROW, the scales from G·16·ROW (2 bytes per key); runs from k1 on
+// are zeros. Threads scale0 .. scale0 + 2G - 1 copy the scales (keys and values use
+// different warps). Branch-free with a compile-time trip count, so each thread's block-table
+// reads and copies issue back to back (a runtime loop with 64-bit index math here cost a
+// third of the kernel's instructions); a dead run copies zero bytes from a live address.
 template <int G, int ROW, int NTH>
 __device__ __forceinline__ void stage_codes(unsigned char* tile, int t0, int k1, const PagedKv& kv,
-    const unsigned char* pool, int total, int soff, int tid)
+    const unsigned char* pool, int total, int soff, int tid, int scale0)
 {
     // Coded pools have power-of-two block sizes of 16 or more (checked by the host), so a run
     // of 16 keys from a multiple of 16 lies in one block, at slot p & (block_size - 1).
+    // Byte offsets within a pool fit 32 bits per block index (the host checks the total).
     const int mask = kv.block_size - 1;
-    auto run_base = [&](int j) {
-        const int p = t0 + 16 * j;
-        return pool + ((u64)kv.tbl[p >> kv.bs_log] * kv.n_kv + kv.kh) * (u64)total + (p & mask) * ROW;
+    const u32 stride = (u32)(kv.n_kv * total), head = (u32)(kv.kh * total);
+    auto at = [&](int p, u32 off) {   // byte `off` of position p's (block, kv head) block
+        return pool + (u64)kv.tbl[p >> kv.bs_log] * stride + (head + off);
     };
-    // Code chunks: 16·ROW bytes per run.
-    for (int i = tid; i < G * ROW; i += NTH) {
-        const int j = i / ROW, c = i - j * ROW;
-        const bool live = t0 + 16 * j < k1;
-        cp_async16(smem_addr(tile + 16 * j * ROW + c * 16), live ? run_base(j) + c * 16 : pool,
-                   live ? 16 : 0);
+    constexpr int CH = G * ROW, N = (CH + NTH - 1) / NTH;   // 16-byte code chunks
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+        const int i = tid + n * NTH;
+        if (CH % NTH == 0 || i < CH) {
+            const int j = i / ROW, p = t0 + 16 * j;
+            const bool live = p < k1;
+            const int pc = live ? p : t0;
+            const unsigned char* src = at(pc, (u32)((pc & mask) * ROW + (i - j * ROW) * 16));
+            cp_async16(smem_addr(tile + 16 * i), src, live ? 16 : 0);
+        }
     }
-    // Scale chunks: 32 bytes per run.
-    for (int i = tid; i < 2 * G; i += NTH) {
-        const int j = i >> 1;
-        const int p = t0 + 16 * j;
+    const int si = tid - scale0;   // 32 bytes of scales per run
+    if (si >= 0 && si < 2 * G) {
+        const int p = t0 + 16 * (si >> 1);
         const bool live = p < k1;
-        const unsigned char* src = live ? run_base(j) - (p & mask) * ROW + soff + (p & mask) * 2 + (i & 1) * 16 : pool;
-        cp_async16(smem_addr(tile + G * 16 * ROW + 16 * i), src, live ? 16 : 0);
+        const int pc = live ? p : t0;
+        const unsigned char* src = at(pc, (u32)(soff + (pc & mask) * 2 + (si & 1) * 16));
+        cp_async16(smem_addr(tile + G * 16 * ROW + 16 * si), src, live ? 16 : 0);
     }
 }
 
@@ -1318,14 +1369,15 @@ struct KvCodes {
         vtot = (int)fmt[288 + 3]; vsoff = (int)fmt[288 + 4];
     }
     __device__ static __forceinline__ int out_dim(int nd, int c, int e) {
-        return (2 * c + e) * VR + Codes<VB>::dim(nd >> 2, nd & 3);
+        return (2 * c + e) * VR + Codes<VB, VR>::dim(nd >> 2, nd & 3);
     }
 
     template <int TK, int NTH>
     __device__ __forceinline__ void stage(unsigned char* ks, unsigned char* vs, int t0, int k1,
         int, const PagedKv& kv, const void* kc, const void* vc, int tid) const {
-        stage_codes<TK / 16, KROW, NTH>(ks, t0, k1, kv, (const unsigned char*)kc, ktot, ksoff, tid);
-        stage_codes<TK / 16, VROW, NTH>(vs, t0, k1, kv, (const unsigned char*)vc, vtot, vsoff, tid);
+        stage_codes<TK / 16, KROW, NTH>(ks, t0, k1, kv, (const unsigned char*)kc, ktot, ksoff, tid, 0);
+        stage_codes<TK / 16, VROW, NTH>(vs, t0, k1, kv, (const unsigned char*)vc, vtot, vsoff, tid,
+                                        NTH > 32 ? 32 : 0);
     }
     template <int NTH>
     __device__ __forceinline__ void fill_row(unsigned char*, unsigned char*, int, int,
@@ -1340,7 +1392,7 @@ struct KvCodes {
             float x0[4], x1[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                const int dim = c * KR + Codes<KB>::dim(kk, j);
+                const int dim = c * KR + Codes<KB, KR>::dim(kk, j);
                 x0[j] = q0 ? q0[dim] * qs : 0.f;
                 x1[j] = q1 ? q1[dim] * qs : 0.f;
             }
@@ -1363,7 +1415,7 @@ struct KvCodes {
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
                 u32 b0, b1;
-                Codes<KB>::group(w, kk, klo, khi, b0, b1);
+                Codes<KB, KR>::group(w, kk, klo, khi, b0, b1);
                 mma_f16(s[nt], q.qa[kk], b0, b1);
             }
             const u32 sc = *(const u32*)(tile + TK * KROW + (key0 + nt * 8 + 2 * c) * 2);
@@ -1402,7 +1454,7 @@ struct KvCodes {
             for (int vg = 0; vg < VR / 4; vg++) {
                 u32 x[4][2];
 #pragma unroll
-                for (int i = 0; i < 4; i++) Codes<VB>::group(w[i], vg, vlo, vhi, x[i][0], x[i][1]);
+                for (int i = 0; i < 4; i++) Codes<VB, VR>::group(w[i], vg, vlo, vhi, x[i][0], x[i][1]);
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     const u32 sel = (j & 1) ? 0x7632u : 0x5410u;
@@ -1414,6 +1466,207 @@ struct KvCodes {
         }
     }
 };
+
+// ---- Coded decode attention with the keys as the MMAs' M (GQA groups of at most 8) -------
+// The template above puts the g query heads in the 16 rows of every MMA, so for g = 4 three
+// quarters of the score fragments, softmax work and accumulator rescales are padding. Here the
+// 16 keys of a step are the rows instead: scores are Sᵀ = K·Qᵀ (K codes as the A fragment,
+// the queries as an 8-column B), and the output is Oᵀ = Vᵀ·Pᵀ (value codes as the A
+// fragment, the weights transposed into a B fragment with `movmatrix`). Per 16 keys that is
+// D/16 + D/16 MMAs instead of D/8 + D/8, and each lane's softmax state covers two heads.
+//
+// Lane (c = lane % 4, q = lane / 4): scores of keys q and q + 8 of each step for heads 2c and
+// 2c + 1; it unpacks run c (D/4 dims) of those keys' key records — the k columns 2c, 2c + 1,
+// 2c + 8, 2c + 9 of each MMA — and run q (D/8 dims) of keys 2c, 2c + 1, 2c + 8, 2c + 9's value
+// records, which are the M rows q and q + 8 of the value MMAs. Its B fragment holds head q's
+// query at the dims of run c. Same grid, tiles, splits and merge as the template; requires
+// g <= 8.
+__device__ __forceinline__ u32 movmatrix_trans(u32 x) {
+    u32 d;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(x));
+    return d;
+}
+
+template <int D, int KB, int VB, int TK, int STAGES, int NW>
+__device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const u32* fmt)
+{
+    constexpr int NTH = NW * 32, KPW = TK / NW, NS = KPW / 16;   // 16-key steps per warp
+    static_assert(KPW % 16 == 0, "a warp's keys are whole 16-key steps");
+    using KC = KvCodes<D, KB, VB>;
+    constexpr int KROW = KC::KROW, VROW = KC::VROW, KR = KC::KR, VR = KC::VR;
+    constexpr int KRB = KC::KRB, VRB = KC::VRB;
+    constexpr int KT = KC::template k_tile_bytes<TK>(), VT = KC::template v_tile_bytes<TK>();
+    constexpr int STAGE_BYTES = KT + VT;
+    const int g = n_heads / n_kv;
+    const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5, c = lane & 3, q = lane >> 2;
+    const u32 pos = tok_pos[r];
+    const int kend = (int)pos + 1;
+    const int chunk = ((kend + n_splits - 1) / n_splits + TK - 1) / TK * TK;
+    const int k0 = sp * chunk;
+    const int k1 = min(k0 + chunk, kend);
+    const int ntiles = k1 > k0 ? (k1 - k0 + TK - 1) / TK : 0;
+    const PagedKv kv(tables + seq_tbl[tok_seq[r]], n_kv, kh, block_size);
+    const KC f(fmt);
+    unsigned char* stage = (unsigned char*)sh;   // [STAGES][K tile, V tile]
+    auto issue = [&](int t) {
+        if (t < ntiles) {
+            unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
+            f.template stage<TK, NTH>(ks, ks + KT, k0 + t * TK, k1, -1, kv, k_cache, v_cache, tid);
+        }
+        cp_async_commit();
+    };
+    pdl_wait();
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; t++) issue(t);
+
+    // Head q's query at run c's dims, as B fragments (zero for heads past g).
+    u32 qb[D / 16][2];
+    {
+        const float* qh = q < g ? qkv + (u64)r * width + (u64)(kh * g + q) * D : nullptr;
+        const float qs = scale * 1.4426950408889634f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            float x[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) x[j] = qh ? qh[c * KR + Codes<KB, KR>::dim(kk, j)] * qs : 0.f;
+            qb[kk][0] = pack_f16(x[0], x[1]);
+            qb[kk][1] = pack_f16(x[2], x[3]);
+        }
+    }
+    // o[nd]: Oᵀ rows q, q + 8 of value MMA nd (dims out_dim(nd, 0 / 1)), heads 2c, 2c + 1.
+    float o[D / 16][4];
+#pragma unroll
+    for (int nd = 0; nd < D / 16; nd++) { o[nd][0] = 0.f; o[nd][1] = 0.f; o[nd][2] = 0.f; o[nd][3] = 0.f; }
+    float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;   // heads 2c, 2c + 1 (log2 units)
+    for (int t = 0; t < ntiles; t++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();          // tile t landed for all; tile t-1's stage is free
+        issue(t + STAGES - 1);
+        const unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
+        const unsigned char* vs = ks + KT;
+        const int kw = warp * KPW;                 // the warp's first key in the tile
+        const int key0 = k0 + t * TK + kw;
+        float s[NS][4];
+#pragma unroll
+        for (int st = 0; st < NS; st++) {
+            const int ka = kw + 16 * st + q, kb = ka + 8;   // this lane's two keys (tile rows)
+            u32 wa[(KRB + 3) / 4], wb[(KRB + 3) / 4];
+            load_run<KRB>(ks + ka * KROW + c * KRB, wa);
+            load_run<KRB>(ks + kb * KROW + c * KRB, wb);
+            s[st][0] = 0.f; s[st][1] = 0.f; s[st][2] = 0.f; s[st][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                u32 a[4];
+                Codes<KB, KR>::group(wa, kk, f.klo, f.khi, a[0], a[2]);
+                Codes<KB, KR>::group(wb, kk, f.klo, f.khi, a[1], a[3]);
+                mma_f16(s[st], a, qb[kk][0], qb[kk][1]);
+            }
+            const u16* ksc = (const u16*)(ks + TK * KROW);
+            const float sa = f16_to_f32(ksc[ka]), sb = f16_to_f32(ksc[kb]);
+            const bool la = key0 + 16 * st + q < k1, lb = key0 + 16 * st + q + 8 < k1;
+            s[st][0] = la ? s[st][0] * sa : -INFINITY;
+            s[st][1] = la ? s[st][1] * sa : -INFINITY;
+            s[st][2] = lb ? s[st][2] * sb : -INFINITY;
+            s[st][3] = lb ? s[st][3] * sb : -INFINITY;
+        }
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int st = 0; st < NS; st++) {
+            mx0 = fmaxf(mx0, fmaxf(s[st][0], s[st][2]));
+            mx1 = fmaxf(mx1, fmaxf(s[st][1], s[st][3]));
+        }
+#pragma unroll
+        for (int x = 4; x < 32; x <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+        }
+        const float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);
+        m0 = mx0; m1 = mx1;
+        l0 *= c0; l1 *= c1;
+#pragma unroll
+        for (int nd = 0; nd < D / 16; nd++) { o[nd][0] *= c0; o[nd][1] *= c1; o[nd][2] *= c0; o[nd][3] *= c1; }
+#pragma unroll
+        for (int st = 0; st < NS; st++) {
+            s[st][0] = exp2f(s[st][0] - m0); s[st][1] = exp2f(s[st][1] - m1);
+            s[st][2] = exp2f(s[st][2] - m0); s[st][3] = exp2f(s[st][3] - m1);
+            l0 += s[st][0] + s[st][2];
+            l1 += s[st][1] + s[st][3];
+            // Weights × the keys' value scales (a weight of exactly 0 — a masked key — stays 0
+            // whatever its stale scale), transposed into the B fragment of the value MMAs.
+            const int ka = kw + 16 * st + q, kb = ka + 8;
+            const u16* vsc = (const u16*)(vs + TK * VROW);
+            const float va = f16_to_f32(vsc[ka]), vb = f16_to_f32(vsc[kb]);
+            auto w = [](float pv, float sv) { return pv > 0.f ? pv * sv : 0.f; };
+            const u32 pb0 = movmatrix_trans(pack_f16(w(s[st][0], va), w(s[st][1], va)));
+            const u32 pb1 = movmatrix_trans(pack_f16(w(s[st][2], vb), w(s[st][3], vb)));
+            // Value runs q of keys 2c, 2c + 1, 2c + 8, 2c + 9 of the step.
+            u32 vw[4][(VRB + 3) / 4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int key = kw + 16 * st + 2 * c + (i & 1) + 8 * (i >> 1);
+                load_run<VRB>(vs + key * VROW + q * VRB, vw[i]);
+            }
+#pragma unroll
+            for (int vg = 0; vg < VR / 4; vg++) {
+                u32 x[4][2];
+#pragma unroll
+                for (int i = 0; i < 4; i++) Codes<VB, VR>::group(vw[i], vg, f.vlo, f.vhi, x[i][0], x[i][1]);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {   // value MMA 2vg + h: slots 2h (row q), 2h + 1 (row q + 8)
+                    u32 a[4];
+                    a[0] = prmt(x[0][h], x[1][h], 0x5410u);
+                    a[1] = prmt(x[0][h], x[1][h], 0x7632u);
+                    a[2] = prmt(x[2][h], x[3][h], 0x5410u);
+                    a[3] = prmt(x[2][h], x[3][h], 0x7632u);
+                    mma_f16(o[2 * vg + h], a, pb0, pb1);
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+    }
+    __syncthreads();              // stages are reused for the warps' states
+    // Per warp: m[8], l[8], acc[8][D] (log2 units).
+    float* ws = sh + (u64)warp * 8 * (D + 2);
+    if (q == 0) { ws[2 * c] = m0; ws[2 * c + 1] = m1; ws[8 + 2 * c] = l0; ws[8 + 2 * c + 1] = l1; }
+#pragma unroll
+    for (int nd = 0; nd < D / 16; nd++) {
+        const int vg = nd >> 1, h = nd & 1;
+        const int dx = q * VR + Codes<VB, VR>::dim(vg, 2 * h);
+        const int dy = q * VR + Codes<VB, VR>::dim(vg, 2 * h + 1);
+        ws[16 + (2 * c) * D + dx] = o[nd][0];
+        ws[16 + (2 * c + 1) * D + dx] = o[nd][1];
+        ws[16 + (2 * c) * D + dy] = o[nd][2];
+        ws[16 + (2 * c + 1) * D + dy] = o[nd][3];
+    }
+    __syncthreads();
+    for (int e = tid; e < g * D; e += NTH) {
+        const int h = e / D, dd = e - h * D;
+        float mx = -1e30f;
+#pragma unroll
+        for (int wi = 0; wi < NW; wi++) mx = fmaxf(mx, sh[wi * 8 * (D + 2) + h]);
+        float lt = 0.0f, at = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < NW; wi++) {
+            const float* pw = sh + wi * 8 * (D + 2);
+            const float wt = exp2f(pw[h] - mx);
+            lt = fmaf(pw[8 + h], wt, lt);
+            at = fmaf(pw[16 + h * D + dd], wt, at);
+        }
+        const u64 b = ((u64)r * n_heads + kh * g + h) * n_splits + sp;
+        part_acc[b * D + dd] = at;
+        if (dd == 0) {
+            part_ml[2 * b] = lt > 0.0f ? mx * 0.6931471805599453f : -INFINITY;
+            part_ml[2 * b + 1] = lt;
+        }
+    }
+    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16);
+}
 
 // Pipeline stages of a coded kernel: enough that about 48 KiB of tiles are in flight per
 // block (a tile of compressed keys is small, and the bytes in flight bound the bandwidth),
@@ -1432,10 +1685,18 @@ constexpr int code_stages(int d, int kb, int vb, int tk) {
         extern __shared__ float sh[]; \
         attn_decode_impl<KvCodes<D, KB, VB>, D, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt); \
     }
+// attn_codes_m_{D}_{KB}_{VB}: the keys-as-M kernel (g <= 8), same tiles, 4 blocks per SM.
+#define ATTN_CODES_M(D, KB, VB) \
+    extern "C" __global__ void __launch_bounds__(128, 4) attn_codes_m_##D##_##KB##_##VB(ATTN_PARAMS, \
+                                                                const u32* __restrict__ fmt) { \
+        extern __shared__ float sh[]; \
+        attn_codes_m_impl<D, KB, VB, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt); \
+    }
+#define ATTN_CODES_BOTH(D, KB, VB) ATTN_CODES(D, KB, VB) ATTN_CODES_M(D, KB, VB)
 #define ATTN_CODES_D(D) \
-    ATTN_CODES(D, 8, 8) \
-    ATTN_CODES(D, 4, 4) ATTN_CODES(D, 4, 3) ATTN_CODES(D, 4, 2) \
-    ATTN_CODES(D, 3, 4) ATTN_CODES(D, 3, 3) ATTN_CODES(D, 3, 2) \
-    ATTN_CODES(D, 2, 4) ATTN_CODES(D, 2, 3) ATTN_CODES(D, 2, 2)
+    ATTN_CODES_BOTH(D, 8, 8) \
+    ATTN_CODES_BOTH(D, 4, 4) ATTN_CODES_BOTH(D, 4, 3) ATTN_CODES_BOTH(D, 4, 2) \
+    ATTN_CODES_BOTH(D, 3, 4) ATTN_CODES_BOTH(D, 3, 3) ATTN_CODES_BOTH(D, 3, 2) \
+    ATTN_CODES_BOTH(D, 2, 4) ATTN_CODES_BOTH(D, 2, 3) ATTN_CODES_BOTH(D, 2, 2)
 ATTN_CODES_D(64)
 ATTN_CODES_D(128)

@@ -71,8 +71,9 @@ extern "C" __global__ void write_kv(
 // ---- Coded pools (int8, TurboQuant-MSE): the codec's encoder, bit for bit --------------
 // Format descriptor (288 u32 words per role, keys then values; built by cuda/codes.rs):
 // [0] kind (0 int8, 1 TurboQuant), [1] bits, [2] code bytes per token, [3] bytes per
-// (block, kv head), [4] offset of the scales in it, [6] σ, [7] 1/σ (f32 bits),
-// [8..23) the boundaries, [24..32) the centroid byte tables (attention.cu), [32..32+d) the
+// (block, kv head), [4] offset of the scales in it, [5] the record layout, [6] σ, [7] 1/σ
+// (f32 bits), [8..23) the boundaries, [24..32) the centroid byte tables (attention.cu; the 8
+// positive centroids for sign-magnitude records), [32..32+d) the
 // rotation's sign masks. Every f32 operation below is the codec's (crates/codec/src/tq.rs,
 // plain.rs, kernels/mod.rs), in its order and without FMA contraction, so the codes equal
 // the CPU's.
@@ -152,21 +153,36 @@ __device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, un
     const float n = __fsqrt_rn(nsq);
     const float t = __fmul_rn(n, __uint_as_float(desc[6]));
     const int nb = (1 << bits) - 1;
+    // The record layout (desc[5], cuda/code_layout.rs): 0 the codec's, 1 | run << 8 3-bit
+    // nibble units, 2 sign-magnitude 4-bit values (codes 8-15 stored reversed).
+    const u32 lay = desc[5];
 #pragma unroll
     for (int m = 0; m < E; m++) {
         int c = 0;
         for (int k = 0; k < nb; k++) c += v[m] > __fmul_rn(__uint_as_float(desc[8 + k]), t);
+        if (lay == 2 && c >= 8) c = 23 - c;
         idx[lane + 32 * m] = (unsigned char)c;
     }
     __syncwarp();
-    // Pack LSB-first: stream bit p is bit p % bits of code p / bits.
+    // Record bit p holds bit `bit` of code `code`: LSB-first (p / bits, p % bits), or in a
+    // run of R 3-bit codes (U = R / 16 units of 3 halfwords), halfword U·j + u nibble i holds
+    // code 16u + 4j + i in bits 0-2 and bit j of the spare code 16u + 12 + i in bit 3.
+    const int run = (int)(lay >> 8), units = run / 16;
     const int nbytes = D * (int)bits / 8;
     for (int b = lane; b < nbytes; b += 32) {
         u32 byte = 0;
 #pragma unroll
         for (int k = 0; k < 8; k++) {
             const int p = 8 * b + k;
-            byte |= ((u32)(idx[p / bits] >> (p % bits)) & 1u) << k;
+            int code = p / bits, bit = p % bits;
+            if ((lay & 0xffu) == 1) {
+                const int r = p / (3 * run), q = p - r * 3 * run;
+                const int hw = q >> 4, at = q & 15, j = hw / units, u = hw - j * units;
+                const int i = at >> 2, bb = at & 3;
+                code = r * run + 16 * u + (bb < 3 ? 4 * j + i : 12 + i);
+                bit = bb < 3 ? bb : j;
+            }
+            byte |= ((u32)(idx[code] >> bit) & 1u) << k;
         }
         codes[b] = (unsigned char)byte;
     }

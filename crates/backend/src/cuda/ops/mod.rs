@@ -228,7 +228,12 @@ impl Backend for CudaBackend {
             .map_err(cuda_err("download kv block"))?;
         out.clear();
         for (kb, vb) in k.chunks_exact(kh).zip(v.chunks_exact(vh)) {
+            let at = out.len();
             out.extend(kb.iter().chain(vb).flat_map(|x| x.to_le_bytes()));
+            if let Some(codes) = &pool.codes {
+                let (kbytes, vbytes) = out[at..].split_at_mut(2 * kh);
+                codes.convert_records(kbytes, vbytes, true);
+            }
         }
         Ok(())
     }
@@ -256,6 +261,11 @@ impl Backend for CudaBackend {
                 .collect()
         };
         for head in bytes.chunks_exact(per_head) {
+            let mut head = head.to_vec();
+            if let Some(codes) = &pool.codes {
+                let (kbytes, vbytes) = head.split_at_mut(2 * kh);
+                codes.convert_records(kbytes, vbytes, false);
+            }
             k.extend(halves(&head[..2 * kh]));
             v.extend(halves(&head[2 * kh..]));
         }
