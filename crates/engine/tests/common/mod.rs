@@ -115,12 +115,19 @@ pub fn reference(h: &EngineHandle, prompt: Vec<u32>, max_tokens: usize) -> Refer
 
 /// [`reference`] for any request (its `logprobs` set to 2).
 pub fn reference_of(h: &EngineHandle, req: GenerateRequest) -> Reference {
-    let mut s = h
-        .submit(GenerateRequest {
-            logprobs: Some(2),
-            ..req
-        })
-        .unwrap();
+    collect_reference(h.submit(with_margins(req)).unwrap())
+}
+
+/// `req` asking for the top-2 log-probabilities that [`collect_reference`] reads.
+pub fn with_margins(req: GenerateRequest) -> GenerateRequest {
+    GenerateRequest {
+        logprobs: Some(2),
+        ..req
+    }
+}
+
+/// Runs a request submitted [`with_margins`] to its end.
+pub fn collect_reference(mut s: turbokv_engine::RequestStream) -> Reference {
     let (mut ids, mut margins) = (Vec::new(), Vec::new());
     while let Some(ev) = s.next_blocking() {
         match ev {
