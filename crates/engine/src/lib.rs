@@ -12,13 +12,15 @@
 mod admission;
 mod emit;
 mod engine;
+mod handle;
 mod metrics;
 mod request;
 mod sequence;
 pub mod snapshots;
 
 pub use admission::{AdmissionOptions, GrowthReserve};
-pub use engine::{Engine, EngineHandle, EngineInfo, EngineOptions, RequestStream};
+pub use engine::{Engine, EngineOptions};
+pub use handle::{EngineHandle, EngineInfo, RequestStream};
 pub use metrics::Metrics;
 pub use request::{Event, FinishReason, GenerateRequest, RequestId, TokenLogprob, Usage};
 

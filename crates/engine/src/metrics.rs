@@ -46,7 +46,9 @@ pub struct Metrics {
     /// KV blocks admission keeps free at the last round beyond that round's own tokens: the
     /// running requests' growth reserve plus the watermark.
     pub kv_blocks_reserved: IntGauge,
-    /// Requests whose start the growth reserve delayed (each counted once).
+    /// Requests whose start the growth reserve delayed (each counted once): they would have
+    /// fit beside the round's own tokens. With no growth reserve, the running requests'
+    /// unfed prompt tokens are what is kept.
     pub admissions_deferred: IntCounter,
     /// Requests finished, by `finished_reason` (stop, length, abort, error).
     pub request_success: IntCounterVec,
