@@ -2,12 +2,13 @@
 //!
 //! Scheduling is first come, first served. Every step gives each running sequence that
 //! decodes its one token, then gives a per-step token budget to prefill chunks of running
-//! sequences in arrival order, then admits waiting requests while sequences and budget
-//! remain: a long prompt is prefilled a chunk per step while the short ones around it keep
-//! decoding. When the step's tokens need more KV blocks than are
-//! free, the most recently admitted sequences are preempted: their blocks are released (the
-//! full ones stay in the prefix cache) and they go back to the front of the queue, to be
-//! recomputed from their prompt and the tokens generated so far.
+//! sequences in arrival order, then admits waiting requests while sequences, budget and KV
+//! blocks remain, keeping room for the running requests' growth (`admission.rs`): a long
+//! prompt is prefilled a chunk per step while the short ones around it keep decoding. When
+//! the step's tokens still need more KV blocks than are free, the most recently admitted
+//! sequences are preempted: their blocks are released (the full ones stay in the prefix
+//! cache) and they go back to the front of the queue, to be recomputed from their prompt and
+//! the tokens generated so far.
 //!
 //! A request's output does not depend on what it runs with. The CPU kernels compute every
 //! row the same way whatever else the step holds, but a prompt row's attention is computed
