@@ -70,6 +70,13 @@ pub struct ServeArgs {
     /// Turn the prefix cache off.
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// Room admission keeps for the running requests' growth: tokens of lookahead per
+    /// request, `full` (up to each request's max_tokens: never preempts) or `none`.
+    #[arg(long, default_value = "64")]
+    pub growth_reserve: turbokv_engine::GrowthReserve,
+    /// KV blocks admission keeps free beyond every need, as a fraction of the pool.
+    #[arg(long, default_value_t = 0.01)]
+    pub kv_watermark: f32,
 }
 
 #[derive(Subcommand, Debug)]

@@ -9,7 +9,7 @@ use anyhow::{Context, Result, bail};
 use turbokv_backend::Backend;
 use turbokv_cache::{DirStore, KvLayout};
 use turbokv_engine::snapshots::Snapshots;
-use turbokv_engine::{Engine, EngineOptions};
+use turbokv_engine::{AdmissionOptions, Engine, EngineOptions};
 use turbokv_server::ServerOptions;
 
 use crate::args::ServeArgs;
@@ -112,6 +112,10 @@ fn run_on<B: Backend + 'static>(backend: B, args: &ServeArgs) -> Result<()> {
         block_size: 16,
         prefix_caching: !args.no_prefix_cache,
         model_fingerprint: fingerprint(&path)?,
+        admission: AdmissionOptions {
+            reserve: args.growth_reserve,
+            watermark: args.kv_watermark,
+        },
     };
     let describe = loaded.model.transformer.backend().describe();
     let tokenizer = Arc::new(loaded.tokenizer);

@@ -2,12 +2,13 @@
 //!
 //! Scheduling is first come, first served. Every step gives each running sequence that
 //! decodes its one token, then gives a per-step token budget to prefill chunks of running
-//! sequences in arrival order, then admits waiting requests while sequences and budget
-//! remain: a long prompt is prefilled a chunk per step while the short ones around it keep
-//! decoding. When the step's tokens need more KV blocks than are
-//! free, the most recently admitted sequences are preempted: their blocks are released (the
-//! full ones stay in the prefix cache) and they go back to the front of the queue, to be
-//! recomputed from their prompt and the tokens generated so far.
+//! sequences in arrival order, then admits waiting requests while sequences, budget and KV
+//! blocks remain, keeping room for the running requests' growth (`admission.rs`): a long
+//! prompt is prefilled a chunk per step while the short ones around it keep decoding. When
+//! the step's tokens still need more KV blocks than are free, the most recently admitted
+//! sequences are preempted: their blocks are released (the full ones stay in the prefix
+//! cache) and they go back to the front of the queue, to be recomputed from their prompt and
+//! the tokens generated so far.
 //!
 //! A request's output does not depend on what it runs with. The CPU kernels compute every
 //! row the same way whatever else the step holds, but a prompt row's attention is computed
@@ -19,21 +20,21 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
-use std::time::Instant;
+use std::sync::atomic::AtomicU64;
+use std::sync::mpsc::{Receiver, TryRecvError};
 
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use turbokv_backend::Backend;
 use turbokv_cache::{CacheIdentity, KvPolicy, block_hashes};
 use turbokv_codec::KvDtype;
-use turbokv_model::sampling::Sampler;
 use turbokv_model::tokenizer::Tokenizer;
 use turbokv_model::{KvCache, LogitsFor, Scratch, SeqInput, Transformer};
 
 use crate::EngineError;
+use crate::admission::{AdmissionOptions, Need, Verdict, decide};
+use crate::emit::emit_next;
+use crate::handle::{Command, EngineHandle, EngineInfo};
 use crate::metrics::Metrics;
-use crate::request::{Event, FinishReason, GenerateRequest, RequestId, TokenLogprob, Usage};
+use crate::request::{Event, FinishReason, RequestId, Usage};
 use crate::sequence::Sequence;
 use crate::snapshots::Snapshots;
 
@@ -54,6 +55,8 @@ pub struct EngineOptions {
     pub prefix_caching: bool,
     /// Identifies the model's weights in the cache identity (e.g. a hash of the file).
     pub model_fingerprint: [u8; 32],
+    /// When a waiting request may start: the room kept for the running ones' growth.
+    pub admission: AdmissionOptions,
 }
 
 impl Default for EngineOptions {
@@ -66,159 +69,8 @@ impl Default for EngineOptions {
             block_size: 16,
             prefix_caching: true,
             model_fingerprint: [0; 32],
+            admission: AdmissionOptions::default(),
         }
-    }
-}
-
-/// Fixed facts about a running engine, for validation and `/v1/models`.
-#[derive(Clone, Debug)]
-pub struct EngineInfo {
-    /// Most tokens one sequence may hold.
-    pub max_model_len: usize,
-    /// KV capacity in tokens.
-    pub kv_tokens: usize,
-    /// Most sequences at once.
-    pub max_num_seqs: usize,
-    /// Whether prefix caching is on (off for caches it cannot share exactly).
-    pub prefix_caching: bool,
-    /// Vocabulary size (ids must be below it).
-    pub vocab_size: usize,
-}
-
-enum Command {
-    Submit(Box<Sequence>),
-    Cancel(RequestId),
-    Shutdown,
-}
-
-/// The client side of an engine: cheap to clone, usable from any thread.
-#[derive(Clone)]
-pub struct EngineHandle {
-    tx: Sender<Command>,
-    next_id: Arc<AtomicU64>,
-    metrics: Arc<Metrics>,
-    info: Arc<EngineInfo>,
-    tokenizer: Arc<Tokenizer>,
-}
-
-/// The events of one request. Dropping it cancels the request.
-pub struct RequestStream {
-    /// The request's id.
-    pub id: RequestId,
-    rx: UnboundedReceiver<Event>,
-    cancel: Sender<Command>,
-    done: bool,
-}
-
-impl RequestStream {
-    /// The next event; `None` after the last one (or if the engine is gone).
-    pub async fn next(&mut self) -> Option<Event> {
-        let ev = self.rx.recv().await;
-        self.note(&ev);
-        ev
-    }
-
-    /// [`Self::next`] for threads outside an async runtime.
-    pub fn next_blocking(&mut self) -> Option<Event> {
-        let ev = self.rx.blocking_recv();
-        self.note(&ev);
-        ev
-    }
-
-    fn note(&mut self, ev: &Option<Event>) {
-        if matches!(ev, None | Some(Event::Finished { .. } | Event::Failed(_))) {
-            self.done = true;
-        }
-    }
-}
-
-impl Drop for RequestStream {
-    fn drop(&mut self) {
-        if !self.done {
-            let _ = self.cancel.send(Command::Cancel(self.id));
-        }
-    }
-}
-
-impl EngineHandle {
-    /// Validates and queues a request.
-    pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream, EngineError> {
-        let info = &self.info;
-        if req.prompt.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        if let Some(&bad) = req.prompt.iter().find(|&&t| t as usize >= info.vocab_size) {
-            return Err(EngineError::InvalidParam(format!(
-                "token id {bad} is outside the vocabulary of {}",
-                info.vocab_size
-            )));
-        }
-        let max_tokens = req.sampling.max_tokens;
-        if req.prompt.len() + max_tokens > info.max_model_len {
-            return Err(EngineError::ContextOverflow {
-                prompt: req.prompt.len(),
-                max_tokens,
-                limit: info.max_model_len,
-            });
-        }
-        if req.prompt.len() + max_tokens > info.kv_tokens {
-            return Err(EngineError::TooLargeForCache {
-                needed_tokens: req.prompt.len() + max_tokens,
-                capacity_tokens: info.kv_tokens,
-            });
-        }
-        for (name, v) in [
-            ("frequency_penalty", req.frequency_penalty),
-            ("presence_penalty", req.presence_penalty),
-        ] {
-            if !(-2.0..=2.0).contains(&v) {
-                return Err(EngineError::InvalidParam(format!(
-                    "{name} must be between -2 and 2, got {v}"
-                )));
-            }
-        }
-        if let Some(n) = req.logprobs
-            && n > 20
-        {
-            return Err(EngineError::InvalidParam(format!(
-                "top_logprobs must be at most 20, got {n}"
-            )));
-        }
-        let sampler = Sampler::new(req.sampling.clone())
-            .map_err(|e| EngineError::InvalidParam(e.to_string()))?;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = unbounded_channel();
-        let seq = Sequence::new(id, req, sampler, tx, self.tokenizer.decode_stream(true));
-        self.tx
-            .send(Command::Submit(Box::new(seq)))
-            .map_err(|_| EngineError::ShuttingDown)?;
-        Ok(RequestStream {
-            id,
-            rx,
-            cancel: self.tx.clone(),
-            done: false,
-        })
-    }
-
-    /// Asks the engine loop to stop: requests in flight end with
-    /// [`EngineError::ShuttingDown`], and the prefix cache is persisted.
-    pub fn shutdown(&self) {
-        let _ = self.tx.send(Command::Shutdown);
-    }
-
-    /// The engine's metrics.
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    /// Fixed facts about the engine.
-    pub fn info(&self) -> &EngineInfo {
-        &self.info
-    }
-
-    /// The tokenizer requests are encoded with.
-    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
-        &self.tokenizer
     }
 }
 
@@ -253,6 +105,7 @@ impl<B: Backend> Engine<B> {
         mut opts: EngineOptions,
     ) -> Result<(Self, EngineHandle), EngineError> {
         let internal = |e: turbokv_model::ModelError| EngineError::Internal(e.to_string());
+        opts.admission.validate()?;
         opts.max_model_len = opts.max_model_len.min(model.config().max_context).max(1);
         opts.max_num_seqs = opts.max_num_seqs.max(1);
         opts.max_batched_tokens = opts.max_batched_tokens.max(opts.max_num_seqs);
@@ -529,14 +382,139 @@ impl<B: Backend> Engine<B> {
         Ok(())
     }
 
+    /// Admits waiting requests in arrival order while sequences, token budget and blocks
+    /// remain, keeping room for the running requests' growth (`admission.rs`), and adds
+    /// their first chunks to `plan`. Returns the blocks the round's plan needs.
+    fn admit_waiting(
+        &mut self,
+        plan: &mut Vec<(usize, usize)>,
+        budget: &mut usize,
+    ) -> Result<usize, String> {
+        let mut round = self.blocks_needed(plan);
+        let mut committed = round.max(self.running_reserve()?);
+        let total = self.cache.allocator().total_blocks();
+        let watermark = self.opts.admission.watermark_blocks(total);
+        while *budget > 0 && self.running.len() < self.opts.max_num_seqs {
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
+            if let Err(e) = self.admit(&mut seq) {
+                self.waiting.push_front(seq);
+                return Err(e);
+            }
+            let n = self.next_chunk(&seq);
+            let need = match self.need_of(&seq, n, round, committed, watermark) {
+                Ok(need) => need,
+                Err(e) => {
+                    self.unadmit(&mut seq);
+                    self.waiting.push_front(seq);
+                    return Err(e);
+                }
+            };
+            match decide(&need, self.running.is_empty(), n <= *budget) {
+                Verdict::Admit => {
+                    round += need.chunk;
+                    committed += need.growth;
+                    *budget -= n;
+                    self.running.push(*seq);
+                    plan.push((self.running.len() - 1, n));
+                }
+                Verdict::Defer { by_reserve } => {
+                    self.unadmit(&mut seq);
+                    if by_reserve && !seq.deferred {
+                        seq.deferred = true;
+                        self.metrics.admissions_deferred.inc();
+                        tracing::debug!(
+                            id = seq.id,
+                            free = need.free,
+                            reserved = committed + watermark - round,
+                            needs = need.growth,
+                            "admission deferred: the free blocks are kept for the running requests' growth"
+                        );
+                    }
+                    self.waiting.push_front(seq);
+                    break;
+                }
+                Verdict::Never => {
+                    self.unadmit(&mut seq);
+                    self.metrics
+                        .request_success
+                        .with_label_values(&["error"])
+                        .inc();
+                    let _ = seq.tx.send(Event::Failed(EngineError::TooLargeForCache {
+                        needed_tokens: seq.tokens.len(),
+                        capacity_tokens: total * self.opts.block_size,
+                    }));
+                }
+            }
+        }
+        self.metrics
+            .kv_blocks_reserved
+            .set((committed + watermark - round) as i64);
+        Ok(round)
+    }
+
+    /// The blocks behind admitting `seq` (just added to the cache, `n` tokens to feed first).
+    fn need_of(
+        &self,
+        seq: &Sequence,
+        n: usize,
+        round: usize,
+        committed: usize,
+        watermark: usize,
+    ) -> Result<Need, String> {
+        let alloc = self.cache.allocator();
+        let blocks = |extra| {
+            alloc
+                .blocks_needed(seq.id, extra)
+                .map_err(|e| e.to_string())
+        };
+        Ok(Need {
+            free: alloc.free_blocks(),
+            round,
+            committed,
+            chunk: blocks(n)?,
+            whole: blocks(seq.pending())?,
+            growth: self.growth_blocks(seq)?,
+            watermark,
+        })
+    }
+
+    /// Blocks `seq` still needs to reach the tokens admission keeps room for.
+    fn growth_blocks(&self, seq: &Sequence) -> Result<usize, String> {
+        let limit = seq.limit(self.opts.max_model_len);
+        let target = self.opts.admission.target_tokens(seq.tokens.len(), limit);
+        self.cache
+            .allocator()
+            .blocks_needed(seq.id, target - seq.cached)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Blocks the running requests keep for their growth (this round's included).
+    fn running_reserve(&self) -> Result<usize, String> {
+        self.running.iter().map(|s| self.growth_blocks(s)).sum()
+    }
+
+    /// Undoes [`Self::admit`] for a request that does not start now (its shared blocks go
+    /// back to the free queue).
+    fn unadmit(&mut self, seq: &mut Sequence) {
+        self.release(seq);
+        seq.admitted = false;
+        seq.cached = 0;
+    }
+
     /// Drops a running sequence's KV and queues it again (recompute).
     fn preempt(&mut self, index: usize) {
         let mut seq = self.running.remove(index);
-        self.release(&seq);
-        seq.admitted = false;
-        seq.cached = 0;
+        self.unadmit(&mut seq);
         self.metrics.preemptions.inc();
-        tracing::debug!(id = seq.id, tokens = seq.tokens.len(), "preempted");
+        tracing::debug!(
+            id = seq.id,
+            tokens = seq.tokens.len(),
+            free = self.cache.allocator().free_blocks(),
+            running = self.running.len(),
+            "preempted: the round's tokens need more KV blocks than are free"
+        );
         self.waiting.push_front(Box::new(seq));
     }
 
@@ -603,48 +581,7 @@ impl<B: Backend> Engine<B> {
             }
             self.preempt(self.running.len() - 1);
         }
-        // Admit while sequences, budget and blocks remain.
-        let mut needed = self.blocks_needed(&plan);
-        while budget > 0 && self.running.len() < self.opts.max_num_seqs {
-            let Some(mut seq) = self.waiting.pop_front() else {
-                break;
-            };
-            if let Err(e) = self.admit(&mut seq) {
-                self.waiting.push_front(seq);
-                return Err(e);
-            }
-            let n = self.next_chunk(&seq);
-            let more = self
-                .cache
-                .allocator()
-                .blocks_needed(seq.id, n)
-                .map_err(|e| e.to_string())?;
-            if n > budget || needed + more > self.cache.allocator().free_blocks() {
-                // Not now: undo the admission (its shared blocks go back to the free queue).
-                self.release(&seq);
-                seq.admitted = false;
-                seq.cached = 0;
-                if self.running.is_empty() && n <= budget {
-                    // Nothing will free blocks for it: it can never run.
-                    self.metrics
-                        .request_success
-                        .with_label_values(&["error"])
-                        .inc();
-                    let _ = seq.tx.send(Event::Failed(EngineError::TooLargeForCache {
-                        needed_tokens: seq.tokens.len(),
-                        capacity_tokens: self.cache.allocator().total_blocks()
-                            * self.opts.block_size,
-                    }));
-                    continue;
-                }
-                self.waiting.push_front(seq);
-                break;
-            }
-            needed += more;
-            budget -= n;
-            self.running.push(*seq);
-            plan.push((self.running.len() - 1, n));
-        }
+        let needed = self.admit_waiting(&mut plan, &mut budget)?;
         if plan.is_empty() {
             return Ok(());
         }
@@ -773,144 +710,4 @@ impl<B: Backend> Engine<B> {
             tail,
         });
     }
-}
-
-/// Samples the next token of `seq` from its logits `row`, streams it and says whether the
-/// sequence ends with it.
-fn emit_next(
-    seq: &mut Sequence,
-    row: &mut [f32],
-    tokenizer: &Tokenizer,
-    metrics: &Metrics,
-) -> Result<Option<FinishReason>, String> {
-    let logprob_top = seq.req.logprobs;
-    let lse = logprob_top.map(|_| log_sum_exp(row));
-    let (fp, pp) = (seq.req.frequency_penalty, seq.req.presence_penalty);
-    if fp != 0.0 || pp != 0.0 {
-        for (&t, &c) in &seq.counts {
-            if let Some(l) = row.get_mut(t as usize) {
-                *l -= fp * c as f32 + pp;
-            }
-        }
-    }
-    // The logprobs are of the model's distribution: computed before penalties and filters
-    // (the row is only modified for tokens generated before, so keep the original values).
-    let raw: Option<Vec<(u32, f32)>> =
-        logprob_top.map(|n| top_n(row, n.max(1), &seq.counts, fp, pp));
-    let token = seq
-        .sampler
-        .sample(row, &seq.tokens)
-        .map_err(|e| format!("sampling: {e}"))?;
-    let now = Instant::now();
-    match seq.last_token_at {
-        None => metrics.ttft.observe((now - seq.arrived).as_secs_f64()),
-        Some(t) => {
-            metrics.itl.observe((now - t).as_secs_f64());
-            metrics.tpot.observe((now - t).as_secs_f64());
-        }
-    }
-    seq.last_token_at = Some(now);
-    metrics.generation_tokens.inc();
-    *seq.counts.entry(token).or_insert(0) += 1;
-    seq.tokens.push(token);
-    let logprob = match (lse, raw) {
-        (Some(lse), Some(top)) => {
-            let orig = original_logit(row, token, &seq.counts, fp, pp, true);
-            Some(TokenLogprob {
-                token,
-                logprob: orig - lse,
-                top: top
-                    .into_iter()
-                    .take(logprob_top.unwrap_or(0))
-                    .map(|(t, l)| (t, l - lse))
-                    .collect(),
-            })
-        }
-        _ => None,
-    };
-    if tokenizer.is_eos(token) && !seq.req.ignore_eos {
-        let _ = seq.tx.send(Event::Token {
-            id: token,
-            text: String::new(),
-            logprob,
-        });
-        return Ok(Some(FinishReason::Stop));
-    }
-    let mut text = String::new();
-    let mut stopped = false;
-    if let Some(piece) = seq.decoder.step(tokenizer, token) {
-        let step = seq.stops.push(piece);
-        text.push_str(step.text);
-        stopped = step.stopped.is_some();
-    }
-    let _ = seq.tx.send(Event::Token {
-        id: token,
-        text,
-        logprob,
-    });
-    if stopped {
-        return Ok(Some(FinishReason::Stop));
-    }
-    if seq.generated() >= seq.req.sampling.max_tokens {
-        return Ok(Some(FinishReason::Length));
-    }
-    Ok(None)
-}
-
-/// The logit a token had before the frequency and presence penalties. `counted_now`: the
-/// token's count already includes its own pick.
-fn original_logit(
-    row: &[f32],
-    token: u32,
-    counts: &std::collections::HashMap<u32, u32>,
-    fp: f32,
-    pp: f32,
-    counted_now: bool,
-) -> f32 {
-    let l = row
-        .get(token as usize)
-        .copied()
-        .unwrap_or(f32::NEG_INFINITY);
-    let c = counts.get(&token).copied().unwrap_or(0) - u32::from(counted_now);
-    if c > 0 { l + fp * c as f32 + pp } else { l }
-}
-
-/// The `n` largest original (unpenalised) logits with their ids, best first.
-fn top_n(
-    row: &[f32],
-    n: usize,
-    counts: &std::collections::HashMap<u32, u32>,
-    fp: f32,
-    pp: f32,
-) -> Vec<(u32, f32)> {
-    let mut best: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
-    for (i, _) in row.iter().enumerate() {
-        let l = original_logit(row, i as u32, counts, fp, pp, false);
-        if l.is_nan() {
-            continue;
-        }
-        if best.len() < n || l > best[best.len() - 1].1 {
-            let at = best.partition_point(|&(_, b)| b >= l);
-            best.insert(at, (i as u32, l));
-            best.truncate(n);
-        }
-    }
-    best
-}
-
-fn log_sum_exp(row: &[f32]) -> f32 {
-    let m = row
-        .iter()
-        .copied()
-        .filter(|x| !x.is_nan())
-        .fold(f32::NEG_INFINITY, f32::max);
-    if !m.is_finite() {
-        return m;
-    }
-    let s: f64 = row
-        .iter()
-        .filter(|x| !x.is_nan())
-        .map(|&x| ((x - m) as f64).exp())
-        .sum();
-    m + s.ln() as f32
 }

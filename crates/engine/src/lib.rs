@@ -9,13 +9,18 @@
 //! request and frees its KV blocks at the next step.
 #![deny(missing_docs)]
 
+mod admission;
+mod emit;
 mod engine;
+mod handle;
 mod metrics;
 mod request;
 mod sequence;
 pub mod snapshots;
 
-pub use engine::{Engine, EngineHandle, EngineInfo, EngineOptions, RequestStream};
+pub use admission::{AdmissionOptions, GrowthReserve};
+pub use engine::{Engine, EngineOptions};
+pub use handle::{EngineHandle, EngineInfo, RequestStream};
 pub use metrics::Metrics;
 pub use request::{Event, FinishReason, GenerateRequest, RequestId, TokenLogprob, Usage};
 
@@ -48,6 +53,9 @@ pub enum EngineError {
         /// Tokens the whole cache holds.
         capacity_tokens: usize,
     },
+    /// An engine option out of range.
+    #[error("invalid engine options: {0}")]
+    InvalidOptions(String),
     /// A sampling parameter out of range.
     #[error("{0}")]
     InvalidParam(String),

@@ -43,6 +43,13 @@ pub struct Metrics {
     pub generation_tokens: IntCounter,
     /// Requests preempted (their KV dropped, to be recomputed).
     pub preemptions: IntCounter,
+    /// KV blocks admission keeps free at the last round beyond that round's own tokens: the
+    /// running requests' growth reserve plus the watermark.
+    pub kv_blocks_reserved: IntGauge,
+    /// Requests whose start the growth reserve delayed (each counted once): they would have
+    /// fit beside the round's own tokens. With no growth reserve, the running requests'
+    /// unfed prompt tokens are what is kept.
+    pub admissions_deferred: IntCounter,
     /// Requests finished, by `finished_reason` (stop, length, abort, error).
     pub request_success: IntCounterVec,
     /// Prefix blocks written to the snapshot store.
@@ -144,6 +151,14 @@ impl Metrics {
             prompt_tokens: counter("vllm:prompt_tokens_total", "Prompt tokens."),
             generation_tokens: counter("vllm:generation_tokens_total", "Generated tokens."),
             preemptions: counter("vllm:num_preemptions_total", "Preempted requests."),
+            kv_blocks_reserved: gauge(
+                "turbokv:kv_blocks_reserved",
+                "KV blocks kept free for the running requests' growth and the watermark.",
+            ),
+            admissions_deferred: counter(
+                "turbokv:admissions_deferred_total",
+                "Requests whose start the growth reserve delayed.",
+            ),
             request_success,
             snapshots_written: counter(
                 "turbokv:prefix_snapshots_written_total",

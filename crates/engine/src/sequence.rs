@@ -31,6 +31,8 @@ pub(crate) struct Sequence {
     pub stops: StopChecker,
     /// How often each token was generated (frequency and presence penalties).
     pub counts: HashMap<u32, u32>,
+    /// Whether the growth reserve held it back once (counted and logged the first time).
+    pub deferred: bool,
     pub arrived: Instant,
     pub last_token_at: Option<Instant>,
 }
@@ -43,6 +45,11 @@ impl Sequence {
     /// Tokens to feed before the next token can be sampled.
     pub fn pending(&self) -> usize {
         self.tokens.len() - self.cached
+    }
+
+    /// The most tokens it can ever hold: prompt plus `max_tokens`, at most `max_model_len`.
+    pub fn limit(&self, max_model_len: usize) -> usize {
+        (self.prompt_len + self.req.sampling.max_tokens).min(max_model_len)
     }
 
     pub fn new(
@@ -66,6 +73,7 @@ impl Sequence {
             decoder,
             stops,
             counts: HashMap::new(),
+            deferred: false,
             arrived: Instant::now(),
             last_token_at: None,
             req,

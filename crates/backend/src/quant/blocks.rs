@@ -50,12 +50,12 @@ pub(super) fn dequantize(ty: GgmlType, src: &[u8], dst: &mut [f32]) {
                 *y = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
             }
         }
-        GgmlType::F16 if !super::dot_avx2::widen_half(false, src, dst) => {
+        GgmlType::F16 if !super::float_avx2::widen_half(false, src, dst) => {
             for (y, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
                 *y = f16::from_le_bytes([b[0], b[1]]).to_f32();
             }
         }
-        GgmlType::Bf16 if !super::dot_avx2::widen_half(true, src, dst) => {
+        GgmlType::Bf16 if !super::float_avx2::widen_half(true, src, dst) => {
             for (y, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
                 *y = bf16::from_le_bytes([b[0], b[1]]).to_f32();
             }

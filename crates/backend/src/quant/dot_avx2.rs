@@ -1,12 +1,12 @@
 //! AVX2 (+FMA, F16C) kernels: weight rows against quantized activations for the 32-element
-//! formats, and against f32 activations for F32/F16/BF16 weights. Each computes the same
+//! formats (the float formats' are in `float_avx2.rs`). Each computes the same
 //! quantity as its `dot_scalar` twin; only the f32 summation order differs. That order is
 //! the same for every token whatever the size of its group, so a token's result is
 //! bit-for-bit the same alone or batched.
 //!
 //! Shape of every kernel: `out[r·n + t] = row_r · x_t` for the rows of a chunk `w`
-//! (`row_bytes` apart) and all `n` tokens. Tokens go in groups (up to two for the quantized
-//! formats, four for the float ones) so that each weight block is loaded and unpacked once
+//! (`row_bytes` apart) and all `n` tokens. Tokens go in groups (up to two) so that each
+//! weight block is loaded and unpacked once
 //! per group (decode with a few sequences reads the
 //! weights from memory once); the group loop is outside the row loop so that, in prefill, a
 //! chunk of rows stays in cache while every token group passes over it.
@@ -34,21 +34,7 @@ pub(crate) fn available() -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use imp::{rows_float, rows_q8};
-
-/// Widens F16 or BF16 bytes (`src`, 2 per value) into `dst` with F16C/AVX2 when the CPU has
-/// them (exact, like the scalar conversion); returns false, writing nothing, otherwise.
-/// Per-element `half` conversion costs ~3 ns here, which made F16 prefill widening dominate.
-pub(crate) fn widen_half(bf16: bool, src: &[u8], dst: &mut [f32]) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if available() {
-        // SAFETY: `available()` checked the CPU features.
-        unsafe { imp::widen_half(bf16, src, dst) };
-        return true;
-    }
-    let _ = (bf16, src, dst);
-    false
-}
+pub(crate) use imp::{hsum, rows_q8};
 
 #[cfg(not(target_arch = "x86_64"))]
 /// Never called: [`available`] is false off x86-64.
@@ -57,18 +43,6 @@ pub(crate) unsafe fn rows_q8(
     _: &[u8],
     _: usize,
     _: &[Q8Block],
-    _: usize,
-    _: &mut [f32],
-) {
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-/// Never called: [`available`] is false off x86-64.
-pub(crate) unsafe fn rows_float(
-    _: super::GgmlType,
-    _: &[u8],
-    _: usize,
-    _: &[f32],
     _: usize,
     _: &mut [f32],
 ) {
@@ -205,7 +179,7 @@ mod imp {
     /// Horizontal sum of 8 floats.
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn hsum(v: __m256) -> f32 {
+    pub(crate) fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
@@ -422,209 +396,6 @@ mod imp {
                 GgmlType::Q5_0 => q8_rows::<Q5_0>(w, row_bytes, acts, n, out),
                 GgmlType::Q5_1 => q8_rows::<Q5_1>(w, row_bytes, acts, n, out),
                 GgmlType::Q8_0 => q8_rows::<Q8_0>(w, row_bytes, acts, n, out),
-                _ => {}
-            }
-        }
-    }
-
-    /// How a float weight format widens 8 elements to f32.
-    trait Floats {
-        /// Bytes per element.
-        const BYTES: usize;
-        /// Eight elements at `p` as f32.
-        ///
-        /// # Safety
-        /// `p` points at `8·BYTES` readable bytes; the CPU has AVX2 and F16C.
-        unsafe fn load8(p: *const u8) -> __m256;
-        /// One element from its bytes.
-        fn one(b: &[u8]) -> f32;
-    }
-    struct F32;
-    struct F16;
-    struct Bf16;
-    // SAFETY (all `load8`s): reads exactly the `8·BYTES` bytes the caller guarantees.
-    impl Floats for F32 {
-        const BYTES: usize = 4;
-        #[inline(always)]
-        unsafe fn load8(p: *const u8) -> __m256 {
-            unsafe { _mm256_loadu_ps(p.cast()) }
-        }
-        fn one(b: &[u8]) -> f32 {
-            f32::from_le_bytes([b[0], b[1], b[2], b[3]])
-        }
-    }
-    impl Floats for F16 {
-        const BYTES: usize = 2;
-        #[inline(always)]
-        unsafe fn load8(p: *const u8) -> __m256 {
-            unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p.cast())) }
-        }
-        fn one(b: &[u8]) -> f32 {
-            half::f16::from_le_bytes([b[0], b[1]]).to_f32()
-        }
-    }
-    impl Floats for Bf16 {
-        const BYTES: usize = 2;
-        #[inline(always)]
-        unsafe fn load8(p: *const u8) -> __m256 {
-            // bf16 is the top half of an f32: widen to u32 and shift into place.
-            unsafe {
-                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
-                    _mm_loadu_si128(p.cast()),
-                )))
-            }
-        }
-        fn one(b: &[u8]) -> f32 {
-            half::bf16::from_le_bytes([b[0], b[1]]).to_f32()
-        }
-    }
-
-    /// One float weight row of `cols` elements against `NT` f32 token vectors. Two
-    /// accumulators per token hide the FMA latency.
-    ///
-    /// # Safety
-    /// `row` holds `cols·F::BYTES` bytes and each `xs[t]` points at `cols` floats.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_float<F: Floats, const NT: usize>(
-        row: &[u8],
-        cols: usize,
-        xs: [*const f32; NT],
-    ) -> [f32; NT] {
-        let mut acc0 = [_mm256_setzero_ps(); NT];
-        let mut acc1 = [_mm256_setzero_ps(); NT];
-        let p = row.as_ptr();
-        let mut c = 0;
-        // SAFETY (loads below): `c + 16 <= cols` / `c + 8 <= cols` keep every read in bounds.
-        while c + 16 <= cols {
-            let (w0, w1) = unsafe {
-                (
-                    F::load8(p.add(c * F::BYTES)),
-                    F::load8(p.add((c + 8) * F::BYTES)),
-                )
-            };
-            for t in 0..NT {
-                let (x0, x1) = unsafe {
-                    (
-                        _mm256_loadu_ps(xs[t].add(c)),
-                        _mm256_loadu_ps(xs[t].add(c + 8)),
-                    )
-                };
-                acc0[t] = _mm256_fmadd_ps(w0, x0, acc0[t]);
-                acc1[t] = _mm256_fmadd_ps(w1, x1, acc1[t]);
-            }
-            c += 16;
-        }
-        if c + 8 <= cols {
-            let w0 = unsafe { F::load8(p.add(c * F::BYTES)) };
-            for t in 0..NT {
-                acc0[t] = _mm256_fmadd_ps(w0, unsafe { _mm256_loadu_ps(xs[t].add(c)) }, acc0[t]);
-            }
-            c += 8;
-        }
-        let mut sums: [f32; NT] = std::array::from_fn(|t| hsum(_mm256_add_ps(acc0[t], acc1[t])));
-        for (k, b) in row.chunks_exact(F::BYTES).enumerate().skip(c) {
-            let w = F::one(b);
-            for t in 0..NT {
-                // SAFETY: `k < cols`.
-                sums[t] += w * unsafe { *xs[t].add(k) };
-            }
-        }
-        sums
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn float_group<F: Floats, const NT: usize>(
-        w: &[u8],
-        row_bytes: usize,
-        x: &[f32],
-        n: usize,
-        t0: usize,
-        out: &mut [f32],
-    ) {
-        let cols = row_bytes / F::BYTES;
-        // SAFETY: `t0 + NT <= n` and `x` holds `n·cols` floats (checked by `rows_float`).
-        let xs: [*const f32; NT] =
-            std::array::from_fn(|i| unsafe { x.as_ptr().add((t0 + i) * cols) });
-        for (o, row) in out.chunks_exact_mut(n).zip(w.chunks_exact(row_bytes)) {
-            // SAFETY: `row` has `cols·BYTES` bytes; `xs` as above.
-            let v = unsafe { dot_float::<F, NT>(row, cols, xs) };
-            o[t0..t0 + NT].copy_from_slice(&v);
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn float_rows<F: Floats>(
-        w: &[u8],
-        row_bytes: usize,
-        x: &[f32],
-        n: usize,
-        out: &mut [f32],
-    ) {
-        let mut t0 = 0;
-        // SAFETY (each call): contract of `rows_float`, and `t0 + NT <= n` by construction.
-        while t0 < n {
-            let nt = (n - t0).min(4);
-            unsafe {
-                match nt {
-                    1 => float_group::<F, 1>(w, row_bytes, x, n, t0, out),
-                    2 => float_group::<F, 2>(w, row_bytes, x, n, t0, out),
-                    3 => float_group::<F, 3>(w, row_bytes, x, n, t0, out),
-                    _ => float_group::<F, 4>(w, row_bytes, x, n, t0, out),
-                }
-            }
-            t0 += nt;
-        }
-    }
-
-    /// See [`super::widen_half`].
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) fn widen_half(bf16: bool, src: &[u8], dst: &mut [f32]) {
-        let mut src8 = src.chunks_exact(16);
-        let mut dst8 = dst.chunks_exact_mut(8);
-        for (s, d) in (&mut src8).zip(&mut dst8) {
-            // SAFETY: `s` is 16 readable bytes and `d` 8 writable floats (exact chunks).
-            unsafe {
-                let v = if bf16 {
-                    Bf16::load8(s.as_ptr())
-                } else {
-                    F16::load8(s.as_ptr())
-                };
-                _mm256_storeu_ps(d.as_mut_ptr(), v);
-            }
-        }
-        for (s, d) in src8.remainder().chunks_exact(2).zip(dst8.into_remainder()) {
-            *d = if bf16 { Bf16::one(s) } else { F16::one(s) };
-        }
-    }
-
-    /// `out[r·n + t] = row_r · x_t` for float weights (`ty` F32/F16/BF16, rows `row_bytes`
-    /// apart) and `n` f32 token vectors `x[t·cols..]`. Inconsistent sizes: returns unwritten.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2, FMA and F16C ([`super::available`]).
-    pub(crate) unsafe fn rows_float(
-        ty: GgmlType,
-        w: &[u8],
-        row_bytes: usize,
-        x: &[f32],
-        n: usize,
-        out: &mut [f32],
-    ) {
-        let rows = out.len().checked_div(n).unwrap_or(0);
-        let cols = row_bytes / ty.block_bytes();
-        if !row_bytes.is_multiple_of(ty.block_bytes())
-            || w.len() < rows * row_bytes
-            || x.len() < n * cols
-        {
-            return;
-        }
-        // SAFETY: sizes checked above; CPU features per this function's contract.
-        unsafe {
-            match ty {
-                GgmlType::F32 => float_rows::<F32>(w, row_bytes, x, n, out),
-                GgmlType::F16 => float_rows::<F16>(w, row_bytes, x, n, out),
-                GgmlType::Bf16 => float_rows::<Bf16>(w, row_bytes, x, n, out),
                 _ => {}
             }
         }

@@ -9,11 +9,13 @@
 //!    every weight block is read once per group of up to four tokens;
 //! 3. for `n > 1`, transpose `[rows, n]` into the caller's `[n, rows]`.
 //!
-//! Float weights with many tokens go through the `gemm` crate, one panel of rows per task.
+//! Every kernel sums each output element in one order whatever `n` and the chunking (float
+//! weights included: `float_avx2.rs`), so a token's outputs do not depend on the tokens
+//! computed with it.
 
 use super::activations::{Q8Block, Q8KBlock, quantize_q8, quantize_q8k};
 use super::kquants::QK_K;
-use super::{GgmlType, WeightMatrix, dequantize_row, dot_avx2, dot_scalar};
+use super::{GgmlType, WeightMatrix, dequantize_row, dot_avx2, dot_scalar, float_avx2};
 use crate::Error;
 use rayon::prelude::*;
 
@@ -36,12 +38,6 @@ impl Isa {
         }
     }
 }
-
-/// From this many tokens on, float weights go through `gemm` rather than row dots.
-const GEMM_MIN_TOKENS: usize = 8;
-
-/// Rows per `gemm` panel: the widened panel of a float weight stays within ~512 KiB.
-const GEMM_PANEL_BYTES: usize = 512 * 1024;
 
 impl WeightMatrix {
     /// Multiplies `n` input vectors by this matrix: for `t < n` and `r < rows`,
@@ -116,12 +112,6 @@ pub(crate) fn matmul_with(
     }
     let (ty, rb, bytes) = (w.ty(), w.row_bytes(), w.bytes());
     match ty {
-        GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 if n >= GEMM_MIN_TOKENS => {
-            let panel = (GEMM_PANEL_BYTES / (cols * 4)).clamp(16, 512);
-            by_row_chunks(rows, n, panel, out, |r0, o| {
-                gemm_panel(ty, &bytes[r0 * rb..], cols, x, n, o)
-            });
-        }
         GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16 => {
             by_row_chunks(rows, n, chunk_rows(rows, rb, n), out, |r0, o| {
                 float_rows(isa, ty, &bytes[r0 * rb..], rb, x, n, o)
@@ -260,7 +250,7 @@ fn kquant_rows(
 fn float_rows(isa: Isa, ty: GgmlType, w: &[u8], rb: usize, x: &[f32], n: usize, out: &mut [f32]) {
     if isa == Isa::Avx2 {
         // SAFETY: as in `q8_rows`.
-        unsafe { dot_avx2::rows_float(ty, w, rb, x, n, out) };
+        unsafe { float_avx2::rows_float(ty, w, rb, x, n, out) };
         return;
     }
     let cols = x.len() / n;
@@ -274,55 +264,5 @@ fn float_rows(isa: Isa, ty: GgmlType, w: &[u8], rb: usize, x: &[f32], n: usize, 
                 .map(|(a, b)| a * b)
                 .sum();
         }
-    }
-}
-
-/// A panel of rows of a float weight times all tokens with `gemm`: `out` is `[panel, n]`.
-fn gemm_panel(ty: GgmlType, w: &[u8], cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
-    let rows = out.len() / n;
-    let rb = cols * ty.block_bytes() / ty.block_len();
-    let Some(w) = w.get(..rows * rb) else { return };
-    let widened: Vec<f32>;
-    let direct = ty == GgmlType::F32
-        && cfg!(target_endian = "little")
-        && (w.as_ptr() as usize).is_multiple_of(4);
-    let lhs: *const f32 = if direct {
-        w.as_ptr().cast()
-    } else {
-        widened = {
-            let mut v = vec![0f32; rows * cols];
-            for (o, b) in v.chunks_exact_mut(cols).zip(w.chunks_exact(rb)) {
-                let _ = dequantize_row(ty, b, o);
-            }
-            v
-        };
-        widened.as_ptr()
-    };
-    // SAFETY: `lhs` points at `rows·cols` f32 (the aligned little-endian F32 bytes, which
-    // every bit pattern makes valid floats, or the widened copy), `x` at `n·cols` and `out`
-    // at `rows·n`; the strides below address exactly those: lhs[r, c] = lhs[r·cols + c],
-    // rhs[c, t] = x[t·cols + c], dst[r, t] = out[r·n + t]. No aliasing: `out` is exclusive.
-    unsafe {
-        gemm::gemm(
-            rows,
-            n,
-            cols,
-            out.as_mut_ptr(),
-            1,
-            n as isize,
-            false,
-            lhs,
-            1,
-            cols as isize,
-            x.as_ptr(),
-            cols as isize,
-            1,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
     }
 }

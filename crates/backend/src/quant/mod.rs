@@ -23,6 +23,7 @@ mod dot_avx2;
 #[cfg(target_arch = "x86_64")]
 mod dot_avx2_k;
 mod dot_scalar;
+mod float_avx2;
 mod kquants;
 mod matmul;
 

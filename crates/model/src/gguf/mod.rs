@@ -4,6 +4,7 @@
 //! [`GgufError`] naming what was wrong and where, never a panic or an oversized allocation.
 
 mod reader;
+pub mod reencode;
 mod value;
 pub mod writer;
 

@@ -141,3 +141,44 @@ mod fuzz {
         }
     }
 }
+
+#[test]
+fn reencoding_keeps_metadata_and_rounds_matrices_to_the_float_format() {
+    use reencode::{FloatFormat, reencode_matrices};
+    use turbokv_backend::quant::{dequantize_row, quantize_row};
+    // A Q8_0 matrix [2 rows, 32 cols] and a 1-D f32 norm.
+    let values: Vec<f32> = (0..64).map(|i| (i as f32 - 31.5) / 7.0).collect();
+    let mut q8 = vec![0u8; 2 * 34];
+    for (src, dst) in values.chunks(32).zip(q8.chunks_mut(34)) {
+        quantize_row(GgmlType::Q8_0, src, dst).unwrap();
+    }
+    let norm: Vec<u8> = [1.5f32, -2.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", MetaValue::Str("llama".into()))
+        .tensor("m", &[32, 2], 8, q8.clone())
+        .tensor("n", &[2], 0, norm.clone());
+    let src = parse_bytes(&w.to_bytes()).unwrap();
+    let out = parse_bytes(
+        &reencode_matrices(&src, FloatFormat::F16)
+            .unwrap()
+            .to_bytes(),
+    )
+    .unwrap();
+    assert_eq!(out.metadata.str("general.architecture").unwrap(), "llama");
+    let m = out.tensor("m").unwrap();
+    assert_eq!((m.ty, m.dims.clone()), (GgmlType::F16, vec![32, 2]));
+    let mut want = vec![0f32; 64];
+    for (src, dst) in q8.chunks(34).zip(want.chunks_mut(32)) {
+        dequantize_row(GgmlType::Q8_0, src, dst).unwrap();
+    }
+    let mut got = vec![0f32; 64];
+    dequantize_row(GgmlType::F16, &out.tensor_bytes(m), &mut got).unwrap();
+    for (g, w) in got.iter().zip(&want) {
+        assert_eq!(*g, half::f16::from_f32(*w).to_f32());
+    }
+    let n = out.tensor("n").unwrap();
+    assert_eq!((n.ty, &out.tensor_bytes(n)[..]), (GgmlType::F32, &norm[..]));
+}
