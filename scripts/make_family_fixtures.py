@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Tiny random models of the Granite and Gemma 3 families, with Hugging Face reference logits.
+"""Tiny random models of the Granite, Gemma 3 and LFM2 families, with Hugging Face reference
+logits.
 
 For each family this writes, under crates/model/tests/fixtures/families/<name>/:
 
@@ -15,13 +16,14 @@ For each family this writes, under crates/model/tests/fixtures/families/<name>/:
 The weights are rounded to f16 before the reference runs, so the reference sees exactly the
 stored weights. Shapes keep each family's structure (Gemma 3: five sliding-window layers per
 global layer, q/k norms, pre/post norms, GeGLU, separate RoPE bases; Granite: its four
-multipliers) while staying a few hundred kB.
+multipliers; LFM2: gated short-conv layers between attention layers, q/k norms, its
+auto-adjusted MLP width, tied embeddings) while staying a few hundred kB.
 
 How to regenerate (never needed by CI; needs torch + transformers + gguf):
 
   python3 -m venv /work/venv-ref
   /work/venv-ref/bin/pip install torch transformers==5.24.0 gguf==0.19.0 safetensors numpy
-  /work/venv-ref/bin/python scripts/make_family_fixtures.py [--only granite,gemma3]
+  /work/venv-ref/bin/python scripts/make_family_fixtures.py [--only granite,gemma3,lfm2]
 
 Output is deterministic for given package versions (seeded; no timestamps).
 """
@@ -114,6 +116,8 @@ def write_gguf(path, arch, meta, tensors):
             w.add_uint32(full, value)
         elif kind == "f32":
             w.add_float32(full, value)
+        elif kind == "u32s":
+            w.add_array(full, [int(v) for v in value])
         else:
             raise ValueError(kind)
     for name in sorted(tensors):
@@ -258,7 +262,86 @@ def gemma3(out):
     return ref
 
 
-FAMILIES = {"granite": granite, "gemma3": gemma3}
+LFM2_NAMES = {
+    "operator_norm.weight": "attn_norm.weight",
+    "ffn_norm.weight": "ffn_norm.weight",
+    "feed_forward.w1.weight": "ffn_gate.weight",
+    "feed_forward.w3.weight": "ffn_up.weight",
+    "feed_forward.w2.weight": "ffn_down.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.out_proj.weight": "attn_output.weight",
+    "self_attn.q_layernorm.weight": "attn_q_norm.weight",
+    "self_attn.k_layernorm.weight": "attn_k_norm.weight",
+    "conv.conv.weight": "shortconv.conv.weight",
+    "conv.in_proj.weight": "shortconv.in_proj.weight",
+    "conv.out_proj.weight": "shortconv.out_proj.weight",
+}
+
+
+def lfm2(out):
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    layer_types = ["conv", "conv", "full_attention", "conv", "full_attention"]
+    cfg = Lfm2Config(
+        vocab_size=128,
+        hidden_size=32,
+        # Auto-adjusted as the published models are: int(2/3 · 150) = 100, rounded up to a
+        # multiple of 32 = 128 (what llama.cpp's converter writes as feed_forward_length).
+        intermediate_size=150,
+        block_auto_adjust_ff_dim=True,
+        block_ffn_dim_multiplier=1.0,
+        block_multiple_of=32,
+        num_hidden_layers=len(layer_types),
+        layer_types=layer_types,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        norm_eps=1e-5,
+        conv_L_cache=3,
+        conv_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = Lfm2ForCausalLM(cfg).to(torch.float32)
+    randomize(model, 31, 1.0)
+    sd = sd_numpy(model)
+    ref = reference(model, cfg.vocab_size, 32)
+    save_hf(model, os.path.join(out, "hf"))
+    ffn = model.model.layers[0].feed_forward.w1.weight.shape[0]
+    tensors = {}
+    for k, v in sd.items():
+        if k == "model.embed_tokens.weight":
+            tensors["token_embd.weight"] = v
+        elif k == "model.embedding_norm.weight":
+            tensors["token_embd_norm.weight"] = v
+        elif k == "lm_head.weight":
+            continue  # tied: llama.cpp's converter writes no output.weight
+        else:
+            layer, tail = k.removeprefix("model.layers.").split(".", 1)
+            # The converter squeezes the conv's [hidden, 1, L] to [hidden, L].
+            tensors[f"blk.{layer}.{LFM2_NAMES[tail]}"] = v.squeeze(1) if v.ndim == 3 else v
+    kv = [cfg.num_key_value_heads if t != "conv" else 0 for t in layer_types]
+    meta = {
+        "context_length": ("u32", 256),
+        "embedding_length": ("u32", cfg.hidden_size),
+        "block_count": ("u32", cfg.num_hidden_layers),
+        "feed_forward_length": ("u32", ffn),
+        "attention.head_count": ("u32", cfg.num_attention_heads),
+        # Per layer, 0 for conv layers: how llama.cpp marks the layer types.
+        "attention.head_count_kv": ("u32s", kv),
+        "attention.layer_norm_rms_epsilon": ("f32", cfg.norm_eps),
+        "rope.freq_base": ("f32", 1000000.0),
+        "vocab_size": ("u32", cfg.vocab_size),
+        "shortconv.l_cache": ("u32", cfg.conv_L_cache),
+    }
+    write_gguf(os.path.join(out, "model.gguf"), "lfm2", meta, tensors)
+    return ref
+
+
+FAMILIES = {"granite": granite, "gemma3": gemma3, "lfm2": lfm2}
 
 
 def main():

@@ -81,7 +81,7 @@ fn run_on<B: Backend + 'static>(backend: B, args: &ServeArgs) -> Result<()> {
     let loaded = load(backend, &args.model, &args.cache)?;
     let config = loaded.model.transformer.config().clone();
     let mut probe = KvLayout::uniform(
-        config.n_layers,
+        config.kv_layers(),
         config.n_kv_heads,
         config.head_dim,
         loaded.kv,

@@ -1,9 +1,11 @@
-//! Granite and Gemma 3 against Hugging Face transformers: tiny random models of each family
+//! Granite, Gemma 3 and LFM2 against Hugging Face transformers: tiny random models of each family
 //! (committed fixtures from `scripts/make_family_fixtures.py`), loaded both from the
 //! safetensors directory transformers saved and from the GGUF file with llama.cpp's
 //! conventions, must give transformers' float64 logits and its greedy continuation.
 
 mod common;
+#[path = "families/lfm2.rs"]
+mod lfm2;
 
 use std::path::{Path, PathBuf};
 
@@ -105,7 +107,8 @@ fn check_family(name: &str) {
         // in float64; what is left is f32 arithmetic and the f16 KV cache (11-bit
         // mantissa: ~5e-4 relative per key/value), which bounds the error near 1e-3 of the
         // logit scale (observed: 2e-5 Granite, 2e-4 Gemma 3 from safetensors). Gemma's GGUF
-        // stores each norm as f16(1 + w), which rounds w again (observed 6e-4).
+        // stores each norm as f16(1 + w), which rounds w again (observed 6e-4). LFM2's conv
+        // layers add only f32 sums of three taps per channel (observed 1.2e-4).
         assert!(
             err < 3e-3 * scale,
             "{name} {}: max logit error {err} (scale {scale})",
@@ -131,11 +134,16 @@ fn gemma3_matches_transformers_in_both_formats() {
     check_family("gemma3");
 }
 
+#[test]
+fn lfm2_matches_transformers_in_both_formats() {
+    check_family("lfm2");
+}
+
 /// Every KV dtype runs each family; logits stay near the 16-bit cache's, closer the more
 /// bits the cache keeps.
 #[test]
 fn every_kv_dtype_runs_each_family() {
-    for name in ["granite", "gemma3"] {
+    for name in ["granite", "gemma3", "lfm2"] {
         let want = reference(name);
         let model = load(&family_dir(name).join("model.gguf")).unwrap();
         let base = engine_logits(&model, &want.prompt, KvDtype::F16);
@@ -375,7 +383,7 @@ fn assert_close(a: &[f32], b: &[f32], what: &str) {
         .fold(0.0f32, f32::max);
     assert!(
         err < 2e-4 * scale,
-        "{what}: ring and full cache differ by {err} (scale {scale})"
+        "{what}: the two runs differ by {err} (scale {scale})"
     );
 }
 
@@ -561,13 +569,13 @@ mod plain_only {
     }
 }
 
-/// A backend without the family ops (CUDA today) refuses Granite and Gemma 3 when the model
-/// is loaded, with an error naming the family and the backend; its default family ops
-/// refuse rather than compute.
+/// A backend without the family ops (CUDA today) refuses Granite, Gemma 3 and LFM2 when the
+/// model is loaded, with an error naming the family and the backend; its default family ops
+/// (the short convolution included) refuse rather than compute.
 #[test]
 fn a_backend_without_family_ops_refuses_them_at_load() {
     use turbokv_backend::Backend;
-    for name in ["granite", "gemma3"] {
+    for name in ["granite", "gemma3", "lfm2"] {
         for path in [
             family_dir(name).join("hf"),
             family_dir(name).join("model.gguf"),
@@ -588,4 +596,10 @@ fn a_backend_without_family_ops_refuses_them_at_load() {
     assert!(err.to_string().contains("scale"), "{err}");
     let gu = b.tensor(2, 8).unwrap();
     assert!(b.gelu_mul(&gu, &mut t).is_err());
+    assert!(!b.supports_short_conv());
+    let bcx = b.tensor(2, 12).unwrap();
+    let err = b
+        .short_conv(&bcx, &vec![0.0; 12], &[], &mut [], &mut t)
+        .unwrap_err();
+    assert!(err.to_string().contains("short_conv"), "{err}");
 }
