@@ -479,6 +479,7 @@ impl<B: Backend> Transformer<B> {
     /// step's fused rows on the host (`[tokens, (n_heads + 2·n_kv_heads)·head_dim]`, each row
     /// `[q | k | v]`, sequences in input order): q and k after the optional q/k norm and
     /// RoPE, v as projected — the keys and values the cache was given, before its rounding.
+    /// `layer` is the KV layout's layer: conv layers (LFM2) have no KV and are not observed.
     ///
     /// For calibration and debugging: every layer copies its rows to the host.
     pub fn forward_observed(
