@@ -151,7 +151,24 @@ fn lfm2_kv_cache_skips_conv_layers() {
     };
     assert!(t.new_cache_with(KvDtype::Int8, &bad, 16, 256, 256).is_err());
 
+    // Calibration (for centered caches) measures the attention layers only, and its centers
+    // fit the cache.
     let prompt = reference("lfm2").prompt;
+    let cal = turbokv_model::calibrate::calibrate_kv_centers_on(t, &prompt).unwrap();
+    assert_eq!(cal.centers.layers(), 2);
+    let centered = KvPolicy {
+        centers: Some(std::sync::Arc::new(cal.centers)),
+        ..Default::default()
+    };
+    let tq3: KvDtype = "tq3".parse().unwrap();
+    let mut s = Session::with_policy(t, tq3, &centered, 256).unwrap();
+    assert!(
+        s.prefill_all_logits(&prompt)
+            .unwrap()
+            .iter()
+            .all(|x| x.is_finite())
+    );
+
     let compact = KvPolicy {
         window: KvWindow {
             recent: 15,
