@@ -306,7 +306,7 @@ def lfm2(out):
     )
     torch.manual_seed(0)
     model = Lfm2ForCausalLM(cfg).to(torch.float32)
-    randomize(model, 31, 1.0)
+    randomize(model, 37, 1.0)
     sd = sd_numpy(model)
     ref = reference(model, cfg.vocab_size, 32)
     save_hf(model, os.path.join(out, "hf"))
