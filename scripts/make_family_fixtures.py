@@ -8,7 +8,8 @@ For each family this writes, under crates/model/tests/fixtures/families/<name>/:
   model.gguf                             the same weights in llama.cpp's GGUF conventions
                                          for the architecture (tensor names, metadata,
                                          Gemma's norm weights stored as 1 + w, llama-style
-                                         Q/K row permutation for Granite)
+                                         Q/K row permutation for Granite); LFM2's also
+                                         carries a character-level tokenizer for the CLI
   reference.json                         logits of a prompt from transformers in float64,
                                          and a greedy continuation with its smallest
                                          top-1/top-2 margin
@@ -106,7 +107,24 @@ def permute_qk(w, heads):
     return w.reshape(heads, 2, hd // 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
 
 
-def write_gguf(path, arch, meta, tensors):
+def char_tokenizer(w, vocab):
+    """A SentencePiece-style vocabulary of single characters (`<unk>`, `<s>`, `</s>`,
+    printable ASCII with `▁` for space, newline, padding up to `vocab`), so that the CLI
+    (`turbokv eval ppl`, `run`) can drive a tiny model: text outside it maps to `<unk>`."""
+    toks = ["<unk>", "<s>", "</s>"] + ["\u2581" if c == 32 else chr(c) for c in range(32, 127)]
+    toks.append("\n")
+    toks += [f"<pad{i}>" for i in range(len(toks), vocab)]
+    assert len(toks) == vocab
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_scores([0.0] * vocab)
+    w.add_token_types([2, 3, 3] + [1] * (vocab - 3))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+
+def write_gguf(path, arch, meta, tensors, tokenizer_vocab=None):
     import gguf
 
     w = gguf.GGUFWriter(path, arch)
@@ -120,6 +138,8 @@ def write_gguf(path, arch, meta, tensors):
             w.add_array(full, [int(v) for v in value])
         else:
             raise ValueError(kind)
+    if tokenizer_vocab:
+        char_tokenizer(w, tokenizer_vocab)
     for name in sorted(tensors):
         w.add_tensor(name, tensors[name].astype(np.float16))
     w.write_header_to_file()
@@ -337,7 +357,7 @@ def lfm2(out):
         "vocab_size": ("u32", cfg.vocab_size),
         "shortconv.l_cache": ("u32", cfg.conv_L_cache),
     }
-    write_gguf(os.path.join(out, "model.gguf"), "lfm2", meta, tensors)
+    write_gguf(os.path.join(out, "model.gguf"), "lfm2", meta, tensors, cfg.vocab_size)
     return ref
 
 
