@@ -531,10 +531,8 @@ impl<B: Backend> Transformer<B> {
         if result.is_err() {
             for (inp, &start) in inputs.iter().zip(&starts) {
                 cache.alloc.truncate(inp.seq, start)?;
-                // The step may have stopped between conv layers, leaving them at different
-                // positions: the state is dropped, and only a restart from 0 continues.
                 if let Some(c) = &mut cache.conv {
-                    c.remove(inp.seq);
+                    c.roll_back(inp.seq, start);
                 }
             }
         }

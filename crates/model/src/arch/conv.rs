@@ -182,10 +182,22 @@ impl ConvStates {
         }
     }
 
-    /// Forgets `seq` (its sequence left the cache, or a failed step left its layers at
-    /// different positions).
+    /// Forgets `seq` (its sequence left the cache).
     pub(crate) fn remove(&mut self, seq: SeqId) {
         self.seqs.remove(&seq);
+    }
+
+    /// After a failed step of `seq` from `start`: a state no conv layer touched is kept as
+    /// it was; one that any layer advanced is dropped, since that layer's convolution may
+    /// have stopped part way (only a restart from 0 continues the sequence then).
+    pub(crate) fn roll_back(&mut self, seq: SeqId, start: usize) {
+        let touched = self
+            .seqs
+            .get(&seq)
+            .is_some_and(|layers| layers.iter().any(|l| l.end != start));
+        if touched {
+            self.seqs.remove(&seq);
+        }
     }
 }
 
@@ -233,5 +245,22 @@ mod tests {
         c.rewind(7, 0);
         assert!(c.check_step(7, 6).is_err());
         c.check_step(7, 0).unwrap();
+    }
+
+    /// A failed step keeps a state no layer advanced and drops one a layer did.
+    #[test]
+    fn roll_back_keeps_untouched_states_only() {
+        let mut c = ConvStates::new(2, 2, 3);
+        c.begin_step(1, 0);
+        c.layer_step(0, &[(1, 3)]).unwrap();
+        c.layer_step(1, &[(1, 3)]).unwrap();
+        // A failed step from 3 before any conv layer ran.
+        c.roll_back(1, 3);
+        c.check_step(1, 3).unwrap();
+        // One that stopped after the first conv layer.
+        c.layer_step(0, &[(1, 2)]).unwrap();
+        c.roll_back(1, 3);
+        let err = c.check_step(1, 3).unwrap_err();
+        assert!(err.to_string().contains("holds no state"), "{err}");
     }
 }

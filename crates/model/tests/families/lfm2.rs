@@ -240,6 +240,15 @@ fn lfm2_truncation_within_the_conv_state_reach() {
     let again = run(&mut cache, &ids).unwrap();
     assert_close(&again, &want, "after a restart");
 
+    // A step that fails before any conv layer runs (a token outside the vocabulary fails the
+    // embedding) leaves the state as it was: the sequence goes on as if it never happened.
+    let err = run(&mut cache, &[999]).unwrap_err();
+    assert!(err.to_string().contains("vocabulary"), "{err}");
+    assert_eq!(cache.seq_len(5).unwrap(), ids.len());
+    cache.truncate(5, ids.len() - 1).unwrap();
+    let again = run(&mut cache, &ids[ids.len() - 1..]).unwrap();
+    assert_close(&again, &want, "after a failed step");
+
     // A sequence resumed past position 0 without a state (as a shared prefix would be) is
     // refused before anything runs.
     cache.add_sequence(6).unwrap();
