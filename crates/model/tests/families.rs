@@ -456,14 +456,137 @@ fn gemma3_split_batched_steps_and_truncation_limits() {
 /// ops, as the CUDA backend has today): the CPU's kernels behind it.
 struct PlainOnly(CpuBackend);
 
+/// A backend with the CPU's family ops but not LFM2's short convolution (what CUDA would be
+/// with the attention variants and without the conv op).
+struct NoShortConv(CpuBackend);
+
 mod plain_only {
-    use super::PlainOnly;
+    use super::{NoShortConv, PlainOnly};
     use turbokv_backend::cpu::{CpuKvPool, CpuPicks, CpuTensor};
-    use turbokv_backend::{AttnGeometry, Backend, Error, QkNorm, Rope, SeqSpan, WeightMatrix};
+    use turbokv_backend::{
+        AttnGeometry, AttnVariant, Backend, Error, QkNorm, Rope, SeqSpan, WeightMatrix,
+    };
     use turbokv_cache::KvLayout;
     use turbokv_codec::KvDtype;
 
     type V = Vec<f32>;
+
+    /// The plain decoder's ops, delegated to the CPU backend in `.0`.
+    macro_rules! plain_ops {
+        () => {
+            fn describe(&self) -> String {
+                "plain-only".into()
+            }
+            fn check_kv_dtype(&self, d: KvDtype, h: usize) -> Result<(), Error> {
+                self.0.check_kv_dtype(d, h)
+            }
+            fn tensor(&self, r: usize, c: usize) -> Result<CpuTensor, Error> {
+                self.0.tensor(r, c)
+            }
+            fn set_rows(&self, t: &mut CpuTensor, r: usize) -> Result<(), Error> {
+                self.0.set_rows(t, r)
+            }
+            fn to_host(&self, t: &CpuTensor, o: &mut Vec<f32>) -> Result<(), Error> {
+                self.0.to_host(t, o)
+            }
+            fn cols(&self, t: &CpuTensor) -> usize {
+                self.0.cols(t)
+            }
+            fn matrix(&self, w: &WeightMatrix) -> Result<WeightMatrix, Error> {
+                self.0.matrix(w)
+            }
+            fn vector(&self, v: &[f32]) -> Result<V, Error> {
+                self.0.vector(v)
+            }
+            fn kv_pool(&self, l: &KvLayout, i: usize) -> Result<CpuKvPool, Error> {
+                self.0.kv_pool(l, i)
+            }
+            fn embed(&self, t: &WeightMatrix, ids: &[u32], o: &mut CpuTensor) -> Result<(), Error> {
+                self.0.embed(t, ids, o)
+            }
+            fn new_picks(&self) -> Result<CpuPicks, Error> {
+                self.0.new_picks()
+            }
+            fn pick_greedy(&self, l: &CpuTensor, p: &mut CpuPicks) -> Result<(), Error> {
+                self.0.pick_greedy(l, p)
+            }
+            fn wait_picks(&self, p: &mut CpuPicks, o: &mut Vec<u32>) -> Result<(), Error> {
+                self.0.wait_picks(p, o)
+            }
+            fn embed_picks(
+                &self,
+                t: &WeightMatrix,
+                p: &CpuPicks,
+                r: usize,
+                o: &mut CpuTensor,
+            ) -> Result<(), Error> {
+                self.0.embed_picks(t, p, r, o)
+            }
+            fn rms_norm(
+                &self,
+                x: &CpuTensor,
+                w: &V,
+                e: f32,
+                o: &mut CpuTensor,
+            ) -> Result<(), Error> {
+                self.0.rms_norm(x, w, e, o)
+            }
+            fn matmul(
+                &self,
+                x: &CpuTensor,
+                w: &WeightMatrix,
+                o: &mut CpuTensor,
+            ) -> Result<(), Error> {
+                self.0.matmul(x, w, o)
+            }
+            fn matmul_cat(
+                &self,
+                x: &CpuTensor,
+                ws: &[WeightMatrix],
+                o: &mut CpuTensor,
+            ) -> Result<(), Error> {
+                self.0.matmul_cat(x, ws, o)
+            }
+            fn add_bias(&self, x: &mut CpuTensor, b: &V) -> Result<(), Error> {
+                self.0.add_bias(x, b)
+            }
+            fn add_assign(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<(), Error> {
+                self.0.add_assign(x, y)
+            }
+            fn silu_mul(&self, g: &CpuTensor, o: &mut CpuTensor) -> Result<(), Error> {
+                self.0.silu_mul(g, o)
+            }
+            fn gather_rows(
+                &self,
+                x: &CpuTensor,
+                r: &[usize],
+                o: &mut CpuTensor,
+            ) -> Result<(), Error> {
+                self.0.gather_rows(x, r, o)
+            }
+            fn write_kv(
+                &self,
+                qkv: &mut CpuTensor,
+                g: &AttnGeometry,
+                rope: &Rope,
+                n: Option<QkNorm<'_, V>>,
+                s: &[SeqSpan<'_>],
+                p: &mut CpuKvPool,
+            ) -> Result<(), Error> {
+                self.0.write_kv(qkv, g, rope, n, s, p)
+            }
+            fn attention(
+                &self,
+                qkv: &CpuTensor,
+                g: &AttnGeometry,
+                s: &[SeqSpan<'_>],
+                p: &CpuKvPool,
+                o: &mut CpuTensor,
+            ) -> Result<(), Error> {
+                self.0.attention(qkv, g, s, p, o)
+            }
+        };
+    }
 
     impl Backend for PlainOnly {
         type Tensor = CpuTensor;
@@ -471,100 +594,35 @@ mod plain_only {
         type Vector = V;
         type KvPool = CpuKvPool;
         type Picks = CpuPicks;
-        fn describe(&self) -> String {
-            "plain-only".into()
+        plain_ops!();
+    }
+
+    impl Backend for NoShortConv {
+        type Tensor = CpuTensor;
+        type Matrix = WeightMatrix;
+        type Vector = V;
+        type KvPool = CpuKvPool;
+        type Picks = CpuPicks;
+        plain_ops!();
+        fn supports_family_ops(&self) -> bool {
+            true
         }
-        fn check_kv_dtype(&self, d: KvDtype, h: usize) -> Result<(), Error> {
-            self.0.check_kv_dtype(d, h)
+        fn scale(&self, x: &mut CpuTensor, f: f32) -> Result<(), Error> {
+            self.0.scale(x, f)
         }
-        fn tensor(&self, r: usize, c: usize) -> Result<CpuTensor, Error> {
-            self.0.tensor(r, c)
+        fn gelu_mul(&self, g: &CpuTensor, o: &mut CpuTensor) -> Result<(), Error> {
+            self.0.gelu_mul(g, o)
         }
-        fn set_rows(&self, t: &mut CpuTensor, r: usize) -> Result<(), Error> {
-            self.0.set_rows(t, r)
-        }
-        fn to_host(&self, t: &CpuTensor, o: &mut Vec<f32>) -> Result<(), Error> {
-            self.0.to_host(t, o)
-        }
-        fn cols(&self, t: &CpuTensor) -> usize {
-            self.0.cols(t)
-        }
-        fn matrix(&self, w: &WeightMatrix) -> Result<WeightMatrix, Error> {
-            self.0.matrix(w)
-        }
-        fn vector(&self, v: &[f32]) -> Result<V, Error> {
-            self.0.vector(v)
-        }
-        fn kv_pool(&self, l: &KvLayout, i: usize) -> Result<CpuKvPool, Error> {
-            self.0.kv_pool(l, i)
-        }
-        fn embed(&self, t: &WeightMatrix, ids: &[u32], o: &mut CpuTensor) -> Result<(), Error> {
-            self.0.embed(t, ids, o)
-        }
-        fn new_picks(&self) -> Result<CpuPicks, Error> {
-            self.0.new_picks()
-        }
-        fn pick_greedy(&self, l: &CpuTensor, p: &mut CpuPicks) -> Result<(), Error> {
-            self.0.pick_greedy(l, p)
-        }
-        fn wait_picks(&self, p: &mut CpuPicks, o: &mut Vec<u32>) -> Result<(), Error> {
-            self.0.wait_picks(p, o)
-        }
-        fn embed_picks(
-            &self,
-            t: &WeightMatrix,
-            p: &CpuPicks,
-            r: usize,
-            o: &mut CpuTensor,
-        ) -> Result<(), Error> {
-            self.0.embed_picks(t, p, r, o)
-        }
-        fn rms_norm(&self, x: &CpuTensor, w: &V, e: f32, o: &mut CpuTensor) -> Result<(), Error> {
-            self.0.rms_norm(x, w, e, o)
-        }
-        fn matmul(&self, x: &CpuTensor, w: &WeightMatrix, o: &mut CpuTensor) -> Result<(), Error> {
-            self.0.matmul(x, w, o)
-        }
-        fn matmul_cat(
-            &self,
-            x: &CpuTensor,
-            ws: &[WeightMatrix],
-            o: &mut CpuTensor,
-        ) -> Result<(), Error> {
-            self.0.matmul_cat(x, ws, o)
-        }
-        fn add_bias(&self, x: &mut CpuTensor, b: &V) -> Result<(), Error> {
-            self.0.add_bias(x, b)
-        }
-        fn add_assign(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<(), Error> {
-            self.0.add_assign(x, y)
-        }
-        fn silu_mul(&self, g: &CpuTensor, o: &mut CpuTensor) -> Result<(), Error> {
-            self.0.silu_mul(g, o)
-        }
-        fn gather_rows(&self, x: &CpuTensor, r: &[usize], o: &mut CpuTensor) -> Result<(), Error> {
-            self.0.gather_rows(x, r, o)
-        }
-        fn write_kv(
-            &self,
-            qkv: &mut CpuTensor,
-            g: &AttnGeometry,
-            rope: &Rope,
-            n: Option<QkNorm<'_, V>>,
-            s: &[SeqSpan<'_>],
-            p: &mut CpuKvPool,
-        ) -> Result<(), Error> {
-            self.0.write_kv(qkv, g, rope, n, s, p)
-        }
-        fn attention(
+        fn attention_variant(
             &self,
             qkv: &CpuTensor,
             g: &AttnGeometry,
             s: &[SeqSpan<'_>],
             p: &CpuKvPool,
+            v: &AttnVariant<'_, V>,
             o: &mut CpuTensor,
         ) -> Result<(), Error> {
-            self.0.attention(qkv, g, s, p, o)
+            self.0.attention_variant(qkv, g, s, p, v, o)
         }
     }
 }
@@ -590,6 +648,32 @@ fn a_backend_without_family_ops_refuses_them_at_load() {
             );
         }
     }
+    // With the family ops but without the short convolution: Gemma 3 loads, LFM2 does not.
+    let gemma = family_dir("gemma3").join("model.gguf");
+    Model::load(
+        &gemma,
+        NoShortConv(CpuBackend::new()),
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    let err = Model::load(
+        &family_dir("lfm2").join("model.gguf"),
+        NoShortConv(CpuBackend::new()),
+        &LoadOptions::default(),
+    )
+    .err()
+    .unwrap();
+    assert!(
+        matches!(
+            err,
+            ModelError::FamilyUnsupported {
+                family: turbokv_model::Family::Lfm2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+
     let b = PlainOnly(CpuBackend::new());
     let mut t = b.tensor(2, 4).unwrap();
     let err = b.scale(&mut t, 2.0).unwrap_err();
