@@ -9,7 +9,7 @@ use super::MlpActivation;
 use super::conv::ConvStates;
 use crate::ModelError;
 use crate::config::{ModelConfig, RopeScaling};
-use crate::loader::{AttnWeights, LayerWeights, ShortConvWeights};
+use crate::loader::{AttnWeights, LayerWeights, Mixer, ShortConvWeights};
 use crate::transformer::{KvObserver, Scratch, Transformer};
 
 /// What a step's layers read and write besides activations: the attention layers' KV pools
@@ -65,7 +65,7 @@ pub(crate) fn layers<B: Backend>(
     let (mut kv, mut conv_layer) = (0, 0);
     for (l, layer) in t.weights.layers.iter().enumerate() {
         match &layer.mixer {
-            crate::loader::Mixer::Attention(att) => {
+            Mixer::Attention(att) => {
                 let pool = pools.next().ok_or_else(|| {
                     ModelError::InvalidConfig(format!("no KV pool for attention layer {l}"))
                 })?;
@@ -77,7 +77,7 @@ pub(crate) fn layers<B: Backend>(
                 attention(t, l, kv, layer, att, spans, pool, s, observe)?;
                 kv += 1;
             }
-            crate::loader::Mixer::ShortConv(w) => {
+            Mixer::ShortConv(w) => {
                 let Some((states, steps)) = conv.as_mut() else {
                     return Err(ModelError::InvalidConfig(format!(
                         "conv layer {l} in a cache without conv states"
