@@ -8,7 +8,10 @@ For each family this writes, under crates/model/tests/fixtures/families/<name>/:
   model.gguf                             the same weights in llama.cpp's GGUF conventions
                                          for the architecture (tensor names, metadata,
                                          Gemma's norm weights stored as 1 + w, llama-style
-                                         Q/K row permutation for Granite); LFM2's also
+                                         Q/K row permutation for Granite); LFM2's keeps
+                                         1-D tensors and conv taps in f32 as the converter
+                                         does (llama.cpp runs it:
+                                         scripts/check_family_gguf_llamacpp.py) and
                                          carries a character-level tokenizer for the CLI
   reference.json                         logits of a prompt from transformers in float64,
                                          and a greedy continuation with its smallest
@@ -124,7 +127,9 @@ def char_tokenizer(w, vocab):
     w.add_unk_token_id(0)
 
 
-def write_gguf(path, arch, meta, tensors, tokenizer_vocab=None):
+def write_gguf(path, arch, meta, tensors, tokenizer_vocab=None, f32=lambda name, v: False):
+    """`f32(name, array)`: tensors stored as float32 rather than f16 (the values are
+    f16-rounded either way, so both hold exactly what the reference ran)."""
     import gguf
 
     w = gguf.GGUFWriter(path, arch)
@@ -141,7 +146,8 @@ def write_gguf(path, arch, meta, tensors, tokenizer_vocab=None):
     if tokenizer_vocab:
         char_tokenizer(w, tokenizer_vocab)
     for name in sorted(tensors):
-        w.add_tensor(name, tensors[name].astype(np.float16))
+        v = tensors[name]
+        w.add_tensor(name, v.astype(np.float32 if f32(name, v) else np.float16))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -357,7 +363,10 @@ def lfm2(out):
         "vocab_size": ("u32", cfg.vocab_size),
         "shortconv.l_cache": ("u32", cfg.conv_L_cache),
     }
-    write_gguf(os.path.join(out, "model.gguf"), "lfm2", meta, tensors, cfg.vocab_size)
+    # As llama.cpp's converter: 1-D tensors and the conv taps in f32 (ggml's CPU multiplies
+    # f32 activations by f32 norm weights only).
+    keep_f32 = lambda name, v: v.ndim == 1 or name.endswith("shortconv.conv.weight")
+    write_gguf(os.path.join(out, "model.gguf"), "lfm2", meta, tensors, cfg.vocab_size, keep_f32)
     return ref
 
 

@@ -299,8 +299,10 @@ fn lfm2_bad_files_give_typed_errors() {
         &path,
         |n, d, b| {
             if n == "blk.0.shortconv.conv.weight" {
-                let rows = d[1];
-                let data: Vec<u8> = b.chunks(6).flat_map(|r| r[..4].to_vec()).collect();
+                let (taps, rows) = (d[0], d[1]);
+                let row = b.len() / rows;
+                let keep = row / taps * 2;
+                let data: Vec<u8> = b.chunks(row).flat_map(|r| r[..keep].to_vec()).collect();
                 Some((vec![2, rows], data))
             } else {
                 Some((d, b))
