@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Tiny random models of the Granite and Gemma 3 families, with Hugging Face reference logits.
+"""Tiny random models of the Granite, Gemma 3 and LFM2 families, with Hugging Face reference
+logits.
 
 For each family this writes, under crates/model/tests/fixtures/families/<name>/:
 
@@ -7,7 +8,11 @@ For each family this writes, under crates/model/tests/fixtures/families/<name>/:
   model.gguf                             the same weights in llama.cpp's GGUF conventions
                                          for the architecture (tensor names, metadata,
                                          Gemma's norm weights stored as 1 + w, llama-style
-                                         Q/K row permutation for Granite)
+                                         Q/K row permutation for Granite); LFM2's keeps
+                                         1-D tensors and conv taps in f32 as the converter
+                                         does (llama.cpp runs it:
+                                         scripts/check_family_gguf_llamacpp.py) and
+                                         carries a character-level tokenizer for the CLI
   reference.json                         logits of a prompt from transformers in float64,
                                          and a greedy continuation with its smallest
                                          top-1/top-2 margin
@@ -15,13 +20,14 @@ For each family this writes, under crates/model/tests/fixtures/families/<name>/:
 The weights are rounded to f16 before the reference runs, so the reference sees exactly the
 stored weights. Shapes keep each family's structure (Gemma 3: five sliding-window layers per
 global layer, q/k norms, pre/post norms, GeGLU, separate RoPE bases; Granite: its four
-multipliers) while staying a few hundred kB.
+multipliers; LFM2: gated short-conv layers between attention layers, q/k norms, its
+auto-adjusted MLP width, tied embeddings) while staying a few hundred kB.
 
 How to regenerate (never needed by CI; needs torch + transformers + gguf):
 
   python3 -m venv /work/venv-ref
   /work/venv-ref/bin/pip install torch transformers==5.24.0 gguf==0.19.0 safetensors numpy
-  /work/venv-ref/bin/python scripts/make_family_fixtures.py [--only granite,gemma3]
+  /work/venv-ref/bin/python scripts/make_family_fixtures.py [--only granite,gemma3,lfm2]
 
 Output is deterministic for given package versions (seeded; no timestamps).
 """
@@ -104,7 +110,26 @@ def permute_qk(w, heads):
     return w.reshape(heads, 2, hd // 2, cols).transpose(0, 2, 1, 3).reshape(rows, cols)
 
 
-def write_gguf(path, arch, meta, tensors):
+def char_tokenizer(w, vocab):
+    """A SentencePiece-style vocabulary of single characters (`<unk>`, `<s>`, `</s>`,
+    printable ASCII with `▁` for space, newline, padding up to `vocab`), so that the CLI
+    (`turbokv eval ppl`, `run`) can drive a tiny model: text outside it maps to `<unk>`."""
+    toks = ["<unk>", "<s>", "</s>"] + ["\u2581" if c == 32 else chr(c) for c in range(32, 127)]
+    toks.append("\n")
+    toks += [f"<pad{i}>" for i in range(len(toks), vocab)]
+    assert len(toks) == vocab
+    w.add_tokenizer_model("llama")
+    w.add_token_list(toks)
+    w.add_token_scores([0.0] * vocab)
+    w.add_token_types([2, 3, 3] + [1] * (vocab - 3))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+
+
+def write_gguf(path, arch, meta, tensors, tokenizer_vocab=None, f32=lambda name, v: False):
+    """`f32(name, array)`: tensors stored as float32 rather than f16 (the values are
+    f16-rounded either way, so both hold exactly what the reference ran)."""
     import gguf
 
     w = gguf.GGUFWriter(path, arch)
@@ -114,10 +139,15 @@ def write_gguf(path, arch, meta, tensors):
             w.add_uint32(full, value)
         elif kind == "f32":
             w.add_float32(full, value)
+        elif kind == "u32s":
+            w.add_array(full, [int(v) for v in value])
         else:
             raise ValueError(kind)
+    if tokenizer_vocab:
+        char_tokenizer(w, tokenizer_vocab)
     for name in sorted(tensors):
-        w.add_tensor(name, tensors[name].astype(np.float16))
+        v = tensors[name]
+        w.add_tensor(name, v.astype(np.float32 if f32(name, v) else np.float16))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -258,7 +288,89 @@ def gemma3(out):
     return ref
 
 
-FAMILIES = {"granite": granite, "gemma3": gemma3}
+LFM2_NAMES = {
+    "operator_norm.weight": "attn_norm.weight",
+    "ffn_norm.weight": "ffn_norm.weight",
+    "feed_forward.w1.weight": "ffn_gate.weight",
+    "feed_forward.w3.weight": "ffn_up.weight",
+    "feed_forward.w2.weight": "ffn_down.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.out_proj.weight": "attn_output.weight",
+    "self_attn.q_layernorm.weight": "attn_q_norm.weight",
+    "self_attn.k_layernorm.weight": "attn_k_norm.weight",
+    "conv.conv.weight": "shortconv.conv.weight",
+    "conv.in_proj.weight": "shortconv.in_proj.weight",
+    "conv.out_proj.weight": "shortconv.out_proj.weight",
+}
+
+
+def lfm2(out):
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    layer_types = ["conv", "conv", "full_attention", "conv", "full_attention"]
+    cfg = Lfm2Config(
+        vocab_size=128,
+        hidden_size=32,
+        # Auto-adjusted as the published models are: int(2/3 · 150) = 100, rounded up to a
+        # multiple of 32 = 128 (what llama.cpp's converter writes as feed_forward_length).
+        intermediate_size=150,
+        block_auto_adjust_ff_dim=True,
+        block_ffn_dim_multiplier=1.0,
+        block_multiple_of=32,
+        num_hidden_layers=len(layer_types),
+        layer_types=layer_types,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        norm_eps=1e-5,
+        conv_L_cache=3,
+        conv_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = Lfm2ForCausalLM(cfg).to(torch.float32)
+    randomize(model, 37, 1.0)
+    sd = sd_numpy(model)
+    ref = reference(model, cfg.vocab_size, 32)
+    save_hf(model, os.path.join(out, "hf"))
+    ffn = model.model.layers[0].feed_forward.w1.weight.shape[0]
+    tensors = {}
+    for k, v in sd.items():
+        if k == "model.embed_tokens.weight":
+            tensors["token_embd.weight"] = v
+        elif k == "model.embedding_norm.weight":
+            tensors["token_embd_norm.weight"] = v
+        elif k == "lm_head.weight":
+            continue  # tied: llama.cpp's converter writes no output.weight
+        else:
+            layer, tail = k.removeprefix("model.layers.").split(".", 1)
+            # The converter squeezes the conv's [hidden, 1, L] to [hidden, L].
+            tensors[f"blk.{layer}.{LFM2_NAMES[tail]}"] = v.squeeze(1) if v.ndim == 3 else v
+    kv = [cfg.num_key_value_heads if t != "conv" else 0 for t in layer_types]
+    meta = {
+        "context_length": ("u32", 256),
+        "embedding_length": ("u32", cfg.hidden_size),
+        "block_count": ("u32", cfg.num_hidden_layers),
+        "feed_forward_length": ("u32", ffn),
+        "attention.head_count": ("u32", cfg.num_attention_heads),
+        # Per layer, 0 for conv layers: how llama.cpp marks the layer types.
+        "attention.head_count_kv": ("u32s", kv),
+        "attention.layer_norm_rms_epsilon": ("f32", cfg.norm_eps),
+        "rope.freq_base": ("f32", 1000000.0),
+        "vocab_size": ("u32", cfg.vocab_size),
+        "shortconv.l_cache": ("u32", cfg.conv_L_cache),
+    }
+    # As llama.cpp's converter: 1-D tensors and the conv taps in f32 (ggml's CPU multiplies
+    # f32 activations by f32 norm weights only).
+    keep_f32 = lambda name, v: v.ndim == 1 or name.endswith("shortconv.conv.weight")
+    write_gguf(os.path.join(out, "model.gguf"), "lfm2", meta, tensors, cfg.vocab_size, keep_f32)
+    return ref
+
+
+FAMILIES = {"granite": granite, "gemma3": gemma3, "lfm2": lfm2}
 
 
 def main():

@@ -356,6 +356,39 @@ pub trait Backend: Send + Sync {
         })
     }
 
+    /// Whether this backend runs [`Backend::short_conv`] (LFM2's conv layers). A model
+    /// loader refuses a model with conv layers up front on a backend that says no. Default:
+    /// no.
+    fn supports_short_conv(&self) -> bool {
+        false
+    }
+
+    /// A conv layer's gated short convolution (LFM2): each row of `bcx` is `[b | c | x]`
+    /// (`3·hidden` wide) and `out = c ⊙ conv(b ⊙ x)`, where `conv` is the depthwise causal
+    /// convolution of each channel with its `L` taps (`kernel`: `[hidden, L]` row-major,
+    /// tap `L − 1` multiplying the current token).
+    ///
+    /// `states[i]` belongs to `spans[i]`'s sequence: `[keep, hidden]` row-major (any
+    /// `keep ≥ L − 1`), the conv inputs `b ⊙ x` of the `keep` positions before the span's
+    /// first token, oldest first (zeros before position 0). The convolution reads its last
+    /// `L − 1` rows; on return it holds the last `keep` inputs including the span's. The
+    /// states are host memory: they are small (`keep · hidden` values per conv layer per
+    /// sequence). Default: refused.
+    fn short_conv(
+        &self,
+        bcx: &Self::Tensor,
+        kernel: &Self::Vector,
+        spans: &[SeqSpan<'_>],
+        states: &mut [&mut [f32]],
+        out: &mut Self::Tensor,
+    ) -> Result<(), Error> {
+        let _ = (bcx, kernel, spans, states, out);
+        Err(Error::UnsupportedOp {
+            op: "short_conv",
+            backend: self.describe(),
+        })
+    }
+
     /// [`Backend::attention`] with a sliding window and/or attention sinks. Default: plain
     /// attention when the variant has neither, else refused.
     fn attention_variant(

@@ -58,7 +58,7 @@ impl KvPolicy {
             let idx = if layer < 0 { n + layer } else { layer };
             if !(0..n).contains(&idx) {
                 return Err(CacheError::InvalidLayout(format!(
-                    "layer override {layer}:{dtype}: the model has {n} layers, valid layers are 0..={} or -{n}..=-1",
+                    "layer override {layer}:{dtype}: the model has {n} layers with a KV cache (conv layers have none), valid layers are 0..={} or -{n}..=-1",
                     n - 1
                 )));
             }

@@ -426,7 +426,8 @@ fn row<B: Backend>(
     let ppl = (a.nll / a.n as f64).exp();
     let cfg = loaded.model.transformer.config();
     let head_dim = cfg.head_dim;
-    let n = cfg.n_layers as i64;
+    // Layers with a KV cache only (LFM2's conv layers have none).
+    let n = cfg.kv_layers() as i64;
     let bits = (0..n)
         .map(|l| {
             let dtype = layers
@@ -441,7 +442,7 @@ fn row<B: Backend>(
     Row {
         kv: name.to_string(),
         bits_per_element: bits,
-        kv_bytes_per_token: 2.0 * bits * (cfg.n_layers * cfg.n_kv_heads * head_dim) as f64 / 8.0,
+        kv_bytes_per_token: 2.0 * bits * (cfg.kv_layers() * cfg.n_kv_heads * head_dim) as f64 / 8.0,
         ppl,
         delta_ppl_pct: 100.0 * (ppl / base_ppl - 1.0),
         kl_vs_bf16: a.kl / a.n as f64,

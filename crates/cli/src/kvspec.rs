@@ -228,7 +228,7 @@ pub fn build_policy<B: Backend>(
     let c = model.config();
     let dtypes = check_spec(
         model.backend(),
-        c.n_layers,
+        c.kv_layers(),
         c.n_kv_heads,
         c.head_dim,
         spec,

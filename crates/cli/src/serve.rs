@@ -81,7 +81,7 @@ fn run_on<B: Backend + 'static>(backend: B, args: &ServeArgs) -> Result<()> {
     let loaded = load(backend, &args.model, &args.cache)?;
     let config = loaded.model.transformer.config().clone();
     let mut probe = KvLayout::uniform(
-        config.n_layers,
+        config.kv_layers(),
         config.n_kv_heads,
         config.head_dim,
         loaded.kv,
@@ -139,8 +139,11 @@ fn run_on<B: Backend + 'static>(backend: B, args: &ServeArgs) -> Result<()> {
     listener.set_nonblocking(true)?;
     let addr = listener.local_addr()?;
     let info = handle.info().clone();
+    // The engine may have turned prefix caching off (its warning says why: a windowed
+    // compressed cache, ring layers, conv layers): say which is in force.
+    let prefix = if info.prefix_caching { "on" } else { "off" };
     eprintln!(
-        "turbokv: serving {name} on http://{addr}/v1 ({describe}; KV {} for {} tokens, up to {} sequences)",
+        "turbokv: serving {name} on http://{addr}/v1 ({describe}; KV {} for {} tokens, up to {} sequences, prefix cache {prefix})",
         loaded.kv_label, info.kv_tokens, info.max_num_seqs
     );
     let server_opts = ServerOptions {

@@ -94,9 +94,10 @@ pub struct Engine<B: Backend> {
 impl<B: Backend> Engine<B> {
     /// An engine over `model` with a cache of `dtype` under `policy`, sized by `opts`.
     /// Prefix caching is turned off (with a warning) for caches with a full-precision window
-    /// (their exact copies of recent tokens are not shared with the blocks) and for models
+    /// (their exact copies of recent tokens are not shared with the blocks), for models
     /// with sliding-window ring layers (a sequence's ring holds nothing for tokens it took
-    /// from shared blocks).
+    /// from shared blocks) and for models with conv layers (LFM2: their per-sequence state
+    /// is not stored at block boundaries, so a shared prefix would resume from none).
     pub fn new(
         model: Transformer<B>,
         tokenizer: Arc<Tokenizer>,
@@ -127,6 +128,12 @@ impl<B: Backend> Engine<B> {
         if opts.prefix_caching && cache.ring_tokens_per_seq().is_some() {
             tracing::warn!(
                 "prefix caching is off: this model's sliding-window layers keep a per-sequence ring that shared blocks do not carry"
+            );
+            opts.prefix_caching = false;
+        }
+        if opts.prefix_caching && cache.conv_state_bytes_per_seq().is_some() {
+            tracing::warn!(
+                "prefix caching is off: this model's conv layers keep a per-sequence state that shared blocks do not carry"
             );
             opts.prefix_caching = false;
         }

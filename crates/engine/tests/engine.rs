@@ -346,3 +346,50 @@ fn a_model_with_sliding_window_rings_serves_without_prefix_caching() {
     .unwrap();
     assert!(!handle.info().prefix_caching);
 }
+
+/// A model with conv layers (LFM2, the committed tiny fixture) is served without prefix
+/// caching: its conv layers' per-sequence state is not stored with the blocks, so a shared
+/// prefix would resume from no state. Two requests with one prompt then both run in full
+/// and give the tokens of a single-sequence session.
+#[test]
+fn a_model_with_conv_layers_serves_without_prefix_caching() {
+    let Some(demo) = demo_model() else { return };
+    let lfm2 = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/fixtures/families/lfm2/model.gguf");
+    let model = Model::load(&lfm2, CpuBackend::new(), &LoadOptions::default()).unwrap();
+    let reference = Model::load(&lfm2, CpuBackend::new(), &LoadOptions::default()).unwrap();
+    let demo = Model::load(&demo, CpuBackend::new(), &LoadOptions::default()).unwrap();
+    let tokenizer = Tokenizer::from_gguf(&demo.gguf.as_ref().unwrap().metadata).unwrap();
+    let opts = EngineOptions {
+        max_model_len: 256,
+        kv_tokens: 1024,
+        ..EngineOptions::default()
+    };
+    assert!(opts.prefix_caching);
+    let (engine, handle) = Engine::new(
+        model.transformer,
+        Arc::new(tokenizer),
+        KvDtype::Bf16,
+        &KvPolicy::default(),
+        opts,
+    )
+    .unwrap();
+    assert!(!handle.info().prefix_caching);
+    let thread = std::thread::spawn(move || engine.run());
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 5 + 3) % 128).collect();
+    let mut session =
+        turbokv_model::Session::new(&reference.transformer, KvDtype::Bf16, 256).unwrap();
+    let want = session.generate_greedy(&prompt, 12, |_| true).unwrap();
+    for _ in 0..2 {
+        let stream = handle
+            .submit(GenerateRequest::greedy(prompt.clone(), 12))
+            .unwrap();
+        let (tokens, _, usage) = collect(stream);
+        assert_eq!(usage.cached_tokens, 0);
+        // The engine stops at the tokenizer's end-of-sequence id; the session does not.
+        assert!(!tokens.is_empty());
+        assert_eq!(tokens[..], want[..tokens.len()]);
+    }
+    handle.shutdown();
+    thread.join().unwrap();
+}

@@ -161,7 +161,7 @@ pub fn calibrate_kv_centers_on<B: Backend>(
     tokens: &[u32],
 ) -> Result<KvCalibration, ModelError> {
     let c = model.config();
-    let (layers, heads, d) = (c.n_layers, c.n_kv_heads, c.head_dim);
+    let (layers, heads, d) = (c.kv_layers(), c.n_kv_heads, c.head_dim);
     if tokens.len() < 2 {
         return Err(ModelError::InvalidConfig(format!(
             "KV calibration needs at least 2 tokens, got {}",

@@ -22,6 +22,9 @@ pub enum Family {
     Granite,
     /// Gemma 3 (text): sliding-window and global layers, pre/post norms, GeGLU, q/k norm.
     Gemma3,
+    /// Liquid AI LFM2: gated short-convolution layers (no KV cache) between attention
+    /// layers with q/k norm.
+    Lfm2,
 }
 
 impl Family {
@@ -32,6 +35,7 @@ impl Family {
             "qwen3" | "Qwen3ForCausalLM" => Ok(Self::Qwen3),
             "granite" | "GraniteForCausalLM" => Ok(Self::Granite),
             "gemma3" | "gemma3_text" | "Gemma3ForCausalLM" => Ok(Self::Gemma3),
+            "lfm2" | "Lfm2ForCausalLM" | "LFM2ForCausalLM" => Ok(Self::Lfm2),
             other => Err(ModelError::UnknownArchitecture {
                 found: sub_variant_hint(other),
                 supported: SUPPORTED,
@@ -41,7 +45,7 @@ impl Family {
 }
 
 /// The architecture names [`Family::parse`] accepts, for error messages.
-const SUPPORTED: &str = "llama, mistral, qwen2, qwen3, granite, gemma3 (GGUF) / LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GraniteForCausalLM, Gemma3ForCausalLM (Hugging Face)";
+const SUPPORTED: &str = "llama, mistral, qwen2, qwen3, granite, gemma3, lfm2 (GGUF) / LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GraniteForCausalLM, Gemma3ForCausalLM, Lfm2ForCausalLM (Hugging Face)";
 
 /// Llama-3-style RoPE frequency scaling (long-context extension).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -105,6 +109,14 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// Layers with a KV cache: all but conv layers ([`ArchConfig::conv_layers`]). The KV
+    /// layout, its policy's layer indices and calibration count these only.
+    ///
+    /// [`ArchConfig::conv_layers`]: crate::arch::ArchConfig::conv_layers
+    pub fn kv_layers(&self) -> usize {
+        self.n_layers - self.arch.conv_layers.iter().filter(|&&c| c).count()
+    }
+
     /// Checks the invariants the forward pass relies on.
     pub fn validate(self) -> Result<Self, ModelError> {
         let bad = |what: String| Err(ModelError::InvalidConfig(what));
@@ -166,9 +178,7 @@ impl ModelConfig {
         let k = |s: &str| format!("{arch}.{s}");
         let hidden = md.u64(&k("embedding_length"))? as usize;
         let n_heads = md.u64(&k("attention.head_count"))? as usize;
-        let n_kv_heads = md
-            .opt_u64(&k("attention.head_count_kv"))?
-            .map_or(n_heads, |v| v as usize);
+        let n_kv_heads = gguf_kv_heads(md, &k("attention.head_count_kv"))?.unwrap_or(n_heads);
         let head_dim = match md.opt_u64(&k("attention.key_length"))? {
             Some(v) => v as usize,
             None if n_heads > 0 => hidden / n_heads,
@@ -207,7 +217,9 @@ impl ModelConfig {
             // files keep Hugging Face's half-split layout ("NEOX" rope in llama.cpp).
             rope_style: match family {
                 Family::Llama | Family::Granite => RopeStyle::Interleaved,
-                Family::Qwen2 | Family::Qwen3 | Family::Gemma3 => RopeStyle::HalfSplit,
+                Family::Qwen2 | Family::Qwen3 | Family::Gemma3 | Family::Lfm2 => {
+                    RopeStyle::HalfSplit
+                }
             },
             rope_scaling,
             max_context: md
@@ -259,8 +271,8 @@ impl ModelConfig {
             n_heads: raw.num_attention_heads,
             n_kv_heads: raw.num_key_value_heads.unwrap_or(raw.num_attention_heads),
             head_dim,
-            ffn: raw.intermediate_size,
-            rms_eps: raw.rms_norm_eps.unwrap_or(1e-6),
+            ffn: extras.ffn.unwrap_or(raw.intermediate_size),
+            rms_eps: extras.rms_eps.or(raw.rms_norm_eps).unwrap_or(1e-6),
             rope_theta: extras.rope_theta.or(raw.rope_theta).unwrap_or(10_000.0),
             rope_dim: head_dim,
             rope_style: RopeStyle::HalfSplit,
@@ -270,6 +282,26 @@ impl ModelConfig {
         }
         .validate()
     }
+}
+
+/// KV heads from GGUF metadata: one number, or (LFM2) one per layer with 0 for layers
+/// without attention, whose attention layers must then agree.
+fn gguf_kv_heads(md: &Metadata, key: &str) -> Result<Option<usize>, ModelError> {
+    let Some(v) = md.get(key) else {
+        return Ok(None);
+    };
+    if let Some(list) = v.as_array() {
+        let heads: Vec<u64> = list.iter().filter_map(|h| h.as_u64()).collect();
+        let attn: Vec<u64> = heads.iter().copied().filter(|&h| h > 0).collect();
+        if heads.len() != list.len() || attn.windows(2).any(|w| w[0] != w[1]) {
+            return Err(ModelError::InvalidConfig(format!(
+                "{key}: per-layer kv heads must be one count for every attention layer \
+                 (0 for others), found {list:?}"
+            )));
+        }
+        return Ok(attn.first().map(|&h| h as usize));
+    }
+    Ok(Some(md.u64(key)? as usize))
 }
 
 /// An architecture name with a hint when it is a known family's variant this engine does
@@ -286,6 +318,12 @@ fn sub_variant_hint(found: &str) -> String {
         | "GraniteMoeHybridForCausalLM"
         | "granitemoe"
         | "granitehybrid" => " (Granite's MoE variants are not supported; dense Granite is)",
+        "Lfm2MoeForCausalLM" | "lfm2moe" => {
+            " (LFM2's MoE variant is not supported; dense LFM2, Lfm2ForCausalLM, is)"
+        }
+        "Lfm2VlForConditionalGeneration" => {
+            " (a vision-language LFM2; only its text model, Lfm2ForCausalLM, is supported)"
+        }
         _ => "",
     };
     format!("{found}{hint}")

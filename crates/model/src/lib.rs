@@ -115,6 +115,16 @@ pub enum ModelError {
         /// The backend.
         backend: String,
     },
+    /// A conv layer's per-sequence state cannot serve the request: a step resuming a
+    /// sequence at a position its state does not hold (a prefix taken from shared blocks,
+    /// a state lost with a failed step), or a cut further back than the state reaches.
+    #[error("sequence {seq}: {detail}")]
+    ConvState {
+        /// The sequence.
+        seq: turbokv_cache::SeqId,
+        /// What was asked and what the state holds.
+        detail: String,
+    },
     /// The path is neither a GGUF file nor a model directory.
     #[error("{0} is neither a .gguf file nor a directory with config.json")]
     UnknownFormat(String),

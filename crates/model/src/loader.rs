@@ -8,17 +8,10 @@ use crate::source::TensorSource;
 
 /// One transformer block's weights, resident on backend `B`.
 pub struct LayerWeights<B: Backend> {
-    /// Pre-attention RMSNorm weight.
+    /// Pre-mixer RMSNorm weight (before attention or the conv block).
     pub attn_norm: B::Vector,
-    /// Q, K and V projections; one fused matrix when their formats agree, else three,
-    /// whose outputs sit side by side as `[q | k | v]`.
-    pub wqkv: Vec<B::Matrix>,
-    /// Fused `[q | k | v]` bias (Qwen2).
-    pub bqkv: Option<B::Vector>,
-    /// Per-head q and k RMSNorm weights (Qwen3).
-    pub qk_norm: Option<(B::Vector, B::Vector)>,
-    /// Output projection.
-    pub wo: B::Matrix,
+    /// What mixes the block's tokens: attention, or (LFM2) a gated short convolution.
+    pub mixer: Mixer<B>,
     /// Pre-MLP RMSNorm weight.
     pub ffn_norm: B::Vector,
     /// Gate and up projections, outputs side by side as `[gate | up]`.
@@ -27,6 +20,47 @@ pub struct LayerWeights<B: Backend> {
     pub w_down: B::Matrix,
     /// What the family adds (Gemma's post norms).
     pub extra: LayerExtras<B>,
+}
+
+/// The token mixer of a block.
+pub enum Mixer<B: Backend> {
+    /// Attention over the KV cache.
+    Attention(AttnWeights<B>),
+    /// LFM2's gated short convolution over a per-sequence state (no KV cache).
+    ShortConv(ShortConvWeights<B>),
+}
+
+impl<B: Backend> Mixer<B> {
+    /// The attention weights, unless this is a conv layer.
+    pub fn attention(&self) -> Option<&AttnWeights<B>> {
+        match self {
+            Self::Attention(a) => Some(a),
+            Self::ShortConv(_) => None,
+        }
+    }
+}
+
+/// An attention layer's projections.
+pub struct AttnWeights<B: Backend> {
+    /// Q, K and V projections; one fused matrix when their formats agree, else three,
+    /// whose outputs sit side by side as `[q | k | v]`.
+    pub wqkv: Vec<B::Matrix>,
+    /// Fused `[q | k | v]` bias (Qwen2).
+    pub bqkv: Option<B::Vector>,
+    /// Per-head q and k RMSNorm weights (Qwen3, Gemma 3, LFM2).
+    pub qk_norm: Option<(B::Vector, B::Vector)>,
+    /// Output projection.
+    pub wo: B::Matrix,
+}
+
+/// A conv layer's weights (see [`Backend::short_conv`]).
+pub struct ShortConvWeights<B: Backend> {
+    /// `[3·hidden, hidden]`: each row of its output is `[b | c | x]`.
+    pub in_proj: B::Matrix,
+    /// The depthwise taps, `[hidden, L]` row-major.
+    pub kernel: B::Vector,
+    /// `[hidden, hidden]`.
+    pub out_proj: B::Matrix,
 }
 
 /// Per-layer weights of the families beyond llama/qwen; see [`crate::arch`].
@@ -60,7 +94,7 @@ pub struct Weights<B: Backend> {
 
 /// Bytes of weights read per decoded token (every matrix once), for roofline figures.
 pub fn weight_bytes(src: &dyn TensorSource, cfg: &ModelConfig) -> usize {
-    let mut names = vec!["output_norm.weight".to_string()];
+    let mut names = vec![cfg.arch.final_norm.to_string()];
     names.push(
         if src.has("output.weight") {
             "output.weight"
@@ -78,6 +112,8 @@ pub fn weight_bytes(src: &dyn TensorSource, cfg: &ModelConfig) -> usize {
             "ffn_gate",
             "ffn_up",
             "ffn_down",
+            "shortconv.in_proj",
+            "shortconv.out_proj",
         ] {
             names.push(format!("blk.{l}.{t}.weight"));
         }
@@ -96,7 +132,6 @@ pub fn load_weights<B: Backend>(
     cfg: &ModelConfig,
     progress: &dyn Fn(usize, usize),
 ) -> Result<Weights<B>, ModelError> {
-    let hd = cfg.head_dim;
     let embed = checked(
         src.matrix("token_embd.weight")?,
         "token_embd.weight",
@@ -135,33 +170,10 @@ pub fn load_weights<B: Backend>(
             }
             Ok(backend.vector(&v)?)
         };
-        let (q, kv) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
-        let wqkv = fuse_rows(vec![
-            mat("attn_q.weight", q, cfg.hidden)?,
-            mat("attn_k.weight", kv, cfg.hidden)?,
-            mat("attn_v.weight", kv, cfg.hidden)?,
-        ]);
-        let bqkv = if src.has(&name("attn_q.bias")) {
-            let mut b = src.vector(&name("attn_q.bias"))?;
-            b.extend(src.vector(&name("attn_k.bias"))?);
-            b.extend(src.vector(&name("attn_v.bias"))?);
-            if b.len() != q + 2 * kv {
-                return Err(ModelError::TensorShape {
-                    name: name("attn_*.bias"),
-                    detail: format!("{} values, expected {}", b.len(), q + 2 * kv),
-                });
-            }
-            Some(backend.vector(&b)?)
+        let mixer = if cfg.arch.is_conv(l) {
+            Mixer::ShortConv(load_conv(backend, src, cfg, l)?)
         } else {
-            None
-        };
-        let qk_norm = if src.has(&name("attn_q_norm.weight")) {
-            Some((
-                vec("attn_q_norm.weight", hd)?,
-                vec("attn_k_norm.weight", hd)?,
-            ))
-        } else {
-            None
+            Mixer::Attention(load_attention(backend, src, cfg, l, &vec)?)
         };
         let w_gate_up = fuse_rows(vec![
             mat("ffn_gate.weight", cfg.ffn, cfg.hidden)?,
@@ -169,13 +181,7 @@ pub fn load_weights<B: Backend>(
         ]);
         layers.push(LayerWeights {
             attn_norm: vec("attn_norm.weight", cfg.hidden)?,
-            wqkv: wqkv
-                .iter()
-                .map(|m| backend.matrix(m))
-                .collect::<Result<_, _>>()?,
-            bqkv,
-            qk_norm,
-            wo: backend.matrix(&mat("attn_output.weight", cfg.hidden, q)?)?,
+            mixer,
             ffn_norm: vec("ffn_norm.weight", cfg.hidden)?,
             w_gate_up: w_gate_up
                 .iter()
@@ -197,13 +203,14 @@ pub fn load_weights<B: Backend>(
         });
         progress(l + 1, cfg.n_layers);
     }
-    let mut norm = src.vector("output_norm.weight")?;
+    let final_norm = cfg.arch.final_norm;
+    let mut norm = src.vector(final_norm)?;
     // The logit multiplier is exact in the final norm's weight: logits are linear in it.
     norm.iter_mut()
         .for_each(|x| *x = (*x + shift) * cfg.arch.logit_scale);
     if norm.len() != cfg.hidden {
         return Err(ModelError::TensorShape {
-            name: "output_norm.weight".into(),
+            name: final_norm.into(),
             detail: format!("{} values, expected {}", norm.len(), cfg.hidden),
         });
     }
@@ -212,6 +219,87 @@ pub fn load_weights<B: Backend>(
         layers,
         final_norm: backend.vector(&norm)?,
         lm_head: backend.matrix(&lm_head)?,
+    })
+}
+
+/// Loads layer vector `name` (a tail like `attn_q_norm.weight`) with its length checked.
+type VectorLoader<'a, V> = &'a dyn Fn(&str, usize) -> Result<V, ModelError>;
+
+/// Layer `l`'s attention projections.
+fn load_attention<B: Backend>(
+    backend: &B,
+    src: &dyn TensorSource,
+    cfg: &ModelConfig,
+    l: usize,
+    vec: VectorLoader<'_, B::Vector>,
+) -> Result<AttnWeights<B>, ModelError> {
+    let hd = cfg.head_dim;
+    let name = |t: &str| format!("blk.{l}.{t}");
+    let mat = |t: &str, rows, cols| -> Result<WeightMatrix, ModelError> {
+        let n = name(t);
+        checked(src.matrix(&n)?, &n, rows, cols)
+    };
+    let (q, kv) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
+    let wqkv = fuse_rows(vec![
+        mat("attn_q.weight", q, cfg.hidden)?,
+        mat("attn_k.weight", kv, cfg.hidden)?,
+        mat("attn_v.weight", kv, cfg.hidden)?,
+    ]);
+    let bqkv = if src.has(&name("attn_q.bias")) {
+        let mut b = src.vector(&name("attn_q.bias"))?;
+        b.extend(src.vector(&name("attn_k.bias"))?);
+        b.extend(src.vector(&name("attn_v.bias"))?);
+        if b.len() != q + 2 * kv {
+            return Err(ModelError::TensorShape {
+                name: name("attn_*.bias"),
+                detail: format!("{} values, expected {}", b.len(), q + 2 * kv),
+            });
+        }
+        Some(backend.vector(&b)?)
+    } else {
+        None
+    };
+    let qk_norm = if src.has(&name("attn_q_norm.weight")) {
+        Some((
+            vec("attn_q_norm.weight", hd)?,
+            vec("attn_k_norm.weight", hd)?,
+        ))
+    } else {
+        None
+    };
+    Ok(AttnWeights {
+        wqkv: wqkv
+            .iter()
+            .map(|m| backend.matrix(m))
+            .collect::<Result<_, _>>()?,
+        bqkv,
+        qk_norm,
+        wo: backend.matrix(&mat("attn_output.weight", cfg.hidden, q)?)?,
+    })
+}
+
+/// Layer `l`'s gated short convolution (LFM2), every tensor's shape checked.
+fn load_conv<B: Backend>(
+    backend: &B,
+    src: &dyn TensorSource,
+    cfg: &ModelConfig,
+    l: usize,
+) -> Result<ShortConvWeights<B>, ModelError> {
+    let h = cfg.hidden;
+    let mat = |t: &str, rows, cols| -> Result<WeightMatrix, ModelError> {
+        let n = format!("blk.{l}.{t}");
+        checked(src.matrix(&n)?, &n, rows, cols)
+    };
+    let taps = cfg.arch.conv_kernel;
+    let conv = mat("shortconv.conv.weight", h, taps)?;
+    let mut kernel = vec![0f32; h * taps];
+    for (r, row) in kernel.chunks_mut(taps).enumerate() {
+        conv.row_f32(r, row)?;
+    }
+    Ok(ShortConvWeights {
+        in_proj: backend.matrix(&mat("shortconv.in_proj.weight", 3 * h, h)?)?,
+        kernel: backend.vector(&kernel)?,
+        out_proj: backend.matrix(&mat("shortconv.out_proj.weight", h, h)?)?,
     })
 }
 

@@ -81,7 +81,10 @@ fn build<B: Backend>(
     src: &dyn TensorSource,
     opts: &LoadOptions,
 ) -> Result<Transformer<B>, ModelError> {
-    if !config.arch.is_plain() && !backend.supports_family_ops() {
+    let needs_conv = config.arch.conv_layers.contains(&true);
+    if (!config.arch.is_plain() && !backend.supports_family_ops())
+        || (needs_conv && !backend.supports_short_conv())
+    {
         return Err(ModelError::FamilyUnsupported {
             family: config.family,
             backend: backend.describe(),

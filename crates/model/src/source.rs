@@ -144,6 +144,7 @@ impl SafetensorsDir {
         let simple = match name {
             "token_embd.weight" => Some("model.embed_tokens.weight"),
             "output_norm.weight" => Some("model.norm.weight"),
+            "token_embd_norm.weight" => Some("model.embedding_norm.weight"),
             "output.weight" => Some("lm_head.weight"),
             _ => None,
         };
@@ -187,6 +188,8 @@ impl TensorSource for SafetensorsDir {
         let (rows, cols) = match shape.as_slice() {
             [c] => (1, *c),
             [r, c] => (*r, *c),
+            // A depthwise Conv1d's `[channels, 1, taps]` (LFM2): one row of taps per channel.
+            [r, 1, c] => (*r, *c),
             dims => {
                 return Err(ModelError::TensorShape {
                     name: hf,

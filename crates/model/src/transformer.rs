@@ -7,6 +7,7 @@ use turbokv_cache::{BlockAllocator, KvLayout, KvPolicy, SeqId};
 use turbokv_codec::KvDtype;
 
 use crate::ModelError;
+use crate::arch::conv::ConvStates;
 use crate::config::ModelConfig;
 use crate::loader::{LayerWeights, Weights};
 
@@ -33,6 +34,8 @@ pub struct KvCache<B: Backend> {
     max_tokens_per_seq: usize,
     /// Ring blocks of the sliding-window layers, when the model has any.
     pub(crate) rings: Option<crate::arch::ring::Rings>,
+    /// The conv layers' per-sequence states, when the model has conv layers (LFM2).
+    pub(crate) conv: Option<ConvStates>,
 }
 
 impl<B: Backend> KvCache<B> {
@@ -58,7 +61,15 @@ impl<B: Backend> KvCache<B> {
         if let Some(r) = &mut self.rings {
             r.remove(id);
         }
+        if let Some(c) = &mut self.conv {
+            c.remove(id);
+        }
         Ok(())
+    }
+    /// Bytes of conv-layer state each sequence holds beside its KV blocks, when the model
+    /// has conv layers (LFM2): a fixed amount, however long the sequence.
+    pub fn conv_state_bytes_per_seq(&self) -> Option<usize> {
+        self.conv.as_ref().map(ConvStates::bytes_per_seq)
     }
     /// Tokens each sequence's sliding-window layers hold at most (their ring), when the
     /// model has such layers and the cache keeps them in rings.
@@ -75,12 +86,20 @@ impl<B: Backend> KvCache<B> {
     }
 
     /// Forgets sequence `id`'s tokens from position `len` on (blocks no longer needed are
-    /// freed).
+    /// freed). Conv layers' states reach back only a few tokens
+    /// ([`crate::arch::conv::REWIND`]); a cut further back (except to 0) is refused.
     pub fn truncate(&mut self, id: SeqId, len: usize) -> Result<(), ModelError> {
         if let Some(r) = &self.rings {
             r.check_truncate(self.seq_len(id)?, len)?;
         }
-        Ok(self.alloc.truncate(id, len)?)
+        if let Some(c) = &self.conv {
+            c.check_rewind(id, len)?;
+        }
+        self.alloc.truncate(id, len)?;
+        if let Some(c) = &mut self.conv {
+            c.rewind(id, len);
+        }
+        Ok(())
     }
 
     /// Rolls a failed step back (its ring writes only touched positions no query reads).
@@ -93,7 +112,8 @@ impl<B: Backend> KvCache<B> {
         Ok(self.alloc.table(id)?.len())
     }
     /// Bytes of K and V per cached token over all layers, except ring layers (their memory
-    /// is bounded per sequence: [`Self::ring_tokens_per_seq`]).
+    /// is bounded per sequence: [`Self::ring_tokens_per_seq`]) and conv layers (no KV;
+    /// [`Self::conv_state_bytes_per_seq`]).
     pub fn bytes_per_token(&self) -> f64 {
         match &self.rings {
             None => self.layout.bytes_per_token_all_layers(),
@@ -225,6 +245,9 @@ pub struct Scratch<B: Backend> {
     pub(crate) proj: B::Tensor,
     pub(crate) gate_up: B::Tensor,
     pub(crate) act: B::Tensor,
+    /// Conv layers' `[b | c | x]` rows and their gated convolution (LFM2).
+    pub(crate) bcx: B::Tensor,
+    pub(crate) mixed: B::Tensor,
     picked: B::Tensor,
     picked_n: B::Tensor,
     logits: B::Tensor,
@@ -311,8 +334,10 @@ impl<B: Backend> Transformer<B> {
         max_tokens_per_seq: usize,
     ) -> Result<KvCache<B>, ModelError> {
         self.backend.supports_attention(&self.geometry, dtype)?;
+        // Conv layers have no KV: the layout's layers are the attention layers.
+        let kv_layers = self.config.arch.kv_layers(self.config.n_layers);
         let mut layout = KvLayout::uniform(
-            self.config.n_layers,
+            kv_layers.len(),
             self.config.n_kv_heads,
             self.config.head_dim,
             dtype,
@@ -327,7 +352,7 @@ impl<B: Backend> Transformer<B> {
         let rings = self.new_rings(block_size, max_tokens, max_tokens_per_seq);
         let ring_layout = match &rings {
             Some(r) => Some(KvLayout::uniform(
-                self.config.n_layers,
+                kv_layers.len(),
                 self.config.n_kv_heads,
                 self.config.head_dim,
                 KvDtype::F16,
@@ -336,18 +361,26 @@ impl<B: Backend> Transformer<B> {
             )?),
             None => None,
         };
-        let pools = (0..self.config.n_layers)
-            .map(|l| match (&ring_layout, self.config.arch.window_of(l)) {
-                (Some(ring), Some(_)) => self.backend.kv_pool(ring, l),
-                _ => self.backend.kv_pool(&layout, l),
-            })
+        let pools = kv_layers
+            .iter()
+            .enumerate()
+            .map(
+                |(i, &l)| match (&ring_layout, self.config.arch.window_of(l)) {
+                    (Some(ring), Some(_)) => self.backend.kv_pool(ring, i),
+                    _ => self.backend.kv_pool(&layout, i),
+                },
+            )
             .collect::<Result<_, _>>()?;
+        let a = &self.config.arch;
+        let n_conv = self.config.n_layers - kv_layers.len();
+        let conv = (n_conv > 0).then(|| ConvStates::new(n_conv, self.config.hidden, a.conv_kernel));
         Ok(KvCache {
             alloc: BlockAllocator::new(layout.num_blocks, block_size),
             layout,
             pools,
             max_tokens_per_seq,
             rings,
+            conv,
         })
     }
 
@@ -363,6 +396,8 @@ impl<B: Backend> Transformer<B> {
             proj: b.tensor(0, c.hidden)?,
             gate_up: b.tensor(0, 2 * c.ffn)?,
             act: b.tensor(0, c.ffn)?,
+            bcx: b.tensor(0, 3 * c.hidden)?,
+            mixed: b.tensor(0, c.hidden)?,
             picked: b.tensor(0, c.hidden)?,
             picked_n: b.tensor(0, c.hidden)?,
             logits: b.tensor(0, c.vocab_size)?,
@@ -444,6 +479,7 @@ impl<B: Backend> Transformer<B> {
     /// step's fused rows on the host (`[tokens, (n_heads + 2·n_kv_heads)·head_dim]`, each row
     /// `[q | k | v]`, sequences in input order): q and k after the optional q/k norm and
     /// RoPE, v as projected — the keys and values the cache was given, before its rounding.
+    /// `layer` is the KV layout's layer: conv layers (LFM2) have no KV and are not observed.
     ///
     /// For calibration and debugging: every layer copies its rows to the host.
     pub fn forward_observed(
@@ -495,6 +531,9 @@ impl<B: Backend> Transformer<B> {
         if result.is_err() {
             for (inp, &start) in inputs.iter().zip(&starts) {
                 cache.alloc.truncate(inp.seq, start)?;
+                if let Some(c) = &mut cache.conv {
+                    c.roll_back(inp.seq, start);
+                }
             }
         }
         result
@@ -545,23 +584,34 @@ impl<B: Backend> Transformer<B> {
                     .map(|(i, &st)| r.virtual_table(i.seq, st + i.tokens.len()))
                     .collect()
             });
+            let steps: Vec<(SeqId, usize)> =
+                inputs.iter().map(|i| (i.seq, i.tokens.len())).collect();
             crate::arch::forward::layers(
                 self,
                 &spans,
                 ring_tables.as_deref(),
-                &mut cache.pools,
+                crate::arch::forward::LayerState {
+                    pools: &mut cache.pools,
+                    conv: cache.conv.as_mut().map(|c| (c, steps.as_slice())),
+                },
                 s,
                 &mut observe,
             )?;
             &[]
         };
         for (l, (layer, pool)) in plain_layers.iter().zip(cache.pools.iter_mut()).enumerate() {
+            // A plain model has attention in every layer (conv layers make a model non-plain).
+            let Some(att) = layer.mixer.attention() else {
+                return Err(ModelError::InvalidConfig(format!(
+                    "layer {l} is a conv layer in a model without conv layers"
+                )));
+            };
             let proj = QkvProjection {
                 norm: &layer.attn_norm,
                 eps,
-                weights: &layer.wqkv,
-                bias: layer.bqkv.as_ref(),
-                qk_norm: layer.qk_norm.as_ref().map(|(q, k)| QkNorm { q, k, eps }),
+                weights: &att.wqkv,
+                bias: att.bqkv.as_ref(),
+                qk_norm: att.qk_norm.as_ref().map(|(q, k)| QkNorm { q, k, eps }),
             };
             b.project_qkv_write_kv(
                 &s.x,
@@ -579,7 +629,7 @@ impl<B: Backend> Transformer<B> {
                 f(l, &host);
             }
             b.attention(&s.qkv, &self.geometry, &spans, pool, &mut s.attn)?;
-            b.matmul_add(&s.attn, &layer.wo, &mut s.x, &mut s.proj)?;
+            b.matmul_add(&s.attn, &att.wo, &mut s.x, &mut s.proj)?;
             b.rms_norm_matmul_silu(
                 &s.x,
                 &layer.ffn_norm,
@@ -643,6 +693,9 @@ fn reserve<B: Backend>(
                 limit: cache.max_tokens_per_seq,
             });
         }
+        if let Some(c) = &cache.conv {
+            c.check_step(inp.seq, len)?;
+        }
         starts.push(len);
     }
     let needed: usize = inputs
@@ -671,6 +724,11 @@ fn reserve<B: Backend>(
     if let Some(r) = &mut cache.rings {
         for &(seq, len) in &grown {
             r.grow(seq, len);
+        }
+    }
+    if let Some(c) = &mut cache.conv {
+        for (inp, &start) in inputs.iter().zip(&starts) {
+            c.begin_step(inp.seq, start);
         }
     }
     let tables = inputs

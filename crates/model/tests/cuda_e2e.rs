@@ -481,3 +481,25 @@ fn demo_model_greedy_agrees() {
         "greedy continuations agree for at most {longest} tokens"
     );
 }
+
+/// The CUDA backend has none of the family ops (nor LFM2's short convolution): loading a
+/// family fixture on it is refused up front with `FamilyUnsupported` naming the family,
+/// never a failure mid-step.
+#[test]
+fn family_models_are_refused_at_load() {
+    let Some(_) = gpu() else { return };
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/families");
+    for name in ["granite", "gemma3", "lfm2"] {
+        for path in [dir.join(name).join("hf"), dir.join(name).join("model.gguf")] {
+            let Some(g) = gpu() else { return };
+            let err = Model::load(&path, g, &LoadOptions::default())
+                .err()
+                .unwrap_or_else(|| panic!("{} loaded on CUDA", path.display()));
+            assert!(
+                matches!(err, turbokv_model::ModelError::FamilyUnsupported { .. }),
+                "{}: {err}",
+                path.display()
+            );
+        }
+    }
+}

@@ -1,9 +1,11 @@
-//! Granite and Gemma 3 against Hugging Face transformers: tiny random models of each family
+//! Granite, Gemma 3 and LFM2 against Hugging Face transformers: tiny random models of each family
 //! (committed fixtures from `scripts/make_family_fixtures.py`), loaded both from the
 //! safetensors directory transformers saved and from the GGUF file with llama.cpp's
 //! conventions, must give transformers' float64 logits and its greedy continuation.
 
 mod common;
+#[path = "families/lfm2.rs"]
+mod lfm2;
 
 use std::path::{Path, PathBuf};
 
@@ -105,7 +107,8 @@ fn check_family(name: &str) {
         // in float64; what is left is f32 arithmetic and the f16 KV cache (11-bit
         // mantissa: ~5e-4 relative per key/value), which bounds the error near 1e-3 of the
         // logit scale (observed: 2e-5 Granite, 2e-4 Gemma 3 from safetensors). Gemma's GGUF
-        // stores each norm as f16(1 + w), which rounds w again (observed 6e-4).
+        // stores each norm as f16(1 + w), which rounds w again (observed 6e-4). LFM2's conv
+        // layers add only f32 sums of three taps per channel (observed 1.2e-4).
         assert!(
             err < 3e-3 * scale,
             "{name} {}: max logit error {err} (scale {scale})",
@@ -131,11 +134,16 @@ fn gemma3_matches_transformers_in_both_formats() {
     check_family("gemma3");
 }
 
+#[test]
+fn lfm2_matches_transformers_in_both_formats() {
+    check_family("lfm2");
+}
+
 /// Every KV dtype runs each family; logits stay near the 16-bit cache's, closer the more
 /// bits the cache keeps.
 #[test]
 fn every_kv_dtype_runs_each_family() {
-    for name in ["granite", "gemma3"] {
+    for name in ["granite", "gemma3", "lfm2"] {
         let want = reference(name);
         let model = load(&family_dir(name).join("model.gguf")).unwrap();
         let base = engine_logits(&model, &want.prompt, KvDtype::F16);
@@ -375,7 +383,7 @@ fn assert_close(a: &[f32], b: &[f32], what: &str) {
         .fold(0.0f32, f32::max);
     assert!(
         err < 2e-4 * scale,
-        "{what}: ring and full cache differ by {err} (scale {scale})"
+        "{what}: the two runs differ by {err} (scale {scale})"
     );
 }
 
@@ -448,14 +456,137 @@ fn gemma3_split_batched_steps_and_truncation_limits() {
 /// ops, as the CUDA backend has today): the CPU's kernels behind it.
 struct PlainOnly(CpuBackend);
 
+/// A backend with the CPU's family ops but not LFM2's short convolution (what CUDA would be
+/// with the attention variants and without the conv op).
+struct NoShortConv(CpuBackend);
+
 mod plain_only {
-    use super::PlainOnly;
+    use super::{NoShortConv, PlainOnly};
     use turbokv_backend::cpu::{CpuKvPool, CpuPicks, CpuTensor};
-    use turbokv_backend::{AttnGeometry, Backend, Error, QkNorm, Rope, SeqSpan, WeightMatrix};
+    use turbokv_backend::{
+        AttnGeometry, AttnVariant, Backend, Error, QkNorm, Rope, SeqSpan, WeightMatrix,
+    };
     use turbokv_cache::KvLayout;
     use turbokv_codec::KvDtype;
 
     type V = Vec<f32>;
+
+    /// The plain decoder's ops, delegated to the CPU backend in `.0`.
+    macro_rules! plain_ops {
+        () => {
+            fn describe(&self) -> String {
+                "plain-only".into()
+            }
+            fn check_kv_dtype(&self, d: KvDtype, h: usize) -> Result<(), Error> {
+                self.0.check_kv_dtype(d, h)
+            }
+            fn tensor(&self, r: usize, c: usize) -> Result<CpuTensor, Error> {
+                self.0.tensor(r, c)
+            }
+            fn set_rows(&self, t: &mut CpuTensor, r: usize) -> Result<(), Error> {
+                self.0.set_rows(t, r)
+            }
+            fn to_host(&self, t: &CpuTensor, o: &mut Vec<f32>) -> Result<(), Error> {
+                self.0.to_host(t, o)
+            }
+            fn cols(&self, t: &CpuTensor) -> usize {
+                self.0.cols(t)
+            }
+            fn matrix(&self, w: &WeightMatrix) -> Result<WeightMatrix, Error> {
+                self.0.matrix(w)
+            }
+            fn vector(&self, v: &[f32]) -> Result<V, Error> {
+                self.0.vector(v)
+            }
+            fn kv_pool(&self, l: &KvLayout, i: usize) -> Result<CpuKvPool, Error> {
+                self.0.kv_pool(l, i)
+            }
+            fn embed(&self, t: &WeightMatrix, ids: &[u32], o: &mut CpuTensor) -> Result<(), Error> {
+                self.0.embed(t, ids, o)
+            }
+            fn new_picks(&self) -> Result<CpuPicks, Error> {
+                self.0.new_picks()
+            }
+            fn pick_greedy(&self, l: &CpuTensor, p: &mut CpuPicks) -> Result<(), Error> {
+                self.0.pick_greedy(l, p)
+            }
+            fn wait_picks(&self, p: &mut CpuPicks, o: &mut Vec<u32>) -> Result<(), Error> {
+                self.0.wait_picks(p, o)
+            }
+            fn embed_picks(
+                &self,
+                t: &WeightMatrix,
+                p: &CpuPicks,
+                r: usize,
+                o: &mut CpuTensor,
+            ) -> Result<(), Error> {
+                self.0.embed_picks(t, p, r, o)
+            }
+            fn rms_norm(
+                &self,
+                x: &CpuTensor,
+                w: &V,
+                e: f32,
+                o: &mut CpuTensor,
+            ) -> Result<(), Error> {
+                self.0.rms_norm(x, w, e, o)
+            }
+            fn matmul(
+                &self,
+                x: &CpuTensor,
+                w: &WeightMatrix,
+                o: &mut CpuTensor,
+            ) -> Result<(), Error> {
+                self.0.matmul(x, w, o)
+            }
+            fn matmul_cat(
+                &self,
+                x: &CpuTensor,
+                ws: &[WeightMatrix],
+                o: &mut CpuTensor,
+            ) -> Result<(), Error> {
+                self.0.matmul_cat(x, ws, o)
+            }
+            fn add_bias(&self, x: &mut CpuTensor, b: &V) -> Result<(), Error> {
+                self.0.add_bias(x, b)
+            }
+            fn add_assign(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<(), Error> {
+                self.0.add_assign(x, y)
+            }
+            fn silu_mul(&self, g: &CpuTensor, o: &mut CpuTensor) -> Result<(), Error> {
+                self.0.silu_mul(g, o)
+            }
+            fn gather_rows(
+                &self,
+                x: &CpuTensor,
+                r: &[usize],
+                o: &mut CpuTensor,
+            ) -> Result<(), Error> {
+                self.0.gather_rows(x, r, o)
+            }
+            fn write_kv(
+                &self,
+                qkv: &mut CpuTensor,
+                g: &AttnGeometry,
+                rope: &Rope,
+                n: Option<QkNorm<'_, V>>,
+                s: &[SeqSpan<'_>],
+                p: &mut CpuKvPool,
+            ) -> Result<(), Error> {
+                self.0.write_kv(qkv, g, rope, n, s, p)
+            }
+            fn attention(
+                &self,
+                qkv: &CpuTensor,
+                g: &AttnGeometry,
+                s: &[SeqSpan<'_>],
+                p: &CpuKvPool,
+                o: &mut CpuTensor,
+            ) -> Result<(), Error> {
+                self.0.attention(qkv, g, s, p, o)
+            }
+        };
+    }
 
     impl Backend for PlainOnly {
         type Tensor = CpuTensor;
@@ -463,111 +594,46 @@ mod plain_only {
         type Vector = V;
         type KvPool = CpuKvPool;
         type Picks = CpuPicks;
-        fn describe(&self) -> String {
-            "plain-only".into()
+        plain_ops!();
+    }
+
+    impl Backend for NoShortConv {
+        type Tensor = CpuTensor;
+        type Matrix = WeightMatrix;
+        type Vector = V;
+        type KvPool = CpuKvPool;
+        type Picks = CpuPicks;
+        plain_ops!();
+        fn supports_family_ops(&self) -> bool {
+            true
         }
-        fn check_kv_dtype(&self, d: KvDtype, h: usize) -> Result<(), Error> {
-            self.0.check_kv_dtype(d, h)
+        fn scale(&self, x: &mut CpuTensor, f: f32) -> Result<(), Error> {
+            self.0.scale(x, f)
         }
-        fn tensor(&self, r: usize, c: usize) -> Result<CpuTensor, Error> {
-            self.0.tensor(r, c)
+        fn gelu_mul(&self, g: &CpuTensor, o: &mut CpuTensor) -> Result<(), Error> {
+            self.0.gelu_mul(g, o)
         }
-        fn set_rows(&self, t: &mut CpuTensor, r: usize) -> Result<(), Error> {
-            self.0.set_rows(t, r)
-        }
-        fn to_host(&self, t: &CpuTensor, o: &mut Vec<f32>) -> Result<(), Error> {
-            self.0.to_host(t, o)
-        }
-        fn cols(&self, t: &CpuTensor) -> usize {
-            self.0.cols(t)
-        }
-        fn matrix(&self, w: &WeightMatrix) -> Result<WeightMatrix, Error> {
-            self.0.matrix(w)
-        }
-        fn vector(&self, v: &[f32]) -> Result<V, Error> {
-            self.0.vector(v)
-        }
-        fn kv_pool(&self, l: &KvLayout, i: usize) -> Result<CpuKvPool, Error> {
-            self.0.kv_pool(l, i)
-        }
-        fn embed(&self, t: &WeightMatrix, ids: &[u32], o: &mut CpuTensor) -> Result<(), Error> {
-            self.0.embed(t, ids, o)
-        }
-        fn new_picks(&self) -> Result<CpuPicks, Error> {
-            self.0.new_picks()
-        }
-        fn pick_greedy(&self, l: &CpuTensor, p: &mut CpuPicks) -> Result<(), Error> {
-            self.0.pick_greedy(l, p)
-        }
-        fn wait_picks(&self, p: &mut CpuPicks, o: &mut Vec<u32>) -> Result<(), Error> {
-            self.0.wait_picks(p, o)
-        }
-        fn embed_picks(
-            &self,
-            t: &WeightMatrix,
-            p: &CpuPicks,
-            r: usize,
-            o: &mut CpuTensor,
-        ) -> Result<(), Error> {
-            self.0.embed_picks(t, p, r, o)
-        }
-        fn rms_norm(&self, x: &CpuTensor, w: &V, e: f32, o: &mut CpuTensor) -> Result<(), Error> {
-            self.0.rms_norm(x, w, e, o)
-        }
-        fn matmul(&self, x: &CpuTensor, w: &WeightMatrix, o: &mut CpuTensor) -> Result<(), Error> {
-            self.0.matmul(x, w, o)
-        }
-        fn matmul_cat(
-            &self,
-            x: &CpuTensor,
-            ws: &[WeightMatrix],
-            o: &mut CpuTensor,
-        ) -> Result<(), Error> {
-            self.0.matmul_cat(x, ws, o)
-        }
-        fn add_bias(&self, x: &mut CpuTensor, b: &V) -> Result<(), Error> {
-            self.0.add_bias(x, b)
-        }
-        fn add_assign(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<(), Error> {
-            self.0.add_assign(x, y)
-        }
-        fn silu_mul(&self, g: &CpuTensor, o: &mut CpuTensor) -> Result<(), Error> {
-            self.0.silu_mul(g, o)
-        }
-        fn gather_rows(&self, x: &CpuTensor, r: &[usize], o: &mut CpuTensor) -> Result<(), Error> {
-            self.0.gather_rows(x, r, o)
-        }
-        fn write_kv(
-            &self,
-            qkv: &mut CpuTensor,
-            g: &AttnGeometry,
-            rope: &Rope,
-            n: Option<QkNorm<'_, V>>,
-            s: &[SeqSpan<'_>],
-            p: &mut CpuKvPool,
-        ) -> Result<(), Error> {
-            self.0.write_kv(qkv, g, rope, n, s, p)
-        }
-        fn attention(
+        fn attention_variant(
             &self,
             qkv: &CpuTensor,
             g: &AttnGeometry,
             s: &[SeqSpan<'_>],
             p: &CpuKvPool,
+            v: &AttnVariant<'_, V>,
             o: &mut CpuTensor,
         ) -> Result<(), Error> {
-            self.0.attention(qkv, g, s, p, o)
+            self.0.attention_variant(qkv, g, s, p, v, o)
         }
     }
 }
 
-/// A backend without the family ops (CUDA today) refuses Granite and Gemma 3 when the model
-/// is loaded, with an error naming the family and the backend; its default family ops
-/// refuse rather than compute.
+/// A backend without the family ops (CUDA today) refuses Granite, Gemma 3 and LFM2 when the
+/// model is loaded, with an error naming the family and the backend; its default family ops
+/// (the short convolution included) refuse rather than compute.
 #[test]
 fn a_backend_without_family_ops_refuses_them_at_load() {
     use turbokv_backend::Backend;
-    for name in ["granite", "gemma3"] {
+    for name in ["granite", "gemma3", "lfm2"] {
         for path in [
             family_dir(name).join("hf"),
             family_dir(name).join("model.gguf"),
@@ -582,10 +648,42 @@ fn a_backend_without_family_ops_refuses_them_at_load() {
             );
         }
     }
+    // With the family ops but without the short convolution: Gemma 3 loads, LFM2 does not.
+    let gemma = family_dir("gemma3").join("model.gguf");
+    Model::load(
+        &gemma,
+        NoShortConv(CpuBackend::new()),
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    let err = Model::load(
+        &family_dir("lfm2").join("model.gguf"),
+        NoShortConv(CpuBackend::new()),
+        &LoadOptions::default(),
+    )
+    .err()
+    .unwrap();
+    assert!(
+        matches!(
+            err,
+            ModelError::FamilyUnsupported {
+                family: turbokv_model::Family::Lfm2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+
     let b = PlainOnly(CpuBackend::new());
     let mut t = b.tensor(2, 4).unwrap();
     let err = b.scale(&mut t, 2.0).unwrap_err();
     assert!(err.to_string().contains("scale"), "{err}");
     let gu = b.tensor(2, 8).unwrap();
     assert!(b.gelu_mul(&gu, &mut t).is_err());
+    assert!(!b.supports_short_conv());
+    let bcx = b.tensor(2, 12).unwrap();
+    let err = b
+        .short_conv(&bcx, &vec![0.0; 12], &[], &mut [], &mut t)
+        .unwrap_err();
+    assert!(err.to_string().contains("short_conv"), "{err}");
 }

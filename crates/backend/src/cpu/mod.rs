@@ -5,6 +5,7 @@
 mod attention;
 #[cfg(target_arch = "x86_64")]
 mod attn_avx2;
+mod conv;
 mod decode;
 mod direct;
 #[cfg(target_arch = "x86_64")]
@@ -398,6 +399,22 @@ impl Backend for CpuBackend {
     fn gelu_mul(&self, gate_up: &CpuTensor, out: &mut CpuTensor) -> Result<(), Error> {
         self.set_rows(out, gate_up.rows)?;
         variants::gelu_mul(gate_up, out)
+    }
+
+    fn supports_short_conv(&self) -> bool {
+        true
+    }
+
+    fn short_conv(
+        &self,
+        bcx: &CpuTensor,
+        kernel: &Vec<f32>,
+        spans: &[SeqSpan<'_>],
+        states: &mut [&mut [f32]],
+        out: &mut CpuTensor,
+    ) -> Result<(), Error> {
+        self.set_rows(out, bcx.rows)?;
+        conv::short_conv(bcx, kernel, spans, states, out)
     }
 
     fn attention_variant(

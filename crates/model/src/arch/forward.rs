@@ -1,13 +1,24 @@
 //! The layer loop of a model with family extras ([`super::ArchConfig`]): the plain loop of
 //! [`crate::transformer`] plus embedding and residual scales, per-layer RoPE and attention
-//! variants (sliding windows), post norms and GeGLU.
+//! variants (sliding windows), post norms, GeGLU, and conv layers in place of attention.
 
 use turbokv_backend::{AttnGeometry, AttnVariant, Backend, QkNorm, QkvProjection, Rope, SeqSpan};
+use turbokv_cache::SeqId;
 
 use super::MlpActivation;
+use super::conv::ConvStates;
 use crate::ModelError;
 use crate::config::{ModelConfig, RopeScaling};
+use crate::loader::{AttnWeights, LayerWeights, Mixer, ShortConvWeights};
 use crate::transformer::{KvObserver, Scratch, Transformer};
+
+/// What a step's layers read and write besides activations: the attention layers' KV pools
+/// (one per attention layer, in order) and, for conv layers, their states with each
+/// sequence's new-token count (in span order).
+pub(crate) struct LayerState<'a, B: Backend> {
+    pub(crate) pools: &'a mut [B::KvPool],
+    pub(crate) conv: Option<(&'a mut ConvStates, &'a [(SeqId, usize)])>,
+}
 
 /// The RoPE of sliding-window layers when their base differs from the global layers'
 /// (Gemma 3: local layers use their own base, unscaled).
@@ -26,20 +37,19 @@ pub(crate) fn local_rope(config: &ModelConfig) -> Option<Rope> {
 
 /// Runs every layer over the step's rows in `s.x` (embedded, unscaled), leaving the
 /// residual stream in `s.x`. `ring_tables`: per span, the virtual block table of the
-/// sliding-window layers' rings ([`super::ring`]), when the cache keeps them.
+/// sliding-window layers' rings ([`super::ring`]), when the cache keeps them. The observer
+/// sees attention layers by their KV-layout index.
 pub(crate) fn layers<B: Backend>(
     t: &Transformer<B>,
     spans: &[SeqSpan<'_>],
     ring_tables: Option<&[Vec<u32>]>,
-    pools: &mut [B::KvPool],
+    state: LayerState<'_, B>,
     s: &mut Scratch<B>,
     observe: &mut Option<KvObserver<'_>>,
 ) -> Result<(), ModelError> {
     let b = &t.backend;
     let a = &t.config.arch;
     let eps = t.config.rms_eps;
-    let geometry: &AttnGeometry = &t.geometry;
-    let mut host = Vec::new();
     let ring_spans: Option<Vec<SeqSpan<'_>>> = ring_tables.map(|tables| {
         spans
             .iter()
@@ -50,46 +60,33 @@ pub(crate) fn layers<B: Backend>(
     if a.embed_scale != 1.0 {
         b.scale(&mut s.x, a.embed_scale)?;
     }
-    for (l, (layer, pool)) in t.weights.layers.iter().zip(pools.iter_mut()).enumerate() {
-        let window = a.window_of(l);
-        let spans = match (&ring_spans, window) {
-            (Some(ring), Some(_)) => ring.as_slice(),
-            _ => spans,
-        };
-        let rope = match (&t.local_rope, window) {
-            (Some(local), Some(_)) => local,
-            _ => &t.rope,
-        };
-        let proj = QkvProjection {
-            norm: &layer.attn_norm,
-            eps,
-            weights: &layer.wqkv,
-            bias: layer.bqkv.as_ref(),
-            qk_norm: layer.qk_norm.as_ref().map(|(q, k)| QkNorm { q, k, eps }),
-        };
-        b.project_qkv_write_kv(
-            &s.x, proj, geometry, rope, spans, pool, &mut s.xn, &mut s.qkv,
-        )?;
-        if let Some(f) = observe.as_mut() {
-            b.to_host(&s.qkv, &mut host)?;
-            f(l, &host);
+    let LayerState { pools, mut conv } = state;
+    let mut pools = pools.iter_mut();
+    let (mut kv, mut conv_layer) = (0, 0);
+    for (l, layer) in t.weights.layers.iter().enumerate() {
+        match &layer.mixer {
+            Mixer::Attention(att) => {
+                let pool = pools.next().ok_or_else(|| {
+                    ModelError::InvalidConfig(format!("no KV pool for attention layer {l}"))
+                })?;
+                let window = a.window_of(l);
+                let spans = match (&ring_spans, window) {
+                    (Some(ring), Some(_)) => ring.as_slice(),
+                    _ => spans,
+                };
+                attention(t, l, kv, layer, att, spans, pool, s, observe)?;
+                kv += 1;
+            }
+            Mixer::ShortConv(w) => {
+                let Some((states, steps)) = conv.as_mut() else {
+                    return Err(ModelError::InvalidConfig(format!(
+                        "conv layer {l} in a cache without conv states"
+                    )));
+                };
+                short_conv(t, layer, w, spans, states.layer_step(conv_layer, steps)?, s)?;
+                conv_layer += 1;
+            }
         }
-        let variant = AttnVariant {
-            window,
-            sinks: None,
-        };
-        b.attention_variant(&s.qkv, geometry, spans, pool, &variant, &mut s.attn)?;
-        residual(
-            b,
-            &s.attn,
-            &layer.wo,
-            layer.extra.post_attn_norm.as_ref(),
-            a.residual_scale,
-            eps,
-            &mut s.x,
-            &mut s.proj,
-            &mut s.xn,
-        )?;
         b.rms_norm_matmul_cat(
             &s.x,
             &layer.ffn_norm,
@@ -115,6 +112,92 @@ pub(crate) fn layers<B: Backend>(
         )?;
     }
     Ok(())
+}
+
+/// Attention layer `l` (KV-layout layer `kv`) of the step, residual add included.
+#[allow(clippy::too_many_arguments)]
+fn attention<B: Backend>(
+    t: &Transformer<B>,
+    l: usize,
+    kv: usize,
+    layer: &LayerWeights<B>,
+    att: &AttnWeights<B>,
+    spans: &[SeqSpan<'_>],
+    pool: &mut B::KvPool,
+    s: &mut Scratch<B>,
+    observe: &mut Option<KvObserver<'_>>,
+) -> Result<(), ModelError> {
+    let (b, a, eps) = (&t.backend, &t.config.arch, t.config.rms_eps);
+    let geometry: &AttnGeometry = &t.geometry;
+    let window = a.window_of(l);
+    let rope = match (&t.local_rope, window) {
+        (Some(local), Some(_)) => local,
+        _ => &t.rope,
+    };
+    let proj = QkvProjection {
+        norm: &layer.attn_norm,
+        eps,
+        weights: &att.wqkv,
+        bias: att.bqkv.as_ref(),
+        qk_norm: att.qk_norm.as_ref().map(|(q, k)| QkNorm { q, k, eps }),
+    };
+    b.project_qkv_write_kv(
+        &s.x, proj, geometry, rope, spans, pool, &mut s.xn, &mut s.qkv,
+    )?;
+    if let Some(f) = observe.as_mut() {
+        let mut host = Vec::new();
+        b.to_host(&s.qkv, &mut host)?;
+        f(kv, &host);
+    }
+    let variant = AttnVariant {
+        window,
+        sinks: None,
+    };
+    b.attention_variant(&s.qkv, geometry, spans, pool, &variant, &mut s.attn)?;
+    residual(
+        b,
+        &s.attn,
+        &att.wo,
+        layer.extra.post_attn_norm.as_ref(),
+        a.residual_scale,
+        eps,
+        &mut s.x,
+        &mut s.proj,
+        &mut s.xn,
+    )
+}
+
+/// A conv layer of the step (LFM2): `x += out_proj(c ⊙ conv(b ⊙ x'))` with
+/// `[b | c | x'] = in_proj(rms_norm(x))`, each sequence's conv continuing from `states`.
+fn short_conv<B: Backend>(
+    t: &Transformer<B>,
+    layer: &LayerWeights<B>,
+    w: &ShortConvWeights<B>,
+    spans: &[SeqSpan<'_>],
+    mut states: Vec<&mut [f32]>,
+    s: &mut Scratch<B>,
+) -> Result<(), ModelError> {
+    let (b, a, eps) = (&t.backend, &t.config.arch, t.config.rms_eps);
+    b.rms_norm_matmul_cat(
+        &s.x,
+        &layer.attn_norm,
+        eps,
+        std::slice::from_ref(&w.in_proj),
+        &mut s.xn,
+        &mut s.bcx,
+    )?;
+    b.short_conv(&s.bcx, &w.kernel, spans, &mut states, &mut s.mixed)?;
+    residual(
+        b,
+        &s.mixed,
+        &w.out_proj,
+        None,
+        a.residual_scale,
+        eps,
+        &mut s.x,
+        &mut s.proj,
+        &mut s.xn,
+    )
 }
 
 /// `x += post_norm(input · Wᵀ) · scale` (either part optional); `proj` and `normed` are

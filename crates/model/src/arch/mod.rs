@@ -1,11 +1,14 @@
-//! What the families beyond llama/qwen add to the plain decoder: Granite's multipliers, and
+//! What the families beyond llama/qwen add to the plain decoder: Granite's multipliers,
 //! Gemma 3's embedding scale, pre/post norms, GeGLU and sliding-window layers with their own
-//! RoPE base.
+//! RoPE base, and LFM2's gated short-convolution layers, which keep a small per-sequence
+//! state instead of a KV cache.
 //!
 //! [`ArchConfig`] holds those hyper-parameters (read from GGUF metadata or `config.json`
 //! here); [`forward`] runs the layers of a model that has any of them.
 
+pub(crate) mod conv;
 pub(crate) mod forward;
+mod lfm2;
 pub(crate) mod ring;
 
 use serde_json::Value;
@@ -48,6 +51,14 @@ pub struct ArchConfig {
     pub local_layers: Vec<bool>,
     /// RoPE base of sliding-window layers (Gemma 3: 10 000, unscaled).
     pub local_rope_theta: Option<f32>,
+    /// Per layer: whether it is a gated short-convolution block instead of attention (LFM2;
+    /// empty: none is). Conv layers have no KV cache.
+    pub conv_layers: Vec<bool>,
+    /// Taps of the conv layers' causal convolution (LFM2's `conv_L_cache`; 0 without conv
+    /// layers).
+    pub conv_kernel: usize,
+    /// The final norm's GGUF tensor name (LFM2 calls it `token_embd_norm.weight`).
+    pub final_norm: &'static str,
 }
 
 impl Default for ArchConfig {
@@ -63,6 +74,9 @@ impl Default for ArchConfig {
             sliding_window: None,
             local_layers: Vec::new(),
             local_rope_theta: None,
+            conv_layers: Vec::new(),
+            conv_kernel: 0,
+            final_norm: "output_norm.weight",
         }
     }
 }
@@ -79,6 +93,17 @@ impl ArchConfig {
             Some(true) => self.sliding_window,
             _ => None,
         }
+    }
+
+    /// Whether layer `l` is a conv layer (no KV cache).
+    pub fn is_conv(&self, l: usize) -> bool {
+        self.conv_layers.get(l).copied().unwrap_or(false)
+    }
+
+    /// The model indices of the layers with a KV cache, in order: the KV layout's layer `i`
+    /// is model layer `kv_layers(n)[i]`.
+    pub fn kv_layers(&self, n_layers: usize) -> Vec<usize> {
+        (0..n_layers).filter(|&l| !self.is_conv(l)).collect()
     }
 
     /// Checks the invariants the forward pass relies on.
@@ -103,6 +128,27 @@ impl ArchConfig {
         if self.local_layers.contains(&true) && self.sliding_window.is_none_or(|w| w == 0) {
             return bad("sliding-window layers need a sliding_window of at least 1 token".into());
         }
+        if !self.conv_layers.is_empty() && self.conv_layers.len() != n_layers {
+            return bad(format!(
+                "{} layer types for {n_layers} layers",
+                self.conv_layers.len()
+            ));
+        }
+        if self.conv_layers.contains(&true) {
+            if self.conv_kernel == 0 {
+                return bad("conv layers need a kernel (conv_L_cache) of at least 1 tap".into());
+            }
+            if self.conv_layers.iter().all(|&c| c) {
+                return bad(
+                    "a model whose every layer is a conv layer has no KV cache to \
+                     run; at least one attention layer is needed"
+                        .into(),
+                );
+            }
+            if self.local_layers.contains(&true) {
+                return bad("conv layers beside sliding-window layers are not supported".into());
+            }
+        }
         Ok(())
     }
 }
@@ -119,6 +165,7 @@ pub fn hf_layer_names(family: Family) -> &'static [(&'static str, &'static str)]
             ("ffn_norm.weight", "pre_feedforward_layernorm.weight"),
             ("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
         ],
+        Family::Lfm2 => lfm2::HF_LAYER_NAMES,
         _ => &[],
     }
 }
@@ -147,6 +194,7 @@ pub(crate) fn from_gguf(
     };
     let c = match family {
         Family::Llama | Family::Qwen2 | Family::Qwen3 => ArchConfig::default(),
+        Family::Lfm2 => lfm2::from_gguf(md, arch, n_layers)?,
         Family::Granite => ArchConfig {
             embed_scale: f("embedding_scale", 1.0)?,
             residual_scale: f("residual_scale", 1.0)?,
@@ -193,6 +241,10 @@ pub(crate) struct HfExtras {
     pub(crate) arch: ArchConfig,
     pub(crate) rope_theta: Option<f32>,
     pub(crate) rope_scaling: Option<RopeScaling>,
+    /// The RMSNorm epsilon when the family names it otherwise (LFM2's `norm_eps`).
+    pub(crate) rms_eps: Option<f32>,
+    /// The MLP width when it is derived from `intermediate_size` (LFM2's auto-adjust).
+    pub(crate) ffn: Option<usize>,
 }
 
 /// The family's extras from a Hugging Face `config.json`.
@@ -212,9 +264,17 @@ pub(crate) fn from_hf(
         arch: ArchConfig::default(),
         rope_theta: flat_theta,
         rope_scaling: None,
+        rms_eps: None,
+        ffn: None,
     };
     match family {
         Family::Llama | Family::Qwen2 | Family::Qwen3 => {}
+        Family::Lfm2 => {
+            let l = lfm2::from_hf(&v, n_layers)?;
+            out.arch = l.arch;
+            out.rms_eps = Some(l.rms_eps);
+            out.ffn = Some(l.ffn);
+        }
         Family::Granite => {
             for key in ["attention_bias", "mlp_bias"] {
                 if v.get(key).and_then(Value::as_bool) == Some(true) {
