@@ -3,9 +3,10 @@
 # against the CPU backend), then `turbokv bench attention` with the SDPA peer, then optional
 # end-to-end decode points. Expects the release binary and test binaries under .gpu/ (built
 # on a development machine: see BENCHMARKS.md) and writes logs and JSON under $OUT.
-#   bench/gpu_attention.sh [tests] [attention] [variants] [contig] [decode]
+#   bench/gpu_attention.sh [tests] [attention] [variants] [contig] [decode] [ppl]
 # Environment: ATTN_KV (formats of `attention`, default bf16,f16), ATTN_ARGS (more flags),
-# DECODE_KV (formats of `decode`, default bf16), DECODE_POINTS (batch:ctx list).
+# DECODE_KV (formats of `decode`, default bf16), DECODE_POINTS (batch:ctx list), DEMO_MODEL,
+# PPL_TEXT and PPL_KV (`ppl`: the demo model's perplexity on CUDA and on the CPU).
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 OUT=${OUT:-/tmp/out}
@@ -41,6 +42,15 @@ for part in "$@"; do
                 timeout 200 "$BIN" bench decode --device cuda --shape llama3-8b --batch "$b" \
                     --ctx "$c" --kv "$kv" --steps 32 2>&1 | tail -8 | tee -a "$OUT/decode.txt"
             done
+        done ;;
+    ppl)
+        m=${DEMO_MODEL:-/root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+        if [ ! -f "$m" ]; then echo "no demo model at $m"; continue; fi
+        for dev in cuda cpu; do
+            echo "== eval ppl $dev"
+            timeout 300 "$BIN" eval ppl --model "$m" --text "${PPL_TEXT:-.gpu/wiki400k.txt}" --ctx 512 \
+                --windows 4 --kv "${PPL_KV:-bf16,compact,balanced}" --device "$dev" \
+                --json "$OUT/ppl_$dev.json" 2>&1 | tail -20 | tee -a "$OUT/ppl.txt"
         done ;;
     esac
 done

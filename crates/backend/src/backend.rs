@@ -113,6 +113,14 @@ impl<V> AttnVariant<'_, V> {
     }
 }
 
+/// What a KV pool keeps beside its blocks on behalf of the sequences holding them.
+pub trait KvPoolBlocks {
+    /// `blocks` hold no sequence's tokens any more (the allocator freed them): whatever the
+    /// pool keeps beside them, such as the f16 copies of a full-precision window's tokens,
+    /// can go. A block written again later starts afresh either way.
+    fn release_blocks(&mut self, blocks: &[u32]);
+}
+
 /// A compute backend: buffers plus the kernels of a decoder-only transformer step.
 pub trait Backend: Send + Sync {
     /// `[rows, cols]` f32 activations.
@@ -122,7 +130,7 @@ pub trait Backend: Send + Sync {
     /// An f32 vector (norm weight, bias).
     type Vector: Send + Sync;
     /// One attention layer's paged K/V storage.
-    type KvPool: Send + Sync;
+    type KvPool: Send + Sync + KvPoolBlocks;
     /// Greedy picks of decode steps, kept where the next step reads them (see
     /// [`Backend::pick_greedy`]).
     type Picks: Send + Sync;

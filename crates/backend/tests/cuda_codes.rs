@@ -60,11 +60,19 @@ struct Case {
     d: usize,
     group: usize,
     centered: bool,
+    /// Sinks and recent tokens attended at f16.
+    window: KvWindow,
 }
+
+const NO_WINDOW: KvWindow = KvWindow {
+    recent: 0,
+    sinks: 0,
+};
 
 fn layout(case: &Case, kv_heads: usize, r: &mut Rng) -> KvLayout {
     let dtype: KvDtype = case.dtype.parse().unwrap();
     let mut l = KvLayout::uniform(1, kv_heads, case.d, dtype, BS, 8192).unwrap();
+    l.window = case.window;
     if case.centered {
         l.centers = Some(Arc::new(KvCenters {
             kv_heads,
@@ -186,21 +194,29 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
     let tables: Vec<&[u32]> = perm.chunks(layout.num_blocks / 4).take(4).collect();
     let seqs = [(1100usize, 1usize), (37, 1), (20, 5), (0, 19)];
     let (mut same, mut total) = (0, 0);
+    let windowed = case.window.is_active();
     let what = format!(
-        "{} d={} group {}{}",
+        "{} d={} group {}{}{}",
         case.dtype,
         case.d,
         case.group,
-        if case.centered { " centered" } else { "" }
+        if case.centered { " centered" } else { "" },
+        if windowed {
+            format!(" window {}+{}", case.window.recent, case.window.sinks)
+        } else {
+            String::new()
+        }
     );
-    for step in 0..3 {
+    // A windowed pool decodes on until every window has crossed a block boundary.
+    let steps = if windowed { 3 + 24 } else { 3 };
+    for step in 0..steps {
         let mut spans = Vec::new();
         let mut row = 0;
         for (i, &(hist, new)) in seqs.iter().enumerate() {
             let (first_pos, n) = match step {
                 0 => (0, hist),
                 1 => (hist, new),
-                _ => (hist + new, 1),
+                _ => (hist + new + step - 2, 1),
             };
             if n > 0 {
                 spans.push(SeqSpan {
@@ -220,6 +236,16 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
             .unwrap();
         g.write_kv(&mut gq, &geo, &rope, None, &spans, &mut gpool)
             .unwrap();
+        let cols = geo.n_heads * case.d;
+        if windowed {
+            // Block I/O is refused for windowed pools (their exact copies are not in the
+            // blocks), so only the attention is compared.
+            let e = compare_attention(g, &c, &cq, &gq, &geo, &spans, &cpool, &gpool, &what, step);
+            if step % 8 == 0 {
+                eprintln!("{what} step {step}: attention max err {e:.2e}");
+            }
+            continue;
+        }
         // Every block this step touched, for every kv head.
         let mut blocks: Vec<u32> = spans
             .iter()
@@ -251,7 +277,6 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
                 compare_block(&format!("{at} V"), &gh[kb..], &ch[kb..], &codec.value, true);
             }
         }
-        let cols = geo.n_heads * case.d;
         let mut co = c.tensor(row, cols).unwrap();
         c.attention(&cq, &geo, &spans, &cpool, &mut co).unwrap();
         let mut go = g
@@ -301,7 +326,62 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
             );
         }
     }
+    if windowed {
+        // Sequence 1 ends and a new one takes its blocks: its exact copies start afresh.
+        use turbokv_backend::KvPoolBlocks;
+        cpool.release_blocks(tables[1]);
+        gpool.release_blocks(tables[1]);
+        let spans = [SeqSpan {
+            first_row: 0,
+            n_tokens: 40,
+            first_pos: 0,
+            blocks: tables[1],
+        }];
+        let w = geo.qkv_width();
+        let qkv = r.vec(40 * w, 1.5);
+        let mut cq = CpuTensor::from_vec(qkv.clone(), 40, w).unwrap();
+        let mut gq = g.tensor_from_host(&qkv, 40, w).unwrap();
+        c.write_kv(&mut cq, &geo, &rope, None, &spans, &mut cpool)
+            .unwrap();
+        g.write_kv(&mut gq, &geo, &rope, None, &spans, &mut gpool)
+            .unwrap();
+        compare_attention(g, &c, &cq, &gq, &geo, &spans, &cpool, &gpool, &what, steps);
+        // The other sequences' sink and window blocks, and this one's 40 tokens.
+        let held = gpool.exact_blocks_used().unwrap();
+        assert!(held <= 3 * 5 + 3, "{what}: {held} exact blocks held");
+    }
     (same, total)
+}
+
+/// Attention of both backends over their pools, compared; the largest error.
+#[allow(clippy::too_many_arguments)]
+fn compare_attention(
+    g: &CudaBackend,
+    c: &CpuBackend,
+    cq: &CpuTensor,
+    gq: &CudaTensor,
+    geo: &AttnGeometry,
+    spans: &[SeqSpan<'_>],
+    cpool: &<CpuBackend as Backend>::KvPool,
+    gpool: &<CudaBackend as Backend>::KvPool,
+    what: &str,
+    step: usize,
+) -> f32 {
+    let rows: usize = spans.iter().map(|s| s.n_tokens).sum();
+    let cols = geo.n_heads * geo.head_dim;
+    let mut co = c.tensor(rows, cols).unwrap();
+    c.attention(cq, geo, spans, cpool, &mut co).unwrap();
+    let mut go = g
+        .tensor_from_host(&vec![f32::NAN; rows * cols], rows, cols)
+        .unwrap();
+    g.attention(gq, geo, spans, gpool, &mut go).unwrap();
+    close(
+        &format!("{what} step {step} attention"),
+        &host(g, &go),
+        co.as_slice(),
+        1e-2,
+        2e-2,
+    )
 }
 
 #[test]
@@ -321,6 +401,7 @@ fn coded_pools_match_the_cpu_codec_and_attention() {
                         d,
                         group,
                         centered,
+                        window: NO_WINDOW,
                     },
                     seed,
                 );
@@ -338,6 +419,51 @@ fn coded_pools_match_the_cpu_codec_and_attention() {
 }
 
 #[test]
+fn windowed_coded_pools_match_the_cpu_backend() {
+    let Some(g) = gpu() else { return };
+    let mut seed = 101;
+    let windows = [
+        KvWindow {
+            recent: 15,
+            sinks: 1,
+        },
+        KvWindow {
+            recent: 47,
+            sinks: 1,
+        },
+        KvWindow {
+            recent: 0,
+            sinks: 4,
+        },
+        KvWindow {
+            recent: 40,
+            sinks: 0,
+        },
+    ];
+    for d in [64, 128] {
+        for (i, dtype) in ["int8", "tq3", "k4v2", "k4v3"].into_iter().enumerate() {
+            // Groups 4 and 8 take the keys-as-M kernels, 16 the template's.
+            for (j, (group, centered)) in
+                [(4, true), (16, false), (8, false)].into_iter().enumerate()
+            {
+                seed += 1;
+                run_case(
+                    g,
+                    &Case {
+                        dtype,
+                        d,
+                        group,
+                        centered,
+                        window: windows[(i + j) % windows.len()],
+                    },
+                    seed,
+                );
+            }
+        }
+    }
+}
+
+#[test]
 fn unsupported_coded_pools_are_refused() {
     let Some(g) = gpu() else { return };
     let refused = |l: KvLayout, why: &str| match g.kv_pool(&l, 0) {
@@ -348,12 +474,23 @@ fn unsupported_coded_pools_are_refused() {
         |dtype: &str, d| KvLayout::uniform(1, 2, d, dtype.parse().unwrap(), BS, 256).unwrap();
     refused(base("tq2.5", 128), "outlier split");
     refused(base("tq3", 96), "dense rotation");
+    // A windowed pool exists but refuses block I/O, as on the CPU (its exact copies are
+    // not in the blocks).
     let mut windowed = base("tq3", 128);
     windowed.window = KvWindow {
         recent: 32,
         sinks: 1,
     };
-    refused(windowed, "window");
+    let mut pool = g.kv_pool(&windowed, 0).unwrap();
+    let mut bytes = Vec::new();
+    assert!(matches!(
+        g.read_kv_block(&pool, 0, &mut bytes),
+        Err(Error::Unsupported { .. })
+    ));
+    assert!(matches!(
+        g.write_kv_block(&mut pool, 0, &[]),
+        Err(Error::Unsupported { .. })
+    ));
     let mut prod = base("tq3", 128);
     prod.codec.key_mode = KeyMode::Prod;
     refused(prod, "prod keys");

@@ -2,7 +2,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use turbokv_backend::{AttnGeometry, Backend, QkNorm, QkvProjection, Rope, SeqSpan, TopK};
+use turbokv_backend::{
+    AttnGeometry, Backend, KvPoolBlocks, QkNorm, QkvProjection, Rope, SeqSpan, TopK,
+};
 use turbokv_cache::{BlockAllocator, KvLayout, KvPolicy, SeqId};
 use turbokv_codec::KvDtype;
 
@@ -57,7 +59,9 @@ impl<B: Backend> KvCache<B> {
     }
     /// Drops a sequence and frees its blocks.
     pub fn remove_sequence(&mut self, id: SeqId) -> Result<(), ModelError> {
+        let blocks = self.alloc.table(id)?.blocks().to_vec();
         self.alloc.remove_sequence(id)?;
+        self.release_freed(&blocks);
         if let Some(r) = &mut self.rings {
             r.remove(id);
         }
@@ -95,11 +99,35 @@ impl<B: Backend> KvCache<B> {
         if let Some(c) = &self.conv {
             c.check_rewind(id, len)?;
         }
+        let keep = len.div_ceil(self.alloc.block_size());
+        let tail = self
+            .alloc
+            .table(id)?
+            .blocks()
+            .get(keep..)
+            .unwrap_or(&[])
+            .to_vec();
         self.alloc.truncate(id, len)?;
+        self.release_freed(&tail);
         if let Some(c) = &mut self.conv {
             c.rewind(id, len);
         }
         Ok(())
+    }
+
+    /// Tells every pool which of `blocks` the allocator has just freed (no sequence holds
+    /// them), so it can drop what it keeps beside them (a window's exact copies).
+    fn release_freed(&mut self, blocks: &[u32]) {
+        let freed: Vec<u32> = blocks
+            .iter()
+            .copied()
+            .filter(|&b| self.alloc.pool().refcount(b) == 0)
+            .collect();
+        if !freed.is_empty() {
+            for p in &mut self.pools {
+                p.release_blocks(&freed);
+            }
+        }
     }
 
     /// Rolls a failed step back (its ring writes only touched positions no query reads).

@@ -164,7 +164,8 @@ fn argmax(v: &[f32]) -> usize {
         .map_or(0, |(i, _)| i)
 }
 
-/// Compares logits row by row (each `vocab` wide); returns the worst error relative to rms.
+/// Compares logits row by row (each `vocab` wide) within [`TOL_16BIT`]; returns the worst
+/// error relative to rms.
 fn compare(what: &str, got: &[f32], want: &[f32], vocab: usize) -> f32 {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     let mut worst = 0f32;
@@ -176,7 +177,7 @@ fn compare(what: &str, got: &[f32], want: &[f32], vocab: usize) -> f32 {
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
         assert!(
-            err <= 0.05 * scale,
+            err <= TOL_16BIT * scale,
             "{what} row {row}: max error {err} vs rms {scale}"
         );
         worst = worst.max(err / scale);
@@ -188,6 +189,10 @@ fn compare(what: &str, got: &[f32], want: &[f32], vocab: usize) -> f32 {
     }
     worst
 }
+
+/// Largest logit error, relative to the row's rms, with a 16-bit cache: the backends round
+/// activations to bf16 at different points.
+const TOL_16BIT: f32 = 0.05;
 
 #[test]
 fn random_tiny_models_match_cpu() {
@@ -267,9 +272,92 @@ fn random_tiny_models_match_cpu() {
                 s.arch
             );
         }
+        if matches!(s.head_dim, 64 | 128) {
+            windowed_codes_match(&cpu, &gpu, s, &prompt);
+        }
         batched_step_matches(&cpu, &gpu, s);
         pipelined_greedy_matches(&gpu, s, &prompt);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// A coded cache with a full-precision window and sinks (the presets' form) gives the CPU's
+/// logits on CUDA, through a chunked prefill and decode steps (graph replays) whose windows
+/// cross block boundaries.
+///
+/// Not row by row within a fixed bound: the GPU rounds activations to bf16 before its matmuls
+/// (the CPU keeps f32), so a key or value coordinate within that distance of a codebook
+/// boundary takes the neighbouring code on one backend, a jump of a centroid gap that random
+/// layers amplify. Every row mixes many such coordinates, so coded rows differ about 3× more
+/// than 16-bit ones (plain tq3 measured a median of 0.063·rms, worst 0.39·rms, on the H200),
+/// yet the top token stays the same; a wrong window or slot would change whole rows. So: the
+/// median row within 2× the 16-bit bound, every row within 0.6·rms, and the top token equal
+/// in ≥ 95% of the rows where it leads clearly.
+fn windowed_codes_match<C: Backend, G: Backend>(
+    cpu: &Model<C>,
+    gpu: &Model<G>,
+    s: &Shape,
+    prompt: &[u32],
+) {
+    // The plain format first, as the baseline of the windowed ones.
+    for (dtype, recent, sinks) in [("tq3", 0, 0), ("tq3", 15, 1), ("k4v2", 40, 4)] {
+        let policy = turbokv_cache::KvPolicy {
+            window: turbokv_cache::KvWindow { recent, sinks },
+            ..Default::default()
+        };
+        let dtype: KvDtype = dtype.parse().unwrap();
+        let what = format!("{} {dtype}@w{recent}s{sinks}", s.arch);
+        let (mut cs, mut gs) = (
+            Session::with_policy(&cpu.transformer, dtype, &policy, 1024).unwrap(),
+            Session::with_policy(&gpu.transformer, dtype, &policy, 1024).unwrap(),
+        );
+        let mut rows = Vec::new();
+        let mut record = |g: &[f32], c: &[f32]| {
+            for (g, c) in g.chunks(s.vocab).zip(c.chunks(s.vocab)) {
+                let scale = rms(c);
+                let err = g
+                    .iter()
+                    .zip(c)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                let mut sorted = c.to_vec();
+                sorted.sort_by(|a, b| b.total_cmp(a));
+                let clear = sorted[0] - sorted[1] > 0.1 * scale;
+                rows.push((err / scale, clear, argmax(g) == argmax(c)));
+            }
+        };
+        let (cl, gl) = (
+            cs.prefill_all_logits(prompt).unwrap(),
+            gs.prefill_all_logits(prompt).unwrap(),
+        );
+        record(&gl, &cl);
+        let mut next = argmax(&cl[cl.len() - s.vocab..]) as u32;
+        for _ in 0..40 {
+            let c = cs.step(next).unwrap().to_vec();
+            let g = gs.step(next).unwrap().to_vec();
+            record(&g, &c);
+            next = argmax(&c) as u32;
+        }
+        let mut errs: Vec<f32> = rows.iter().map(|r| r.0).collect();
+        errs.sort_by(f32::total_cmp);
+        let (median, worst) = (errs[errs.len() / 2], errs[errs.len() - 1]);
+        let clear: Vec<bool> = rows.iter().filter(|r| r.1).map(|r| r.2).collect();
+        let agree = clear.iter().filter(|&&a| a).count() as f64 / clear.len().max(1) as f64;
+        eprintln!(
+            "{what}: {} rows, median err {median:.3}·rms, worst {worst:.3}·rms, top token equal in {:.1}% of {} clear rows",
+            rows.len(),
+            100.0 * agree,
+            clear.len()
+        );
+        assert!(
+            median <= 2.0 * TOL_16BIT,
+            "{what}: median row error {median}·rms"
+        );
+        assert!(worst <= 0.6, "{what}: worst row error {worst}·rms");
+        assert!(
+            agree >= 0.95,
+            "{what}: top token equal in only {agree} of clear rows"
+        );
     }
 }
 

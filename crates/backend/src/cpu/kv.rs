@@ -114,6 +114,16 @@ pub(crate) enum Half {
     V,
 }
 
+impl crate::KvPoolBlocks for CpuKvPool {
+    fn release_blocks(&mut self, blocks: &[u32]) {
+        if let Store::Codec(c) = &mut self.store {
+            for b in blocks {
+                c.shadow.remove(&(*b as usize));
+            }
+        }
+    }
+}
+
 impl CpuKvPool {
     /// Allocates layer `layer` of `layout`.
     pub fn new(layout: &KvLayout, layer: usize) -> Result<Self, Error> {

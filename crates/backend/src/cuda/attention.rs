@@ -269,6 +269,8 @@ impl CudaBackend {
         let dec_kernel = dec.map(|(i, _)| i);
         let rows_kernel =
             rows_kernel_index(hd, grp).filter(|_| dec_kernel.is_none() && code_kernel.is_none());
+        // A windowed coded pool's exact keys are one split more (attention.cu `attn_exact_split`).
+        let exact = pool.exact.as_ref();
         let splits = match (code_kernel, dec) {
             (Some(i), _) => {
                 let slots = if keys_as_m {
@@ -276,7 +278,7 @@ impl CudaBackend {
                 } else {
                     self.code_slots[i]
                 };
-                wave_splits(pairs, max_ctx, slots, CODE_TILE)
+                wave_splits(pairs, max_ctx, slots, CODE_TILE) + usize::from(exact.is_some())
             }
             (None, Some((_, s))) => s,
             (None, None) => self.split_count(rows, g.n_kv_heads, max_ctx),
@@ -325,6 +327,18 @@ impl CudaBackend {
             addr(&m.seq_tbl, &self.stream),
             addr(&m.tables, &self.stream),
         ];
+        let exact_args = match exact {
+            Some(x) => {
+                let table = addr(sc.upload_exact(&self.stream, &x.slots.table)?, &self.stream);
+                let [sinks, recent] =
+                    ints("attention", [x.slots.window.sinks, x.slots.window.recent])?;
+                (
+                    [addr(&x.k, &self.stream), addr(&x.v, &self.stream), table],
+                    [sinks, recent],
+                )
+            }
+            None => ([0; 3], [0; 2]),
+        };
         let [width, nh, nkv, d, bs, splits_i] = ints(
             "attention",
             [
@@ -436,6 +450,8 @@ impl CudaBackend {
             .arg(prefetch_i);
         if let Some(c) = coded {
             a.ptr(addr(&c.desc, &self.stream));
+            let ([xk, xv, xt], [sinks, recent]) = exact_args;
+            a.ptr(xk).ptr(xv).ptr(xt).arg(sinks).arg(recent);
         }
         // Coded values were summed in their rotated basis and without their mean.
         if let Some(c) = coded.filter(|c| c.values_rotated || c.centers.is_some()) {
@@ -473,7 +489,10 @@ impl CudaBackend {
         // descriptor's `total` bytes (built from the pool's layouts), block sizes are
         // powers of two of 16 or more (whole staged runs), head_dim is the kernel's, the group ≤ 16; the
         // un-rotation reads and writes rows·n_heads·head_dim outputs and kv_heads·head_dim
-        // centers.
+        // centers. A windowed pool's exact table was laid out by the write of these spans
+        // (`ExactTokens::prepare`): every exact key of every row has a slot inside the exact
+        // blocks, and the exact split reads g·head_dim floats of shared memory (less than the
+        // warps' states).
         unsafe { self.launch(&mut l) }?;
         Ok(())
     }

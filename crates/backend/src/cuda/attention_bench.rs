@@ -7,7 +7,7 @@
 //! the host's launch latency stays out of the interval the events measure.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
-use turbokv_cache::KvLayout;
+use turbokv_cache::{KvLayout, KvWindow};
 use turbokv_codec::KvDtype;
 
 use super::{CudaBackend, CudaKvPool, cuda_err, unsupported_kv};
@@ -27,6 +27,8 @@ pub struct DecodeAttentionCase {
     pub geometry: AttnGeometry,
     /// The cache's number format.
     pub dtype: KvDtype,
+    /// Sinks and recent tokens kept at f16 beside the codes (coded dtypes; a preset's window).
+    pub window: KvWindow,
     /// Sequences.
     pub batch: usize,
     /// Cached tokens per sequence (the new one included).
@@ -95,7 +97,7 @@ impl CudaBackend {
         }
         let per_seq = case.ctx.div_ceil(case.block_size);
         let num_blocks = case.batch * per_seq;
-        let layout = KvLayout::uniform(
+        let mut layout = KvLayout::uniform(
             1,
             g.n_kv_heads,
             g.head_dim,
@@ -104,6 +106,7 @@ impl CudaBackend {
             num_blocks * case.block_size,
         )
         .map_err(|e| bad(e.to_string()))?;
+        layout.window = case.window;
         let first = self.kv_pool(&layout, 0)?;
         let pool_bytes = 2 * (first.k.len() + first.v.len());
         let (free, _) = self.memory_info()?;
@@ -155,6 +158,22 @@ impl CudaBackend {
                 blocks,
             })
             .collect();
+        // A windowed pool: exact blocks for the spans' windows, filled like the codes.
+        for p in &mut pools {
+            if let Some(x) = &mut p.exact {
+                x.prepare(&self.stream, &spans, true)?;
+                for half in [&mut x.k, &mut x.v] {
+                    let n = half.len() as u64;
+                    let s = splitmix(&mut seed);
+                    let (scale, f16) = (1.0f32, 0i32);
+                    let mut b = self.stream.launch_builder(&self.k.fill_random_kv);
+                    b.arg(half).arg(&n).arg(&s).arg(&scale).arg(&f16);
+                    // SAFETY: the kernel writes `n` elements of the buffer, which holds `n`.
+                    unsafe { b.launch(self.grid_1d(n as usize)) }
+                        .map_err(cuda_err("fill_random_kv"))?;
+                }
+            }
+        }
         let width = g.qkv_width();
         let q: Vec<f32> = (0..case.batch * width)
             .map(|_| (splitmix(&mut seed) >> 40) as f32 / (1u64 << 23) as f32 - 1.0)

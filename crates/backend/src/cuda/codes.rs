@@ -262,11 +262,6 @@ pub(crate) fn pool_codes(
     if let Some(why) = unsupported_reason(dtype, layout.head_dim) {
         return Err(refuse(why));
     }
-    if layout.window.is_active() {
-        return Err(refuse(
-            "a full-precision recent window or sinks are not yet kept on the GPU".into(),
-        ));
-    }
     if layout.block_size < 16 || !layout.block_size.is_power_of_two() {
         return Err(refuse(format!(
             "block size {} (coded pools need a power of two of 16 or more)",
@@ -338,7 +333,7 @@ pub(crate) fn pool_codes(
 
 /// What the CUDA backend stores KV caches as.
 pub(crate) const ACCEPTED: &str = "f16, bf16 (head_dim a multiple of 4, ≤ 256); int8, tq2, \
-     tq3, tq4 and k{b}v{b} with whole b in 2-4 (head_dim 64 or 128, MSE keys, no window)";
+     tq3, tq4 and k{b}v{b} with whole b in 2-4 (head_dim 64 or 128, MSE keys; a recent window and sinks kept at f16)";
 
 #[cfg(test)]
 mod tests {

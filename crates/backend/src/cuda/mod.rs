@@ -39,6 +39,7 @@ mod attention;
 mod attention_bench;
 mod code_layout;
 mod codes;
+mod exact;
 mod graph;
 mod kernels;
 mod launch;
@@ -136,13 +137,29 @@ pub struct CudaKvPool {
     v: CudaSlice<u16>,
     is_bf16: bool,
     codes: Option<codes::PoolCodes>,
+    /// The f16 copies of a coded pool's full-precision window (see `exact.rs`).
+    exact: Option<exact::ExactTokens>,
     kv_heads: usize,
     block_size: usize,
     head_dim: usize,
     num_blocks: usize,
 }
 
+impl crate::KvPoolBlocks for CudaKvPool {
+    fn release_blocks(&mut self, blocks: &[u32]) {
+        if let Some(x) = &mut self.exact {
+            x.slots.release(blocks);
+        }
+    }
+}
+
 impl CudaKvPool {
+    /// Exact blocks in use (the f16 copies of a full-precision window), when the pool has a
+    /// window.
+    pub fn exact_blocks_used(&self) -> Option<usize> {
+        self.exact.as_ref().map(|x| x.slots.used())
+    }
+
     /// Tokens per block.
     pub fn block_size(&self) -> usize {
         self.block_size
@@ -662,11 +679,23 @@ impl CudaBackend {
                 (alloc(kl)?, alloc(vl)?, false, Some(c))
             }
         };
+        let exact = match (&codes, layout.window.is_active()) {
+            (Some(_), true) => Some(exact::ExactTokens::new(
+                &self.stream,
+                layout.window,
+                layout.num_blocks,
+                layout.kv_heads,
+                layout.block_size,
+                layout.head_dim,
+            )?),
+            _ => None,
+        };
         Ok(CudaKvPool {
             k,
             v,
             is_bf16,
             codes,
+            exact,
             kv_heads: layout.kv_heads,
             block_size: layout.block_size,
             head_dim: layout.head_dim,

@@ -69,6 +69,12 @@ pub(crate) struct Scratch {
     pub part_acc: Option<CudaSlice<f32>>,
     /// Attention: finished splits per (row, kv head), zero between launches.
     pub attn_counters: Option<CudaSlice<u32>>,
+    /// The exact table of windowed coded pools (see `exact.rs`), what it holds (when
+    /// `exact_valid`), and whether one was queued in this graph step.
+    exact: Option<CudaSlice<u32>>,
+    exact_host: Vec<u32>,
+    exact_valid: bool,
+    exact_queued: bool,
 }
 
 impl Drop for Scratch {
@@ -87,6 +93,7 @@ enum Target {
     RowsIdx,
     Tiles,
     Meta,
+    Exact,
 }
 
 /// The error of a step that cannot run inside (or be replayed by) a captured CUDA graph.
@@ -374,6 +381,39 @@ impl Scratch {
         Self::upload_to(stream, slot, target, ids, self.defer, &mut self.pending)
     }
 
+    /// Uploads a windowed pool's exact table unless the device holds it already. A graph step
+    /// uploads every input before it runs, so all its layers must share one table (they do:
+    /// every windowed pool of a cache sees the same spans); another is a graph change.
+    pub(crate) fn upload_exact(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        table: &[u32],
+    ) -> Result<&CudaSlice<u32>, Error> {
+        if self.exact_valid && self.exact_host == table {
+            return self
+                .exact
+                .as_ref()
+                .ok_or_else(|| graph_changed("no exact table"));
+        }
+        if self.defer && self.exact_queued {
+            return Err(graph_changed("layers with different exact windows"));
+        }
+        self.exact_valid = false;
+        self.exact_host.clear();
+        self.exact_host.extend_from_slice(table);
+        self.exact_queued = self.defer;
+        let dev = Self::upload_to(
+            stream,
+            &mut self.exact,
+            Target::Exact,
+            table,
+            self.defer,
+            &mut self.pending,
+        )?;
+        self.exact_valid = true;
+        Ok(dev)
+    }
+
     /// Uploads the attention query tiles.
     pub(crate) fn upload_tiles(
         &mut self,
@@ -417,6 +457,7 @@ impl Scratch {
         stream: &Arc<CudaStream>,
         upload: &CudaFunction,
     ) -> Result<(), Error> {
+        self.exact_queued = false;
         if self.pending.is_empty() {
             return Ok(());
         }
@@ -453,6 +494,7 @@ impl Scratch {
                 Target::RowsIdx => &mut self.rows_idx,
                 Target::Tiles => &mut self.tiles,
                 Target::Meta => &mut self.meta,
+                Target::Exact => &mut self.exact,
             };
             let dev = grow(stream, slot, data.len(), false)?;
             host[at..at + data.len()].copy_from_slice(&data);
@@ -478,6 +520,8 @@ impl Scratch {
     pub(crate) fn discard_pending(&mut self) {
         self.pending.clear();
         self.meta_valid = false;
+        self.exact_valid = false;
+        self.exact_queued = false;
     }
 }
 

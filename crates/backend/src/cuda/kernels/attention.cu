@@ -865,6 +865,102 @@ ATTN_MMA(attn_mma_128, 128, 4)
 ATTN_MMA(attn_mma8_64, 64, 8)
 ATTN_MMA(attn_mma8_128, 128, 8)
 
+// ---- The exact split of a windowed coded pool ------------------------------------------
+// A coded pool with a full-precision window (cuda/exact.rs) keeps f16 copies of each query's
+// sinks (keys 0 .. sinks-1) and recent keys (the last `recent`, the query's own included) in
+// exact blocks, in the basis the codes are read in. The coded kernels then run one split
+// more: splits 0 .. n_splits-2 read the codes of keys sinks .. kend-recent-1, and the last
+// one (`attn_exact_split`) the exact keys; the fused merge treats it as any other split.
+struct ExactArgs {
+    const u16* k;      // exact K blocks, [slot, n_kv, block_size, D] f16 (null: no window)
+    const u16* v;
+    const u32* tbl;    // the step's exact table
+    int sinks, recent;
+};
+
+// The coded keys of a query whose keys are 0 .. kend-1: [lo, hi).
+struct CodedRange { int lo, hi; };
+__device__ __forceinline__ CodedRange coded_range(const ExactArgs& x, int kend) {
+    if (!x.tbl) return {0, kend};
+    return {x.sinks, min(kend, max(x.sinks, kend - x.recent))};
+}
+
+// The exact split: for the g query heads of kv head kh of row r (span `seq`, keys 0 ..
+// kend-1), online softmax over the exact keys in chunks of 32 (lane j scores key c0 + j
+// against the pre-scaled query from shared memory, then every lane adds its dims of the
+// chunk's values), one warp per head; writes the partial of split `sp` as the coded splits
+// do (max in natural-log units, sum, unnormalised acc). smem: g · D floats.
+template <int D, int NW>
+__device__ __noinline__ void attn_exact_split(float* sh, const ExactArgs& x, const float* qrow,
+    float qscale, int g, int r, int kh, int sp, int n_heads, int n_kv, int n_splits, u32 seq,
+    int kend, int block_size, float* part_ml, float* part_acc)
+{
+    constexpr int E = D / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int ns = min(x.sinks, kend);
+    const int rlo = coded_range(x, kend).hi;
+    const int n = ns + (kend - rlo);
+    for (int e = threadIdx.x; e < g * D; e += NW * 32) sh[e] = qrow[e] * qscale;
+    __syncthreads();
+    for (int h = warp; h < g; h += NW) {
+        const float* qh = sh + h * D;
+        float m = -1e30f, l = 0.f, acc[E];
+#pragma unroll
+        for (int i = 0; i < E; i++) acc[i] = 0.f;
+        for (int c0 = 0; c0 < n; c0 += 32) {
+            const int i = c0 + lane;
+            const bool live = i < n;
+            u64 at = 0;
+            float s = -INFINITY;
+            if (live) {
+                const int t = i < ns ? i : rlo + (i - ns);
+                const int slot = exact_slot(x.tbl, seq, t / block_size);
+                at = (((u64)slot * n_kv + kh) * block_size + (t % block_size)) * D;
+                const uint2* kp = (const uint2*)(x.k + at);
+                float a = 0.f;
+#pragma unroll
+                for (int c = 0; c < D / 4; c++) {
+                    const uint2 w = kp[c];
+                    a = fmaf(qh[4 * c], f16_to_f32((u16)(w.x & 0xffffu)), a);
+                    a = fmaf(qh[4 * c + 1], f16_to_f32((u16)(w.x >> 16)), a);
+                    a = fmaf(qh[4 * c + 2], f16_to_f32((u16)(w.y & 0xffffu)), a);
+                    a = fmaf(qh[4 * c + 3], f16_to_f32((u16)(w.y >> 16)), a);
+                }
+                s = a;
+            }
+            float cm = s;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
+            const float mn = fmaxf(m, cm);
+            const float corr = exp2f(m - mn);
+            const float p = live ? exp2f(s - mn) : 0.f;
+            float ps = p;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+            l = l * corr + ps;
+            m = mn;
+#pragma unroll
+            for (int i2 = 0; i2 < E; i2++) acc[i2] *= corr;
+            const int cn = min(32, n - c0);
+            for (int j = 0; j < cn; j++) {
+                const float pj = __shfl_sync(0xffffffffu, p, j);
+                const u64 aj = __shfl_sync(0xffffffffu, at, j);
+                const u16* vr = x.v + aj;
+#pragma unroll
+                for (int i2 = 0; i2 < E; i2++) acc[i2] = fmaf(pj, f16_to_f32(vr[lane + 32 * i2]), acc[i2]);
+            }
+        }
+        const u64 b = ((u64)r * n_heads + kh * g + h) * n_splits + sp;
+#pragma unroll
+        for (int i2 = 0; i2 < E; i2++) part_acc[b * D + lane + 32 * i2] = acc[i2];
+        if (lane == 0) {
+            part_ml[2 * b] = l > 0.f ? m * 0.6931471805599453f : -INFINITY;
+            part_ml[2 * b + 1] = l;
+        }
+    }
+    __syncthreads();   // the merge reuses sh
+}
+
 // ---- Decode attention: one kernel template, KV number formats as hooks -------------------
 // grid = (rows, n_kv, n_splits), NW warps; one block attends the g <= 16 query
 // heads of one decode row's kv head over one split of the row's keys (each row splits its own
@@ -998,7 +1094,8 @@ struct Kv16 {
 };
 
 template <class F, int D, int TK, int STAGES, int NW>
-__device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u32* fmt)
+__device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u32* fmt,
+                                                 const ExactArgs& xa)
 {
     constexpr int NTH = NW * 32;
     constexpr int KPW = TK / NW, NK = KPW / 8;   // keys per warp per tile, 8-key MMA columns
@@ -1007,8 +1104,18 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u
     const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
     const u32 pos = tok_pos[r];
-    const int kend = (int)pos + 1;
-    const int chunk = ((kend + n_splits - 1) / n_splits + TK - 1) / TK * TK;
+    const int n_coded = n_splits - (xa.tbl ? 1 : 0);
+    if (sp == n_coded) {   // the exact split of a windowed pool
+        pdl_wait();
+        attn_exact_split<D, NW>(sh, xa, qkv + (u64)r * width + (u64)kh * g * D, scale * 1.4426950408889634f,
+                                g, r, kh, sp, n_heads, n_kv, n_splits, tok_seq[r], (int)pos + 1,
+                                block_size, part_ml, part_acc);
+        attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16);
+        return;
+    }
+    const CodedRange cr = coded_range(xa, (int)pos + 1);
+    const int kend = cr.hi;
+    const int chunk = ((kend + n_coded - 1) / n_coded + TK - 1) / TK * TK;
     const int k0 = sp * chunk;
     const int k1 = min(k0 + chunk, kend);
     const int ntiles = k1 > k0 ? (k1 - k0 + TK - 1) / TK : 0;
@@ -1067,7 +1174,8 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u
         for (int nt = 0; nt < NK; nt++) {
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                if (key0 + nt * 8 + (lane & 3) * 2 + e >= k1) {
+                const int key = key0 + nt * 8 + (lane & 3) * 2 + e;
+                if (key >= k1 || key < cr.lo) {
                     s[nt][e] = -INFINITY;
                     s[nt][2 + e] = -INFINITY;
                 }
@@ -1146,8 +1254,9 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u
 #define ATTN_DEC16(D, TK, ST, NW) \
     extern "C" __global__ void __launch_bounds__(NW * 32) attn_dec_##D##_##TK##_##ST##_##NW(ATTN_PARAMS) { \
         extern __shared__ float sh[]; \
-        if (is_bf16) attn_decode_impl<Kv16<D, true>, D, TK, ST, NW>(sh, ATTN_ARGS, nullptr); \
-        else attn_decode_impl<Kv16<D, false>, D, TK, ST, NW>(sh, ATTN_ARGS, nullptr); \
+        const ExactArgs none{nullptr, nullptr, nullptr, 0, 0}; \
+        if (is_bf16) attn_decode_impl<Kv16<D, true>, D, TK, ST, NW>(sh, ATTN_ARGS, nullptr, none); \
+        else attn_decode_impl<Kv16<D, false>, D, TK, ST, NW>(sh, ATTN_ARGS, nullptr, none); \
     }
 ATTN_DEC16(64, 64, 2, 4)
 ATTN_DEC16(64, 64, 3, 4)
@@ -1488,7 +1597,8 @@ __device__ __forceinline__ u32 movmatrix_trans(u32 x) {
 }
 
 template <int D, int KB, int VB, int TK, int STAGES, int NW>
-__device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const u32* fmt)
+__device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const u32* fmt,
+                                                  const ExactArgs& xa)
 {
     constexpr int NTH = NW * 32, KPW = TK / NW, NS = KPW / 16;   // 16-key steps per warp
     static_assert(KPW % 16 == 0, "a warp's keys are whole 16-key steps");
@@ -1501,8 +1611,18 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
     const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5, c = lane & 3, q = lane >> 2;
     const u32 pos = tok_pos[r];
-    const int kend = (int)pos + 1;
-    const int chunk = ((kend + n_splits - 1) / n_splits + TK - 1) / TK * TK;
+    const int n_coded = n_splits - (xa.tbl ? 1 : 0);
+    if (sp == n_coded) {   // the exact split of a windowed pool
+        pdl_wait();
+        attn_exact_split<D, NW>(sh, xa, qkv + (u64)r * width + (u64)kh * g * D, scale * 1.4426950408889634f,
+                                g, r, kh, sp, n_heads, n_kv, n_splits, tok_seq[r], (int)pos + 1,
+                                block_size, part_ml, part_acc);
+        attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16);
+        return;
+    }
+    const CodedRange cr = coded_range(xa, (int)pos + 1);
+    const int kend = cr.hi;
+    const int chunk = ((kend + n_coded - 1) / n_coded + TK - 1) / TK * TK;
     const int k0 = sp * chunk;
     const int k1 = min(k0 + chunk, kend);
     const int ntiles = k1 > k0 ? (k1 - k0 + TK - 1) / TK : 0;
@@ -1564,7 +1684,8 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
             }
             const u16* ksc = (const u16*)(ks + TK * KROW);
             const float sa = f16_to_f32(ksc[ka]), sb = f16_to_f32(ksc[kb]);
-            const bool la = key0 + 16 * st + q < k1, lb = key0 + 16 * st + q + 8 < k1;
+            const int pa = key0 + 16 * st + q, pb = pa + 8;
+            const bool la = pa < k1 && pa >= cr.lo, lb = pb < k1 && pb >= cr.lo;
             s[st][0] = la ? s[st][0] * sa : -INFINITY;
             s[st][1] = la ? s[st][1] * sa : -INFINITY;
             s[st][2] = lb ? s[st][2] * sb : -INFINITY;
@@ -1677,20 +1798,25 @@ constexpr int code_stages(int d, int kb, int vb, int tk) {
     return s < 2 ? 2 : (s > 6 ? 6 : s);
 }
 
+// The exact window's kernel parameters (ExactArgs; xtbl null: no window).
+#define ATTN_EXACT_PARAMS const u16* __restrict__ xk, const u16* __restrict__ xv, \
+    const u32* __restrict__ xtbl, int x_sinks, int x_recent
 // attn_codes_{D}_{KB}_{VB}: the template on coded K / V of KB / VB bits (8: int8), 128-key
 // tiles, 4 warps. The list must match CODE_WIDTHS in cuda/codes.rs.
 #define ATTN_CODES(D, KB, VB) \
     extern "C" __global__ void __launch_bounds__(128, 3) attn_codes_##D##_##KB##_##VB(ATTN_PARAMS, \
-                                                                const u32* __restrict__ fmt) { \
+        const u32* __restrict__ fmt, ATTN_EXACT_PARAMS) { \
         extern __shared__ float sh[]; \
-        attn_decode_impl<KvCodes<D, KB, VB>, D, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt); \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
+        attn_decode_impl<KvCodes<D, KB, VB>, D, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt, xa); \
     }
 // attn_codes_m_{D}_{KB}_{VB}: the keys-as-M kernel (g <= 8), same tiles, 4 blocks per SM.
 #define ATTN_CODES_M(D, KB, VB) \
     extern "C" __global__ void __launch_bounds__(128, 4) attn_codes_m_##D##_##KB##_##VB(ATTN_PARAMS, \
-                                                                const u32* __restrict__ fmt) { \
+        const u32* __restrict__ fmt, ATTN_EXACT_PARAMS) { \
         extern __shared__ float sh[]; \
-        attn_codes_m_impl<D, KB, VB, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt); \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
+        attn_codes_m_impl<D, KB, VB, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt, xa); \
     }
 #define ATTN_CODES_BOTH(D, KB, VB) ATTN_CODES(D, KB, VB) ATTN_CODES_M(D, KB, VB)
 #define ATTN_CODES_D(D) \

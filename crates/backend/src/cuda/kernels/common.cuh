@@ -55,3 +55,13 @@ __device__ __forceinline__ void pdl_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+
+// A windowed coded pool's exact table (cuda/exact.rs): the exact block holding the f16
+// copies of block j of span `seq`, or -1 when none does.
+__device__ __forceinline__ int exact_slot(const u32* xtbl, u32 seq, int j) {
+    const u32* e = xtbl + xtbl[seq];
+    const int fb = (int)e[0], sb = (int)e[1], nr = (int)e[2];
+    if (j < sb) return (int)e[3 + j];
+    if (j >= fb && j < fb + nr) return (int)e[3 + sb + j - fb];
+    return -1;
+}

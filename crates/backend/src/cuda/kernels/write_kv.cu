@@ -121,14 +121,20 @@ __device__ __forceinline__ float warp_sum_squares(const float (&v)[E]) {
 // tq::stored_f16: round to nearest even, every NaN as 0x7E00.
 __device__ __forceinline__ u16 stored_f16(float v) { return v != v ? (u16)0x7e00u : f32_to_f16(v); }
 
-// Encodes one head vector (v, centered) into its slot: codes at `codes`, scale at `scale`.
+// Encodes one head vector (v, centered) into its slot: codes at `codes`, scale at `scale`;
+// with `exact`, also its f16 copy in the basis the attention reads the codes in (rotated for
+// TurboQuant: R·v).
 template <int E>
 __device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, unsigned char* codes,
-                                              u16* scale, unsigned char* idx, int lane)
+                                              u16* scale, unsigned char* idx, int lane, u16* exact)
 {
     constexpr int D = 32 * E;
     const u32 kind = desc[0], bits = desc[1];
     if (kind == 0) {   // int8: s = f16(absmax / 127), q = clamp(round(x / s), ±127)
+        if (exact) {
+#pragma unroll
+            for (int m = 0; m < E; m++) exact[lane + 32 * m] = f32_to_f16(v[m]);
+        }
         float am = 0.0f;
 #pragma unroll
         for (int m = 0; m < E; m++) am = fmaxf(am, fabsf(v[m]));
@@ -150,6 +156,10 @@ __device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, un
 #pragma unroll
     for (int m = 0; m < E; m++) v[m] = __uint_as_float(__float_as_uint(v[m]) ^ desc[32 + lane + 32 * m]);
     warp_fwht(v, lane);
+    if (exact) {
+#pragma unroll
+        for (int m = 0; m < E; m++) exact[lane + 32 * m] = f32_to_f16(__fmul_rn(v[m], __uint_as_float(desc[7])));
+    }
     const float n = __fsqrt_rn(nsq);
     const float t = __fmul_rn(n, __uint_as_float(desc[6]));
     const int nb = (1 << bits) - 1;
@@ -192,7 +202,9 @@ __device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, un
 // write_kv for coded pools: q/k norm and RoPE as write_kv (q and k rows of qkv rewritten);
 // then q, when the keys are TurboQuant, rotated in place into the keys' basis (R·q: what the
 // attention on codes scores against); k and v centered (kc / vc: `[n_kv, d]` means, or null)
-// and encoded into their slots. grid = (tokens, n_heads + 2 n_kv), one warp; d = 32·E.
+// and encoded into their slots; with an exact table (`xtbl`, a windowed pool: cuda/exact.rs)
+// also copied at f16 into their exact blocks (xk / xv) where the table gives the block one.
+// grid = (tokens, n_heads + 2 n_kv), one warp; d = 32·E.
 // dynamic smem: (d + 32) floats + d bytes.
 template <int E>
 __device__ __forceinline__ void write_kv_codes_impl(float* sh,
@@ -201,7 +213,7 @@ __device__ __forceinline__ void write_kv_codes_impl(float* sh,
     const float* inv_freq, int n_pairs, int half_split,
     const float* q_norm, const float* k_norm, float eps, int has_norm,
     unsigned char* k_pool, unsigned char* v_pool, int block_size,
-    const u32* fmt, const float* kc, const float* vc)
+    const u32* fmt, const float* kc, const float* vc, u16* xk, u16* xv, const u32* xtbl)
 {
     constexpr int D = 32 * E;
     float* hv = sh;
@@ -245,7 +257,12 @@ __device__ __forceinline__ void write_kv_codes_impl(float* sh,
     const u32 blk = tables[seq_tbl[tok_seq[t]] + pos / block_size];
     const u32 slot = pos % block_size;
     unsigned char* base = (is_v ? v_pool : k_pool) + ((u64)blk * n_kv + kh) * desc[3];
-    encode_vector(v, desc, base + (u64)slot * desc[2], (u16*)(base + desc[4]) + slot, idx, lane);
+    u16* exact = nullptr;
+    if (xtbl) {
+        const int xs = exact_slot(xtbl, tok_seq[t], (int)(pos / block_size));
+        if (xs >= 0) exact = (is_v ? xv : xk) + (((u64)xs * n_kv + kh) * block_size + slot) * D;
+    }
+    encode_vector(v, desc, base + (u64)slot * desc[2], (u16*)(base + desc[4]) + slot, idx, lane, exact);
 }
 
 #define WRITE_KV_CODES(D) \
@@ -255,11 +272,11 @@ __device__ __forceinline__ void write_kv_codes_impl(float* sh,
         const float* inv_freq, int n_pairs, int half_split, \
         const float* q_norm, const float* k_norm, float eps, int has_norm, \
         unsigned char* k_pool, unsigned char* v_pool, int block_size, \
-        const u32* fmt, const float* kc, const float* vc) { \
+        const u32* fmt, const float* kc, const float* vc, u16* xk, u16* xv, const u32* xtbl) { \
         extern __shared__ float sh[]; \
         write_kv_codes_impl<D / 32>(sh, qkv, width, n_heads, n_kv, tok_pos, tok_seq, seq_tbl, tables, \
             inv_freq, n_pairs, half_split, q_norm, k_norm, eps, has_norm, k_pool, v_pool, \
-            block_size, fmt, kc, vc); \
+            block_size, fmt, kc, vc, xk, xv, xtbl); \
     }
 WRITE_KV_CODES(64)
 WRITE_KV_CODES(128)

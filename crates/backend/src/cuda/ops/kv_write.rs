@@ -62,6 +62,15 @@ impl CudaBackend {
             addr(&pool.k, &self.stream),
             addr(&pool.v, &self.stream),
         );
+        // A windowed pool: its exact blocks for these spans, and their table.
+        let exact = match &mut pool.exact {
+            Some(x) => {
+                x.prepare(&self.stream, spans, !sc.defer)?;
+                let table = addr(sc.upload_exact(&self.stream, &x.slots.table)?, &self.stream);
+                [addr(&x.k, &self.stream), addr(&x.v, &self.stream), table]
+            }
+            None => [0; 3],
+        };
         if let Some(c) = &pool.codes {
             let hd = g.head_dim;
             let fi = CODE_HEAD_DIMS
@@ -84,6 +93,7 @@ impl CudaBackend {
             a.ptr(qn).ptr(kn).arg(eps).arg(has_norm);
             a.ptr(kp).ptr(vp).arg(bs);
             a.ptr(addr(&c.desc, &self.stream)).ptr(kc).ptr(vc);
+            a.ptr(exact[0]).ptr(exact[1]).ptr(exact[2]);
             let launch = st.admit(l.signature())?;
             st.last_write_kv = false;
             if !launch {
@@ -91,7 +101,9 @@ impl CudaBackend {
             }
             // SAFETY: as for write_kv below; each (block, kv head) of the pool is
             // `desc[3]` bytes (the descriptor was built from the pool's own block layouts),
-            // the centers hold kv_heads × head_dim floats, and head_dim is the kernel's.
+            // the centers hold kv_heads × head_dim floats, and head_dim is the kernel's. The
+            // exact table (when windowed) was laid out for these spans and names only slots
+            // inside the exact blocks (`ExactTokens::prepare`).
             return unsafe { self.launch(&mut l) };
         }
         let threads = g.head_dim.div_ceil(32).clamp(1, 8) as u32 * 32;
