@@ -13,6 +13,7 @@ use turbokv_backend::cuda::{
     CudaBackend, CudaOptions, DECODE_VARIANTS, DecodeAttentionCase, DecodeVariant,
 };
 use turbokv_backend::{AttnGeometry, Backend};
+use turbokv_cache::KvWindow;
 use turbokv_codec::KvDtype;
 
 use crate::args::BenchAttentionArgs;
@@ -117,10 +118,19 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
     }
     let batches = parse_list(&args.batch)?;
     let ctxs = parse_list(&args.ctx)?;
-    let dtypes: Vec<KvDtype> = args
+    // Each format as its label, dtype and window (presets and `…@w…s…` carry one).
+    let formats: Vec<(String, KvDtype, KvWindow)> = args
         .kv
         .split(',')
-        .map(|s| s.trim().parse::<KvDtype>().map_err(anyhow::Error::msg))
+        .map(|s| {
+            let spec = crate::kvspec::KvSpec::parse(s, Default::default())?;
+            let window = if spec.dtype.is_compressed() {
+                spec.window
+            } else {
+                KvWindow::default()
+            };
+            Ok((s.trim().to_string(), spec.dtype, window))
+        })
         .collect::<Result<_>>()?;
     if args.heads == 0 || args.kv_heads == 0 || !args.heads.is_multiple_of(args.kv_heads) {
         bail!(
@@ -174,12 +184,14 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
             )?)
         };
         let be = b.as_ref().unwrap_or(&backend);
-        for &dtype in &dtypes {
+        for (name, dtype, window) in &formats {
+            let (dtype, window) = (*dtype, *window);
             for &batch in &batches {
                 for &ctx in &ctxs {
                     let case = DecodeAttentionCase {
                         geometry,
                         dtype,
+                        window,
                         batch,
                         ctx,
                         block_size: args.block_size,
@@ -190,11 +202,11 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
                     let t = match be.time_decode_attention(&case) {
                         Ok(t) => t,
                         Err(e) => {
-                            eprintln!("{label} {dtype} batch {batch} ctx {ctx}: skipped: {e}");
+                            eprintln!("{label} {name} batch {batch} ctx {ctx}: skipped: {e}");
                             continue;
                         }
                     };
-                    let key = (dtype.to_string(), batch, ctx);
+                    let key = (name.clone(), batch, ctx);
                     let max_diff = if label == "default" {
                         default_out.insert(key, t.output.clone());
                         0.0
@@ -205,12 +217,12 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
                     };
                     let gb_s = t.kv_bytes / t.seconds / 1e9;
                     eprintln!(
-                        "{label} {dtype} b{batch} ctx{ctx}: {:.4} ms, {gb_s:.0} GB/s ({} caches)",
+                        "{label} {name} b{batch} ctx{ctx}: {:.4} ms, {gb_s:.0} GB/s ({} caches)",
                         t.seconds * 1e3,
                         t.pools
                     );
                     rows.push(AttentionRow {
-                        kv: dtype.to_string(),
+                        kv: name.clone(),
                         variant: label.clone(),
                         batch,
                         ctx,

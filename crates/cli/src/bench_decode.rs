@@ -17,7 +17,6 @@ use serde::Serialize;
 use turbokv_backend::cpu::CpuBackend;
 use turbokv_backend::cuda::{CudaBackend, GraphStats};
 use turbokv_backend::{Backend, GgmlType, RopeStyle, TopK, WeightBytes, WeightMatrix};
-use turbokv_codec::KvDtype;
 use turbokv_model::config::RopeScaling;
 use turbokv_model::loader::{AttnWeights, LayerWeights, Mixer, Weights};
 use turbokv_model::{
@@ -508,10 +507,18 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
     eprintln!("bench decode on {device}");
     let copy_bw = b.copy_bandwidth()?;
     let (gemm, gemm_shape) = b.gemm_rate()?;
-    let kv_dtype: KvDtype = args
-        .kv
-        .parse()
-        .map_err(|e| anyhow::anyhow!("--kv {}: {e}", args.kv))?;
+    // A dtype or a preset (`compact`, `tq3@w15s1`, …): its window and key mode apply; a
+    // calibrated preset's centers cannot come from random weights and are left out.
+    let spec = crate::kvspec::KvSpec::parse(&args.kv, Default::default())
+        .with_context(|| format!("--kv {}", args.kv))?;
+    if spec.center {
+        eprintln!(
+            "--kv {}: centers left out (no calibration for random weights)",
+            args.kv
+        );
+    }
+    let kv_dtype = spec.dtype;
+    let policy = spec.policy(&[], None);
     let (tm, weight_bytes, name, random) = match &args.model {
         Some(path) => {
             let m = Model::load(path, b, &LoadOptions { progress: false })
@@ -538,7 +545,7 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
     let per_seq = args.ctx + 4 * (steps + WARMUP) + 8;
     let blocks = args.batch * per_seq.div_ceil(BLOCK) + per_seq.div_ceil(BLOCK);
     let mut cache = tm
-        .new_cache(kv_dtype, BLOCK, blocks * BLOCK, per_seq)
+        .new_cache_with(kv_dtype, &policy, BLOCK, blocks * BLOCK, per_seq)
         .context("allocating the KV cache")?;
     let mut scratch = tm.new_scratch()?;
     let vocab = cfg.vocab_size as u32;
@@ -627,7 +634,7 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
         random_weights: random,
         batch: args.batch,
         ctx: args.ctx,
-        kv: kv_dtype.to_string(),
+        kv: args.kv.clone(),
         layers: l,
         copy_bw_gb_s: copy_bw / 1e9,
         gemm_tflops: gemm / 1e12,
