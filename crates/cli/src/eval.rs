@@ -28,11 +28,11 @@ struct Row {
 
 /// Running sums for one dtype.
 #[derive(Default, Clone)]
-struct Acc {
-    nll: f64,
-    kl: f64,
-    agree: usize,
-    n: usize,
+pub(crate) struct Acc {
+    pub(crate) nll: f64,
+    pub(crate) kl: f64,
+    pub(crate) agree: usize,
+    pub(crate) n: usize,
 }
 
 /// Runs the evaluation (or, with `--from-json`, reports saved runs again).
@@ -96,7 +96,7 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
     let specs: Vec<(String, KvSpec)> = args
         .kv
         .iter()
-        .map(|s| KvSpec::parse(s, defaults).map(|k| (k.label(s), k)))
+        .map(|s| Ok(KvSpec::parse(s, defaults).map(|k| (k.label(s), k))?))
         .collect::<Result<Vec<_>>>()?
         .into_iter()
         // The bf16 baseline row is always there.
@@ -178,12 +178,12 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
             }
         }
         let base_ppl = (base.nll / base.n as f64).exp();
-        let mut rows = vec![row("bf16", bf16, &[], &base, base_ppl, args.ctx, &loaded)];
+        let mut rows = vec![row("bf16", &bf16, &[], &base, base_ppl, args.ctx, &loaded)];
         rows.extend(
             dtypes
                 .iter()
                 .zip(&accs)
-                .map(|((name, d, _), a)| row(name, *d, &layers, a, base_ppl, args.ctx, &loaded)),
+                .map(|((name, d, _), a)| row(name, d, &layers, a, base_ppl, args.ctx, &loaded)),
         );
         results.push(TextResult {
             name: text.name.clone(),
@@ -368,7 +368,7 @@ fn floor_char(s: &str, mut i: usize) -> usize {
     i
 }
 
-fn window_logits<B: Backend>(
+pub(crate) fn window_logits<B: Backend>(
     loaded: &crate::generate::Loaded<B>,
     dtype: KvDtype,
     policy: &KvPolicy,
@@ -378,7 +378,7 @@ fn window_logits<B: Backend>(
     Ok(session.prefill_all_logits(window)?)
 }
 
-fn log_softmax_rows(logits: &[f32], vocab: usize) -> Vec<f32> {
+pub(crate) fn log_softmax_rows(logits: &[f32], vocab: usize) -> Vec<f32> {
     let mut out = logits.to_vec();
     for row in out.chunks_mut(vocab) {
         let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -389,7 +389,7 @@ fn log_softmax_rows(logits: &[f32], vocab: usize) -> Vec<f32> {
 }
 
 /// Adds the next-token NLL, KL(reference ‖ this) and top-1 agreement of every position.
-fn score(lp: &[f32], ref_lp: &[f32], window: &[u32], vocab: usize, acc: &mut Acc) {
+pub(crate) fn score(lp: &[f32], ref_lp: &[f32], window: &[u32], vocab: usize, acc: &mut Acc) {
     for t in 0..window.len() - 1 {
         let row = &lp[t * vocab..(t + 1) * vocab];
         let rrow = &ref_lp[t * vocab..(t + 1) * vocab];
@@ -416,7 +416,7 @@ fn argmax(v: &[f32]) -> usize {
 /// centers (one f32 per head dimension for K and for V), amortised over `ctx` like the window.
 fn row<B: Backend>(
     name: &str,
-    kv: KvSpec,
+    kv: &KvSpec,
     layers: &[(i64, KvDtype)],
     a: &Acc,
     base_ppl: f64,
@@ -427,18 +427,7 @@ fn row<B: Backend>(
     let cfg = loaded.model.transformer.config();
     let head_dim = cfg.head_dim;
     // Layers with a KV cache only (LFM2's conv layers have none).
-    let n = cfg.kv_layers() as i64;
-    let bits = (0..n)
-        .map(|l| {
-            let dtype = layers
-                .iter()
-                .rev()
-                .find(|(i, _)| (if *i < 0 { n + i } else { *i }) == l)
-                .map_or(kv.dtype, |(_, d)| *d);
-            KvSpec { dtype, ..kv }.bits_per_element(head_dim, ctx)
-        })
-        .sum::<f64>()
-        / n as f64;
+    let bits = kv.bits_per_element(head_dim, ctx, cfg.kv_layers(), layers);
     Row {
         kv: name.to_string(),
         bits_per_element: bits,
