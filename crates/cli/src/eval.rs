@@ -53,36 +53,58 @@ struct Saved {
 }
 
 /// The tables, worst case, `--json` and `--plot` of earlier runs' `--json` files, whose texts
-/// are put side by side (each run must have the same context, windows and caches in the same
-/// order, e.g. one run per text).
+/// are put side by side (e.g. one run per text). Files that hold the same text (by name) add
+/// their caches to its rows (e.g. a later run of more caches; a cache already there is not
+/// repeated). Every run must have the same model, context and windows, and every text must
+/// end up with the same caches in the same order.
 fn report_saved(args: &EvalPplArgs) -> Result<()> {
     let mut results: Vec<TextResult> = Vec::new();
-    let mut shape: Option<(String, usize, usize, Vec<String>)> = None;
+    let mut shape: Option<(String, usize, usize)> = None;
     for path in &args.from_json {
         let doc: Saved = serde_json::from_str(
             &std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?,
         )
         .with_context(|| format!("{}: not an `eval ppl --json` file", path.display()))?;
+        let this = (doc.model.clone(), doc.ctx, doc.windows);
+        match &shape {
+            None => shape = Some(this),
+            Some(s) => ensure!(
+                *s == this,
+                "{} was run with another model, context or window count than the first file",
+                path.display(),
+            ),
+        }
         for t in doc.texts {
-            let kvs: Vec<String> = t.rows.iter().map(|r| r.kv.clone()).collect();
-            let this = (doc.model.clone(), doc.ctx, doc.windows, kvs);
-            match &shape {
-                None => shape = Some(this),
-                Some(s) => ensure!(
-                    *s == this,
-                    "{}: text {} was run with another model, context, window count or caches \
-                     than the first file",
-                    path.display(),
-                    t.name
-                ),
+            match results.iter_mut().find(|r| r.name == t.name) {
+                Some(r) => {
+                    for row in t.rows {
+                        if !r.rows.iter().any(|x| x.kv == row.kv) {
+                            r.rows.push(row);
+                        }
+                    }
+                }
+                None => results.push(t),
             }
-            results.push(t);
         }
     }
-    let Some((model, ctx, windows, _)) = shape else {
+    let Some((model, ctx, windows)) = shape else {
         bail!("--from-json: the files hold no texts");
     };
+    if let Some(first) = results.first() {
+        let kvs = |r: &TextResult| r.rows.iter().map(|x| x.kv.clone()).collect::<Vec<_>>();
+        for r in &results[1..] {
+            ensure!(
+                kvs(r) == kvs(first),
+                "text {} has other caches than text {} ({:?} vs {:?}): give every text the same \
+                 runs",
+                r.name,
+                first.name,
+                kvs(r),
+                kvs(first)
+            );
+        }
+    }
     report(&model, ctx, windows, &results, args)
 }
 
@@ -93,6 +115,9 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
         sinks: args.kv_sinks,
     };
     let defaults = KvDefaults::from_args(&args.kv_opts, default_window);
+    let layers = KvPolicy::parse_layers(&args.kv_layers).context("--kv-layers")?;
+    // `--kv-layers` overrides every entry: its labels say so, as a spec's own overrides do.
+    let extra: String = layers.iter().map(|(l, d)| format!(" [{l}:{d}]")).collect();
     let specs: Vec<(String, KvSpec)> = args
         .kv
         .iter()
@@ -101,8 +126,8 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
         .into_iter()
         // The bf16 baseline row is always there.
         .filter(|(label, _)| label != "bf16")
+        .map(|(label, k)| (format!("{label}{extra}"), k))
         .collect();
-    let layers = KvPolicy::parse_layers(&args.kv_layers).context("--kv-layers")?;
     let texts = read_texts(&args.text)?;
     for text in &texts {
         if let Some(passage) = turbokv_model::calibrate::calibration_passage_in(&text.body) {
@@ -589,6 +614,37 @@ mod tests {
         let e = saved(&d, "other", 1024, vec![r("tq4", 1.0, 0.01, 0.9)]);
         let list = format!("{},{}", a.display(), e.display());
         assert!(run(&eval_args(&["--from-json", &list])).is_err());
+        // A second run of a text adds its caches to that text's rows, once each.
+        let d2 = scratch_dir("saved-more");
+        let more_wiki = saved(
+            &d2,
+            "wiki",
+            1024,
+            vec![r("tq3", 9.0, 0.9, 0.1), r("tq4", 1.0, 0.01, 0.9)],
+        );
+        let more_code = saved(&d2, "code", 1024, vec![r("tq4", 1.5, 0.02, 0.9)]);
+        let list = [&a, &b, &more_wiki, &more_code]
+            .map(|p| p.display().to_string())
+            .join(",");
+        run(&eval_args(&[
+            "--from-json",
+            &list,
+            "--json",
+            out.to_str().unwrap(),
+        ]))
+        .unwrap();
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        let wiki = &doc["texts"][0]["rows"];
+        assert_eq!(wiki.as_array().unwrap().len(), 2);
+        assert_eq!(wiki[0]["delta_ppl_pct"], 2.0, "the first run's row is kept");
+        assert_eq!(doc["worst"][1]["delta_ppl_pct"], 1.5);
+        // ... but only when every text then has the same caches.
+        let list = [&a, &b, &more_wiki]
+            .map(|p| p.display().to_string())
+            .join(",");
+        let err = run(&eval_args(&["--from-json", &list])).unwrap_err();
+        assert!(format!("{err:#}").contains("other caches"), "{err:#}");
     }
 
     #[test]
