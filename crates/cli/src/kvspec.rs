@@ -62,8 +62,8 @@ impl KvDefaults {
 /// (BENCHMARKS.md, issue 19): name → spec. A trailing `+c` centers the preset (its
 /// calibration pass runs at load); `[L:DTYPE]` gives layer L another dtype.
 pub const PRESETS: &[(&str, &str)] = &[
-    ("balanced", "k4v3@w47s1"),
-    ("compact", "k4v2@w15s1"),
+    ("balanced", "k4v3@w45s1[1:k4v4]"),
+    ("compact", "k4v2@w12s1[1:k4v4]"),
     ("tiny", "tq2@w19s1+c"),
 ];
 
@@ -177,7 +177,7 @@ impl KvSpec {
 
     /// The name printed in tables: the preset or dtype, `/prod` for prod keys, the window
     /// when it has one, `+c` when centered, then the overrides (`tq4/prod`, `tq3+c`,
-    /// `balanced(k4v3@w47s1)+c`, `compact(k4v2@w15s1[1:k4v4])`).
+    /// `balanced(k4v3@w45s1[1:tq4])+c`, `k4v2@w15s1[1:tq4]`).
     pub fn label(&self, spec: &str) -> String {
         let w = self.window;
         let mut inner = self.dtype.to_string();
@@ -550,13 +550,13 @@ mod tests {
         assert_eq!(
             preset.window,
             KvWindow {
-                recent: 47,
+                recent: 45,
                 sinks: 1
             }
         );
         assert_eq!(
             preset.label("balanced/prod+c"),
-            "balanced(k4v3/prod@w47s1)+c"
+            "balanced(k4v3/prod@w45s1[1:tq4])+c"
         );
         // Command-line defaults, and a spec that overrides them.
         let d = KvDefaults {
