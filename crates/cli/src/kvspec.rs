@@ -266,8 +266,11 @@ impl KvSpec {
     }
 }
 
+/// `(layer, dtype)` overrides, a negative layer counting from the end.
+type Overrides = Vec<(i64, KvDtype)>;
+
 /// Splits `spec` into what comes before its first `[` and the overrides of its `[…]` groups.
-fn split_overrides(spec: &str) -> Result<(&str, Vec<(i64, KvDtype)>), KvSpecError> {
+fn split_overrides(spec: &str) -> Result<(&str, Overrides), KvSpecError> {
     let Some(open) = spec.find('[') else {
         if spec.contains(']') {
             return Err(KvSpecError::Override {
