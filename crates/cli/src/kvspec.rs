@@ -64,7 +64,10 @@ impl KvDefaults {
 pub const PRESETS: &[(&str, &str)] = &[
     ("balanced", "k4v3@w45s1[1:k4v4]"),
     ("compact", "k4v2@w12s1[1:k4v4]"),
-    ("tiny", "tq2@w10s1+c[1:k3v2][5:k3v2][8:k3v2][13:k3v2][17-18:k3v2][23-24:k3v2]"),
+    (
+        "tiny",
+        "tq2@w10s1+c[1:k3v2][5:k3v2][8:k3v2][13:k3v2][17-18:k3v2][23-24:k3v2]",
+    ),
 ];
 
 const GRAMMAR: &str = "a spec is DTYPE or PRESET, then optionally /mse or /prod, \
