@@ -132,8 +132,8 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
     for text in &texts {
         if let Some(passage) = turbokv_model::calibrate::calibration_passage_in(&text.body) {
             bail!(
-                "{} contains the KV calibration text (\"{passage}…\"); evaluate on text the \
-                 calibration has not seen",
+                "{} contains calibration text of the KV cache or of `eval sensitivity` \
+                 (\"{passage}…\"); evaluate on text the calibration has not seen",
                 text.path.display()
             );
         }
