@@ -26,29 +26,53 @@ pub struct KvPolicy {
 }
 
 impl KvPolicy {
-    /// Parses `--kv-layers` text: `0:bf16,-1:bf16` (empty text = no overrides).
+    /// Parses `--kv-layers` text: `0:bf16,-1:bf16` (empty text = no overrides); see
+    /// [`Self::parse_override`] for one item.
     pub fn parse_layers(text: &str) -> Result<Vec<(i64, KvDtype)>, CacheError> {
-        text.split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(|item| {
-                let bad = |why: String| {
-                    CacheError::InvalidLayout(format!(
-                        "layer override `{item}`: {why} (expected LAYER:DTYPE, e.g. 0:bf16,-1:bf16)"
-                    ))
-                };
-                let (l, d) = item.split_once(':').ok_or_else(|| bad("no `:`".into()))?;
-                let layer = l
-                    .trim()
-                    .parse::<i64>()
-                    .map_err(|e| bad(format!("layer `{l}`: {e}")))?;
-                let dtype = d
-                    .trim()
-                    .parse::<KvDtype>()
-                    .map_err(|e| bad(format!("dtype `{d}`: {e}")))?;
-                Ok((layer, dtype))
-            })
-            .collect()
+        let mut out = Vec::new();
+        for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            out.extend(Self::parse_override(item)?);
+        }
+        Ok(out)
+    }
+
+    /// Parses one override, `LAYER:DTYPE` or `FIRST-LAST:DTYPE` (an inclusive range of
+    /// non-negative layers), into its `(layer, dtype)` pairs; a negative layer counts from
+    /// the end (`-1:bf16` = the last layer).
+    pub fn parse_override(item: &str) -> Result<Vec<(i64, KvDtype)>, CacheError> {
+        let item = item.trim();
+        let bad = |why: String| {
+            CacheError::InvalidLayout(format!(
+                "layer override `{item}`: {why} (expected LAYER:DTYPE or FIRST-LAST:DTYPE, e.g. \
+                 0:bf16, -1:bf16, 2-5:k4v3)"
+            ))
+        };
+        let (l, d) = item.split_once(':').ok_or_else(|| bad("no `:`".into()))?;
+        let l = l.trim();
+        let dtype = d
+            .trim()
+            .parse::<KvDtype>()
+            .map_err(|e| bad(format!("dtype `{d}`: {e}")))?;
+        let int = |t: &str| {
+            t.trim()
+                .parse::<i64>()
+                .map_err(|e| bad(format!("layer `{t}`: {e}")))
+        };
+        // `-1` is one layer from the end; `2-5` (no leading sign) is a range.
+        let (first, last) = match l.split_once('-') {
+            Some((a, b)) if !a.trim().is_empty() => {
+                let (a, b) = (int(a)?, int(b)?);
+                if b < a {
+                    return Err(bad(format!("range {a}-{b} is empty")));
+                }
+                (a, b)
+            }
+            _ => {
+                let one = int(l)?;
+                (one, one)
+            }
+        };
+        Ok((first..=last).map(|i| (i, dtype)).collect())
     }
 
     /// Applies the policy to `layout`; a layer outside `-n..n` is an error naming the range.
@@ -126,6 +150,19 @@ mod tests {
         p.apply(&mut l).unwrap();
         let names: Vec<String> = l.layers.iter().map(|x| x.dtype.to_string()).collect();
         assert_eq!(names, ["bf16", "tq3", "tq3", "int8"]);
+    }
+
+    #[test]
+    fn a_range_overrides_each_of_its_layers_and_later_overrides_win() {
+        let mut l = layout();
+        let p = KvPolicy {
+            layers: KvPolicy::parse_layers("1-3:k4v2,-1:bf16").unwrap(),
+            ..Default::default()
+        };
+        assert_eq!(p.layers.len(), 4);
+        p.apply(&mut l).unwrap();
+        let names: Vec<String> = l.layers.iter().map(|x| x.dtype.to_string()).collect();
+        assert_eq!(names, ["tq3", "k4v2", "k4v2", "bf16"]);
     }
 
     #[test]
@@ -213,9 +250,11 @@ mod tests {
 
     #[test]
     fn malformed_overrides_are_errors() {
-        for bad in ["0", "x:bf16", "0:zz9"] {
+        for bad in ["0", "x:bf16", "0:zz9", "3-1:bf16", "1-:bf16", "1-x:bf16"] {
             assert!(KvPolicy::parse_layers(bad).is_err(), "{bad}");
         }
+        let empty = KvPolicy::parse_layers("5-2:bf16").unwrap_err().to_string();
+        assert!(empty.contains("5-2 is empty"), "{empty}");
         assert!(KvPolicy::parse_layers("").unwrap().is_empty());
     }
 

@@ -83,6 +83,46 @@ pub struct ServeArgs {
 pub enum EvalCommand {
     /// Perplexity, KL vs a bf16 KV cache and top-1 agreement, per KV dtype.
     Ppl(EvalPplArgs),
+    /// Layer sensitivity of a KV spec on calibration text: KL from bf16 when one layer's keys
+    /// or values get a bit more or less, and a per-layer bit allocation within a budget.
+    Sensitivity(EvalSensitivityArgs),
+}
+
+/// `turbokv eval sensitivity`.
+#[derive(Args, Debug, Clone)]
+pub struct EvalSensitivityArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The KV spec to probe (a dtype, preset or windowed dtype, with its own overrides).
+    #[arg(long, default_value = "compact")]
+    pub kv: String,
+    /// Most tokens per probe text (each text is one window from its start).
+    #[arg(long, default_value_t = 512)]
+    pub ctx: usize,
+    /// Width changes tried on one layer's keys, then its values, in bits (widths stay within
+    /// 1..=4 bits in half-bit steps), comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "-1,1",
+        allow_hyphen_values = true
+    )]
+    pub steps: Vec<f64>,
+    /// Calibration texts to probe on instead of the built-in ones (prose, code, dialogue),
+    /// comma-separated; a file that shares a passage with the evaluation set
+    /// (`data/eval` in the cache) is refused.
+    #[arg(long, value_delimiter = ',')]
+    pub text: Vec<PathBuf>,
+    /// Propose per-layer overrides that keep the cache within this many bits per element at
+    /// `--budget-ctx` tokens (greedy on measured KL per bit).
+    #[arg(long)]
+    pub budget: Option<f64>,
+    /// Context at which `--budget` counts the window's and centers' bits.
+    #[arg(long, default_value_t = 1024)]
+    pub budget_ctx: usize,
+    /// Also write every probe as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 /// `turbokv eval ppl`.

@@ -28,11 +28,11 @@ struct Row {
 
 /// Running sums for one dtype.
 #[derive(Default, Clone)]
-struct Acc {
-    nll: f64,
-    kl: f64,
-    agree: usize,
-    n: usize,
+pub(crate) struct Acc {
+    pub(crate) nll: f64,
+    pub(crate) kl: f64,
+    pub(crate) agree: usize,
+    pub(crate) n: usize,
 }
 
 /// Runs the evaluation (or, with `--from-json`, reports saved runs again).
@@ -53,36 +53,58 @@ struct Saved {
 }
 
 /// The tables, worst case, `--json` and `--plot` of earlier runs' `--json` files, whose texts
-/// are put side by side (each run must have the same context, windows and caches in the same
-/// order, e.g. one run per text).
+/// are put side by side (e.g. one run per text). Files that hold the same text (by name) add
+/// their caches to its rows (e.g. a later run of more caches; a cache already there is not
+/// repeated). Every run must have the same model, context and windows, and every text must
+/// end up with the same caches in the same order.
 fn report_saved(args: &EvalPplArgs) -> Result<()> {
     let mut results: Vec<TextResult> = Vec::new();
-    let mut shape: Option<(String, usize, usize, Vec<String>)> = None;
+    let mut shape: Option<(String, usize, usize)> = None;
     for path in &args.from_json {
         let doc: Saved = serde_json::from_str(
             &std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?,
         )
         .with_context(|| format!("{}: not an `eval ppl --json` file", path.display()))?;
+        let this = (doc.model.clone(), doc.ctx, doc.windows);
+        match &shape {
+            None => shape = Some(this),
+            Some(s) => ensure!(
+                *s == this,
+                "{} was run with another model, context or window count than the first file",
+                path.display(),
+            ),
+        }
         for t in doc.texts {
-            let kvs: Vec<String> = t.rows.iter().map(|r| r.kv.clone()).collect();
-            let this = (doc.model.clone(), doc.ctx, doc.windows, kvs);
-            match &shape {
-                None => shape = Some(this),
-                Some(s) => ensure!(
-                    *s == this,
-                    "{}: text {} was run with another model, context, window count or caches \
-                     than the first file",
-                    path.display(),
-                    t.name
-                ),
+            match results.iter_mut().find(|r| r.name == t.name) {
+                Some(r) => {
+                    for row in t.rows {
+                        if !r.rows.iter().any(|x| x.kv == row.kv) {
+                            r.rows.push(row);
+                        }
+                    }
+                }
+                None => results.push(t),
             }
-            results.push(t);
         }
     }
-    let Some((model, ctx, windows, _)) = shape else {
+    let Some((model, ctx, windows)) = shape else {
         bail!("--from-json: the files hold no texts");
     };
+    if let Some(first) = results.first() {
+        let kvs = |r: &TextResult| r.rows.iter().map(|x| x.kv.clone()).collect::<Vec<_>>();
+        for r in &results[1..] {
+            ensure!(
+                kvs(r) == kvs(first),
+                "text {} has other caches than text {} ({:?} vs {:?}): give every text the same \
+                 runs",
+                r.name,
+                first.name,
+                kvs(r),
+                kvs(first)
+            );
+        }
+    }
     report(&model, ctx, windows, &results, args)
 }
 
@@ -93,22 +115,25 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
         sinks: args.kv_sinks,
     };
     let defaults = KvDefaults::from_args(&args.kv_opts, default_window);
+    let layers = KvPolicy::parse_layers(&args.kv_layers).context("--kv-layers")?;
+    // `--kv-layers` overrides every entry: its labels say so, as a spec's own overrides do.
+    let extra: String = layers.iter().map(|(l, d)| format!(" [{l}:{d}]")).collect();
     let specs: Vec<(String, KvSpec)> = args
         .kv
         .iter()
-        .map(|s| KvSpec::parse(s, defaults).map(|k| (k.label(s), k)))
+        .map(|s| Ok(KvSpec::parse(s, defaults).map(|k| (k.label(s), k))?))
         .collect::<Result<Vec<_>>>()?
         .into_iter()
         // The bf16 baseline row is always there.
         .filter(|(label, _)| label != "bf16")
+        .map(|(label, k)| (format!("{label}{extra}"), k))
         .collect();
-    let layers = KvPolicy::parse_layers(&args.kv_layers).context("--kv-layers")?;
     let texts = read_texts(&args.text)?;
     for text in &texts {
         if let Some(passage) = turbokv_model::calibrate::calibration_passage_in(&text.body) {
             bail!(
-                "{} contains the KV calibration text (\"{passage}…\"); evaluate on text the \
-                 calibration has not seen",
+                "{} contains calibration text of the KV cache or of `eval sensitivity` \
+                 (\"{passage}…\"); evaluate on text the calibration has not seen",
                 text.path.display()
             );
         }
@@ -178,12 +203,12 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
             }
         }
         let base_ppl = (base.nll / base.n as f64).exp();
-        let mut rows = vec![row("bf16", bf16, &[], &base, base_ppl, args.ctx, &loaded)];
+        let mut rows = vec![row("bf16", &bf16, &[], &base, base_ppl, args.ctx, &loaded)];
         rows.extend(
             dtypes
                 .iter()
                 .zip(&accs)
-                .map(|((name, d, _), a)| row(name, *d, &layers, a, base_ppl, args.ctx, &loaded)),
+                .map(|((name, d, _), a)| row(name, d, &layers, a, base_ppl, args.ctx, &loaded)),
         );
         results.push(TextResult {
             name: text.name.clone(),
@@ -368,7 +393,7 @@ fn floor_char(s: &str, mut i: usize) -> usize {
     i
 }
 
-fn window_logits<B: Backend>(
+pub(crate) fn window_logits<B: Backend>(
     loaded: &crate::generate::Loaded<B>,
     dtype: KvDtype,
     policy: &KvPolicy,
@@ -378,7 +403,7 @@ fn window_logits<B: Backend>(
     Ok(session.prefill_all_logits(window)?)
 }
 
-fn log_softmax_rows(logits: &[f32], vocab: usize) -> Vec<f32> {
+pub(crate) fn log_softmax_rows(logits: &[f32], vocab: usize) -> Vec<f32> {
     let mut out = logits.to_vec();
     for row in out.chunks_mut(vocab) {
         let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -389,7 +414,7 @@ fn log_softmax_rows(logits: &[f32], vocab: usize) -> Vec<f32> {
 }
 
 /// Adds the next-token NLL, KL(reference ‖ this) and top-1 agreement of every position.
-fn score(lp: &[f32], ref_lp: &[f32], window: &[u32], vocab: usize, acc: &mut Acc) {
+pub(crate) fn score(lp: &[f32], ref_lp: &[f32], window: &[u32], vocab: usize, acc: &mut Acc) {
     for t in 0..window.len() - 1 {
         let row = &lp[t * vocab..(t + 1) * vocab];
         let rrow = &ref_lp[t * vocab..(t + 1) * vocab];
@@ -416,7 +441,7 @@ fn argmax(v: &[f32]) -> usize {
 /// centers (one f32 per head dimension for K and for V), amortised over `ctx` like the window.
 fn row<B: Backend>(
     name: &str,
-    kv: KvSpec,
+    kv: &KvSpec,
     layers: &[(i64, KvDtype)],
     a: &Acc,
     base_ppl: f64,
@@ -427,18 +452,7 @@ fn row<B: Backend>(
     let cfg = loaded.model.transformer.config();
     let head_dim = cfg.head_dim;
     // Layers with a KV cache only (LFM2's conv layers have none).
-    let n = cfg.kv_layers() as i64;
-    let bits = (0..n)
-        .map(|l| {
-            let dtype = layers
-                .iter()
-                .rev()
-                .find(|(i, _)| (if *i < 0 { n + i } else { *i }) == l)
-                .map_or(kv.dtype, |(_, d)| *d);
-            KvSpec { dtype, ..kv }.bits_per_element(head_dim, ctx)
-        })
-        .sum::<f64>()
-        / n as f64;
+    let bits = kv.bits_per_element(head_dim, ctx, cfg.kv_layers(), layers);
     Row {
         kv: name.to_string(),
         bits_per_element: bits,
@@ -600,6 +614,37 @@ mod tests {
         let e = saved(&d, "other", 1024, vec![r("tq4", 1.0, 0.01, 0.9)]);
         let list = format!("{},{}", a.display(), e.display());
         assert!(run(&eval_args(&["--from-json", &list])).is_err());
+        // A second run of a text adds its caches to that text's rows, once each.
+        let d2 = scratch_dir("saved-more");
+        let more_wiki = saved(
+            &d2,
+            "wiki",
+            1024,
+            vec![r("tq3", 9.0, 0.9, 0.1), r("tq4", 1.0, 0.01, 0.9)],
+        );
+        let more_code = saved(&d2, "code", 1024, vec![r("tq4", 1.5, 0.02, 0.9)]);
+        let list = [&a, &b, &more_wiki, &more_code]
+            .map(|p| p.display().to_string())
+            .join(",");
+        run(&eval_args(&[
+            "--from-json",
+            &list,
+            "--json",
+            out.to_str().unwrap(),
+        ]))
+        .unwrap();
+        let doc: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+        let wiki = &doc["texts"][0]["rows"];
+        assert_eq!(wiki.as_array().unwrap().len(), 2);
+        assert_eq!(wiki[0]["delta_ppl_pct"], 2.0, "the first run's row is kept");
+        assert_eq!(doc["worst"][1]["delta_ppl_pct"], 1.5);
+        // ... but only when every text then has the same caches.
+        let list = [&a, &b, &more_wiki]
+            .map(|p| p.display().to_string())
+            .join(",");
+        let err = run(&eval_args(&["--from-json", &list])).unwrap_err();
+        assert!(format!("{err:#}").contains("other caches"), "{err:#}");
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod env_options;
 mod eval;
 mod kvspec;
 mod plot;
+mod sensitivity;
 mod serve;
 
 use anyhow::{Context, Result};
@@ -41,6 +42,7 @@ fn threads(cmd: &Command) -> Option<usize> {
         Command::Chat(a) => a.model.threads,
         Command::Bench(BenchCommand::Model(a)) => a.model.threads,
         Command::Eval(EvalCommand::Ppl(a)) => a.model.threads,
+        Command::Eval(EvalCommand::Sensitivity(a)) => a.model.threads,
         Command::Bench(BenchCommand::Codec { .. }) => None,
         Command::Bench(BenchCommand::Decode(a)) => a.threads,
         Command::Bench(BenchCommand::Attention(_)) => None,
@@ -57,6 +59,7 @@ fn dispatch(command: Command) -> Result<()> {
         Command::Bench(BenchCommand::Decode(a)) => bench_decode::run(&a),
         Command::Bench(BenchCommand::Attention(a)) => bench_attention::run(&a),
         Command::Eval(EvalCommand::Ppl(a)) => eval::run(&a),
+        Command::Eval(EvalCommand::Sensitivity(a)) => sensitivity::run(&a),
         Command::Serve(a) => serve::run(&a),
     }
 }

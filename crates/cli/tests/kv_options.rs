@@ -178,3 +178,69 @@ fn kv_center_calibrates_and_labels_the_cache() {
         }
     }
 }
+
+#[test]
+fn eval_sensitivity_probes_every_layer_and_proposes_overrides_within_the_budget() {
+    let Some(model) = demo_model() else { return };
+    let dir = std::env::temp_dir().join(format!("turbokv-sens-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("sens.json");
+    // One short calibration text of the test's own keeps the 90 probes cheap.
+    let own = dir.join("own.txt");
+    std::fs::write(
+        &own,
+        "The ferry leaves at seven; bring a coat, the deck is cold.",
+    )
+    .unwrap();
+    let o = turbokv(&[
+        "eval",
+        "sensitivity",
+        "--model",
+        &model,
+        "--text",
+        own.to_str().unwrap(),
+        "--kv",
+        "k4v2@w2s1",
+        "--ctx",
+        "12",
+        "--steps",
+        "-1,1",
+        "--budget",
+        "3.3",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // 30 layers: keys 4 → 3 (4 → 5 does not exist), values 2 → 1 and 2 → 3.
+    let probes = doc["probes"].as_array().unwrap();
+    assert_eq!(probes.len(), 90);
+    assert_eq!(doc["texts"][0], "own");
+    for p in probes {
+        let to: &str = p["to"].as_str().unwrap();
+        assert!(["k3v2", "k4v1", "k4v3"].contains(&to), "{to}");
+    }
+    let proposal = &doc["proposal"];
+    assert!(proposal["bits_per_element"].as_f64().unwrap() <= 3.3 + 1e-9);
+    assert!(proposal["overrides"].as_str().unwrap().starts_with('['));
+    // A calibration text taken from the evaluation set is refused.
+    if let Some(code) = asset("TURBOKV_EVAL_CODE", "data/eval/code.txt") {
+        let copy = dir.join("mine.txt");
+        let body = std::fs::read_to_string(&code).unwrap();
+        std::fs::write(&copy, &body[..body.len().min(20_000)]).unwrap();
+        let o = turbokv(&[
+            "eval",
+            "sensitivity",
+            "--model",
+            &model,
+            "--text",
+            copy.to_str().unwrap(),
+        ]);
+        let err = stderr(&o);
+        assert!(
+            !o.status.success() && err.contains("shares text with the evaluation text"),
+            "{err}"
+        );
+    }
+}

@@ -122,15 +122,39 @@ fn norm(v: &[f32]) -> f32 {
     v.iter().map(|x| x * x).sum::<f32>().sqrt()
 }
 
-/// The first passage of [`CALIBRATION_TEXT`] that `text` contains, if any: an evaluation
-/// text must not share what the centers and outlier channels were measured on, or a
-/// centered cache would be scored on the text it was fitted to. A passage is the first
-/// 48 bytes of one of the calibration text's paragraphs (quotes and line breaks included),
-/// long enough never to occur by chance.
+/// The texts of the layer-sensitivity probe (`turbokv eval sensitivity`), by domain: the
+/// calibration prose above, and original Python source and dialogue written for the probe, so
+/// that bit allocation is decided on all three kinds of text the evaluation set holds without
+/// seeing any of it. Like [`CALIBRATION_TEXT`], an evaluation text must share none of them.
+pub const PROBE_TEXTS: &[(&str, &str)] = &[
+    ("prose", CALIBRATION_TEXT),
+    ("code", include_str!("calibrate_texts/probe_code.txt")),
+    (
+        "dialogue",
+        include_str!("calibrate_texts/probe_dialogue.txt"),
+    ),
+];
+
+/// The first passage of [`CALIBRATION_TEXT`] or of a [`PROBE_TEXTS`] text that `text`
+/// contains, if any: an evaluation text must not share what the centers, outlier channels or
+/// per-layer widths were measured on, or a cache would be scored on the text it was fitted
+/// to. See [`shared_passage`].
 pub fn calibration_passage_in(text: &str) -> Option<&'static str> {
+    PROBE_TEXTS
+        .iter()
+        .find_map(|(_, calibration)| shared_passage(calibration, text))
+}
+
+/// The first passage of `calibration` that `text` contains, if any. A passage is the first
+/// 48 bytes of one of `calibration`'s paragraphs (quotes and line breaks included), long
+/// enough never to occur by chance; paragraphs shorter than 16 bytes are skipped (a lone
+/// closing bracket or a blank-ish line would match anything).
+pub fn shared_passage<'a>(calibration: &'a str, text: &str) -> Option<&'a str> {
     const PASSAGE: usize = 48;
-    CALIBRATION_TEXT
+    calibration
         .split("\n\n")
+        .map(str::trim)
+        .filter(|p| p.len() >= 16)
         .map(|p| {
             let mut end = PASSAGE.min(p.len());
             while !p.is_char_boundary(end) {
@@ -282,5 +306,24 @@ mod tests {
         let unrelated = "The town sits on a river. A map drawn in 1742 shows streets.";
         assert_eq!(calibration_passage_in(unrelated), None);
         assert_eq!(calibration_passage_in(""), None);
+    }
+
+    #[test]
+    fn the_probe_texts_are_refused_as_evaluation_texts_too() {
+        for (name, text) in PROBE_TEXTS {
+            // A later paragraph of each probe text, embedded in other text.
+            let paragraph = text.split("\n\n").last().unwrap().trim();
+            let doc = format!("def unrelated():\n    pass\n\n{paragraph}\n");
+            let found = calibration_passage_in(&doc).unwrap_or_else(|| panic!("{name}"));
+            assert!(paragraph.starts_with(found), "{name}: {found}");
+        }
+        // Generic code is not a match: passages are whole paragraph openings, not lines.
+        let generic = "import os\n\nclass Thing:\n    def __init__(self):\n        pass\n";
+        assert_eq!(calibration_passage_in(generic), None);
+        assert_eq!(
+            shared_passage("ab\n\n}", "ab }"),
+            None,
+            "short paragraphs are skipped"
+        );
     }
 }
