@@ -304,11 +304,9 @@ impl ModelConfig {
             // files keep Hugging Face's half-split layout ("NEOX" rope in llama.cpp).
             rope_style: match family {
                 Family::Llama | Family::Granite => RopeStyle::Interleaved,
-                Family::Qwen2
-                | Family::Qwen3
-                | Family::Gemma3
-                | Family::Lfm2
-                | Family::GptOss => RopeStyle::HalfSplit,
+                Family::Qwen2 | Family::Qwen3 | Family::Gemma3 | Family::Lfm2 | Family::GptOss => {
+                    RopeStyle::HalfSplit
+                }
             },
             rope_scaling,
             max_context: md
@@ -378,9 +376,8 @@ impl ModelConfig {
 /// transformers' defaults (for gpt-oss, its published `truncate: false`).
 fn gguf_yarn(md: &Metadata, arch: &str, family: Family) -> Result<YarnRopeScaling, ModelError> {
     let k = |s: &str| format!("{arch}.rope.scaling.{s}");
-    let f = |s: &str| -> Result<Option<f32>, ModelError> {
-        Ok(md.opt_f64(&k(s))?.map(|v| v as f32))
-    };
+    let f =
+        |s: &str| -> Result<Option<f32>, ModelError> { Ok(md.opt_f64(&k(s))?.map(|v| v as f32)) };
     let factor = md.f64(&k("factor"))? as f32;
     let original = md.u64(&k("original_context_length"))? as f32;
     Ok(YarnRopeScaling {

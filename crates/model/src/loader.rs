@@ -484,7 +484,11 @@ fn stack_f32(parts: &[WeightMatrix]) -> Result<WeightMatrix, ModelError> {
             vals.extend_from_slice(&row);
         }
     }
-    Ok(WeightMatrix::from_f32(vals.len() / cols.max(1), cols, &vals)?)
+    Ok(WeightMatrix::from_f32(
+        vals.len() / cols.max(1),
+        cols,
+        &vals,
+    )?)
 }
 
 /// Layer `l`'s gated short convolution (LFM2), every tensor's shape checked.

@@ -79,13 +79,15 @@ impl TensorSource for GgufFile {
     }
 
     fn matrix(&self, name: &str) -> Result<WeightMatrix, ModelError> {
-        let t = self.tensor(name).ok_or_else(|| match self.mxfp4_tensor(name) {
-            Some(_) => ModelError::TensorShape {
-                name: name.into(),
-                detail: "MXFP4 is read only for stacked experts".into(),
-            },
-            None => ModelError::MissingTensor(name.to_string()),
-        })?;
+        let t = self
+            .tensor(name)
+            .ok_or_else(|| match self.mxfp4_tensor(name) {
+                Some(_) => ModelError::TensorShape {
+                    name: name.into(),
+                    detail: "MXFP4 is read only for stacked experts".into(),
+                },
+                None => ModelError::MissingTensor(name.to_string()),
+            })?;
         // GGML dims are fastest-first: [cols, rows]; a 1-D tensor is one row.
         let (cols, rows) = match t.dims.as_slice() {
             [c] => (*c, 1),

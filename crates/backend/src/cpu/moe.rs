@@ -20,7 +20,10 @@ pub(crate) fn route(logits: &[f32], top_k: usize) -> Vec<(usize, f32)> {
     let mut idx: Vec<usize> = (0..logits.len()).collect();
     idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
     idx.truncate(top_k);
-    let m = idx.iter().map(|&i| logits[i]).fold(f32::NEG_INFINITY, f32::max);
+    let m = idx
+        .iter()
+        .map(|&i| logits[i])
+        .fold(f32::NEG_INFINITY, f32::max);
     let e: Vec<f32> = idx.iter().map(|&i| (logits[i] - m).exp()).collect();
     let z: f32 = e.iter().sum();
     idx.into_iter().zip(e).map(|(i, e)| (i, e / z)).collect()

@@ -92,7 +92,14 @@ pub(crate) fn layers<B: Backend>(
         }
         match &layer.mlp {
             Mlp::Dense { gate_up, down } => {
-                b.rms_norm_matmul_cat(&s.x, &layer.ffn_norm, eps, gate_up, &mut s.xn, &mut s.gate_up)?;
+                b.rms_norm_matmul_cat(
+                    &s.x,
+                    &layer.ffn_norm,
+                    eps,
+                    gate_up,
+                    &mut s.xn,
+                    &mut s.gate_up,
+                )?;
                 match a.activation {
                     MlpActivation::Silu => b.silu_mul(&s.gate_up, &mut s.act)?,
                     MlpActivation::GeluTanh => b.gelu_mul(&s.gate_up, &mut s.act)?,

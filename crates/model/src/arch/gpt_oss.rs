@@ -15,7 +15,10 @@ use crate::gguf::Metadata;
 pub(super) const HF_LAYER_NAMES: &[(&str, &str)] = &[
     ("attn_output.bias", "self_attn.o_proj.bias"),
     ("attn_sinks.weight", "self_attn.sinks"),
-    ("post_attention_norm.weight", "post_attention_layernorm.weight"),
+    (
+        "post_attention_norm.weight",
+        "post_attention_layernorm.weight",
+    ),
     ("ffn_gate_inp.weight", "mlp.router.weight"),
     ("ffn_gate_inp.bias", "mlp.router.bias"),
     ("ffn_gate_up_exps.weight", "mlp.experts.gate_up_proj"),
@@ -190,15 +193,22 @@ mod tests {
         let RopeScaling::Yarn(y) = c.rope_scaling else {
             panic!("{:?}", c.rope_scaling)
         };
-        assert_eq!((y.factor, y.original_context, y.truncate), (32.0, 4096.0, false));
+        assert_eq!(
+            (y.factor, y.original_context, y.truncate),
+            (32.0, 4096.0, false)
+        );
         assert!((y.attention_factor - (0.1 * 32f32.ln() + 1.0)).abs() < 1e-6);
         let m = c.arch.moe.unwrap();
-        assert_eq!((m.n_experts, m.top_k, m.alpha, m.limit), (32, 4, 1.702, 7.0));
+        assert_eq!(
+            (m.n_experts, m.top_k, m.alpha, m.limit),
+            (32, 4, 1.702, 7.0)
+        );
         assert!(c.arch.sinks);
         assert_eq!(c.arch.window_of(0), Some(128));
         assert_eq!(c.arch.window_of(1), None);
 
-        let too_many = GPT_OSS_20B.replace(r#""num_experts_per_tok":4"#, r#""num_experts_per_tok":33"#);
+        let too_many =
+            GPT_OSS_20B.replace(r#""num_experts_per_tok":4"#, r#""num_experts_per_tok":33"#);
         let err = ModelConfig::from_hf_json(&too_many).unwrap_err();
         assert!(err.to_string().contains("33 per token"), "{err}");
         let rope = GPT_OSS_20B.replace(r#""rope_type":"yarn""#, r#""rope_type":"longrope""#);
@@ -220,7 +230,10 @@ mod tests {
             (31, 3.023_511_396_804_679e-7),
         ] {
             let got = f[i] as f64;
-            assert!((got - want).abs() <= 1e-5 * want, "pair {i}: {got} vs {want}");
+            assert!(
+                (got - want).abs() <= 1e-5 * want,
+                "pair {i}: {got} vs {want}"
+            );
         }
     }
 }

@@ -286,7 +286,12 @@ impl TensorHeader {
             .dims
             .iter()
             .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| corrupt(format!("tensor {} shape {:?} overflows", self.name, self.dims)))?;
+            .ok_or_else(|| {
+                corrupt(format!(
+                    "tensor {} shape {:?} overflows",
+                    self.name, self.dims
+                ))
+            })?;
         if !self.dims[0].is_multiple_of(mxfp4::BLOCK) {
             return Err(corrupt(format!(
                 "MXFP4 tensor {} row of {} elements is not a whole number of {}-element blocks",

@@ -29,7 +29,10 @@ fn half_scale(e: u8) -> f32 {
 
 /// Dequantizes whole blocks of `src` into `dst` (`dst.len() = 32 · blocks`).
 pub fn dequantize(src: &[u8], dst: &mut [f32]) {
-    for (b, y) in src.chunks_exact(BLOCK_BYTES).zip(dst.chunks_exact_mut(BLOCK)) {
+    for (b, y) in src
+        .chunks_exact(BLOCK_BYTES)
+        .zip(dst.chunks_exact_mut(BLOCK))
+    {
         let d = half_scale(b[0]);
         for (j, &q) in b[1..].iter().enumerate() {
             y[j] = KVALUES[(q & 0x0f) as usize] as f32 * d;
