@@ -153,7 +153,7 @@ fn gpt_oss_matches_transformers_in_both_formats() {
 /// bits the cache keeps.
 #[test]
 fn every_kv_dtype_runs_each_family() {
-    for name in ["granite", "gemma3", "lfm2"] {
+    for name in ["granite", "gemma3", "lfm2", "gpt_oss"] {
         let want = reference(name);
         let model = load(&family_dir(name).join("model.gguf")).unwrap();
         let base = engine_logits(&model, &want.prompt, KvDtype::F16);
@@ -648,7 +648,7 @@ mod plain_only {
 #[test]
 fn a_backend_without_family_ops_refuses_them_at_load() {
     use turbokv_backend::Backend;
-    for name in ["granite", "gemma3", "lfm2"] {
+    for name in ["granite", "gemma3", "lfm2", "gpt_oss"] {
         for path in [
             family_dir(name).join("hf"),
             family_dir(name).join("model.gguf"),

@@ -300,7 +300,9 @@ impl TensorHeader {
                 mxfp4::BLOCK
             )));
         }
-        let len = elements / mxfp4::BLOCK * mxfp4::BLOCK_BYTES;
+        let len = (elements / mxfp4::BLOCK)
+            .checked_mul(mxfp4::BLOCK_BYTES)
+            .ok_or_else(|| corrupt(format!("tensor {} size overflows", self.name)))?;
         let offset = usize::try_from(self.rel_offset)
             .ok()
             .and_then(|o| o.checked_add(data_start))
@@ -346,7 +348,9 @@ impl TensorHeader {
                 self.name, self.dims[0], ty
             )));
         }
-        let len = elements / ty.block_len() * ty.block_bytes();
+        let len = (elements / ty.block_len())
+            .checked_mul(ty.block_bytes())
+            .ok_or_else(|| corrupt(format!("tensor {} size overflows", self.name)))?;
         let offset = usize::try_from(self.rel_offset)
             .ok()
             .and_then(|o| o.checked_add(data_start))
