@@ -153,10 +153,17 @@ impl SafetensorsDir {
                     safetensors::Dtype::F16 => GgmlType::F16,
                     safetensors::Dtype::BF16 => GgmlType::Bf16,
                     other => {
+                        let hint = if name.ends_with("_blocks") || name.ends_with("_scales") {
+                            " (MXFP4 experts in transformers' packed form are not read; \
+                             a GGUF conversion keeps them in MXFP4, or dequantize to BF16)"
+                        } else {
+                            ""
+                        };
                         return Err(ModelError::Safetensors {
                             path: path.display().to_string(),
                             detail: format!(
-                                "tensor {name} has dtype {other:?}; supported: F32, F16, BF16"
+                                "tensor {name} has dtype {other:?}; supported: F32, F16, \
+                                 BF16{hint}"
                             ),
                         });
                     }

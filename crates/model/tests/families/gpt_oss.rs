@@ -221,6 +221,26 @@ fn gpt_oss_bad_files_give_typed_errors() {
         "{err}"
     );
 
+    // transformers' packed MXFP4 experts are refused by name.
+    let packed = dir.join("packed");
+    std::fs::create_dir_all(&packed).unwrap();
+    std::fs::write(packed.join("config.json"), &cfg).unwrap();
+    let blocks = vec![0u8; 4 * 64 * 16];
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::U8, vec![4, 64, 1, 16], &blocks)
+            .unwrap();
+    let bytes = safetensors::serialize(
+        [("model.layers.0.mlp.experts.gate_up_proj_blocks", view)],
+        None,
+    )
+    .unwrap();
+    std::fs::write(packed.join("model.safetensors"), bytes).unwrap();
+    let err = load(&packed).err().unwrap();
+    assert!(
+        matches!(&err, ModelError::Safetensors { detail, .. } if detail.contains("gate_up_proj_blocks") && detail.contains("MXFP4")),
+        "{err}"
+    );
+
     // The family ops without the MoE op (what CUDA would be with attention variants).
     for path in [src_hf, src] {
         let err = Model::load(
