@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Tiny random models of the Granite, Gemma 3 and LFM2 families, with Hugging Face reference
-logits.
+"""Tiny random models of the Granite, Gemma 3, LFM2 and gpt-oss families, with Hugging Face
+reference logits.
 
 For each family this writes, under crates/model/tests/fixtures/families/<name>/:
 
@@ -12,7 +12,10 @@ For each family this writes, under crates/model/tests/fixtures/families/<name>/:
                                          1-D tensors and conv taps in f32 as the converter
                                          does (llama.cpp runs it:
                                          scripts/check_family_gguf_llamacpp.py) and
-                                         carries a character-level tokenizer for the CLI
+                                         carries a character-level tokenizer for the CLI;
+                                         gpt-oss's stores the experts in MXFP4 (ggml type
+                                         39) as llama.cpp does, and carries the same
+                                         tokenizer
   reference.json                         logits of a prompt from transformers in float64,
                                          and a greedy continuation with its smallest
                                          top-1/top-2 margin
@@ -21,13 +24,16 @@ The weights are rounded to f16 before the reference runs, so the reference sees 
 stored weights. Shapes keep each family's structure (Gemma 3: five sliding-window layers per
 global layer, q/k norms, pre/post norms, GeGLU, separate RoPE bases; Granite: its four
 multipliers; LFM2: gated short-conv layers between attention layers, q/k norms, its
-auto-adjusted MLP width, tied embeddings) while staying a few hundred kB.
+auto-adjusted MLP width, tied embeddings; gpt-oss: alternating sliding-window and full
+layers, sinks, q/k/v/o biases, YaRN, four experts top-2 with biases, whose weights are
+rounded to MXFP4 so that both formats hold exactly what the reference ran) while staying a
+few hundred kB.
 
 How to regenerate (never needed by CI; needs torch + transformers + gguf):
 
   python3 -m venv /work/venv-ref
   /work/venv-ref/bin/pip install torch transformers==5.24.0 gguf==0.19.0 safetensors numpy
-  /work/venv-ref/bin/python scripts/make_family_fixtures.py [--only granite,gemma3,lfm2]
+  /work/venv-ref/bin/python scripts/make_family_fixtures.py [--only granite,gemma3,lfm2,gpt_oss]
 
 Output is deterministic for given package versions (seeded; no timestamps).
 """
@@ -127,9 +133,11 @@ def char_tokenizer(w, vocab):
     w.add_unk_token_id(0)
 
 
-def write_gguf(path, arch, meta, tensors, tokenizer_vocab=None, f32=lambda name, v: False):
+def write_gguf(path, arch, meta, tensors, tokenizer_vocab=None, f32=lambda name, v: False,
+               raw=None):
     """`f32(name, array)`: tensors stored as float32 rather than f16 (the values are
-    f16-rounded either way, so both hold exactly what the reference ran)."""
+    f16-rounded either way, so both hold exactly what the reference ran). `raw`: name →
+    (quantized bytes, ggml type) written as they are."""
     import gguf
 
     w = gguf.GGUFWriter(path, arch)
@@ -141,11 +149,18 @@ def write_gguf(path, arch, meta, tensors, tokenizer_vocab=None, f32=lambda name,
             w.add_float32(full, value)
         elif kind == "u32s":
             w.add_array(full, [int(v) for v in value])
+        elif kind == "str":
+            w.add_string(full, value)
         else:
             raise ValueError(kind)
     if tokenizer_vocab:
         char_tokenizer(w, tokenizer_vocab)
-    for name in sorted(tensors):
+    raw = raw or {}
+    for name in sorted(set(tensors) | set(raw)):
+        if name in raw:
+            data, qtype = raw[name]
+            w.add_tensor(name, data, raw_dtype=qtype)
+            continue
         v = tensors[name]
         w.add_tensor(name, v.astype(np.float32 if f32(name, v) else np.float16))
     w.write_header_to_file()
@@ -370,7 +385,154 @@ def lfm2(out):
     return ref
 
 
-FAMILIES = {"granite": granite, "gemma3": gemma3, "lfm2": lfm2}
+GPT_OSS_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.sinks": "attn_sinks.weight",
+    "mlp.router.weight": "ffn_gate_inp.weight",
+    "mlp.router.bias": "ffn_gate_inp.bias",
+}
+
+
+def mxfp4_round(w):
+    """MXFP4 bytes of `w` (blocks along its last axis, as llama.cpp stores expert rows) and
+    the values they decode to."""
+    import gguf
+
+    q = gguf.quants.quantize(w.astype(np.float32), gguf.GGMLQuantizationType.MXFP4)
+    return q, gguf.quants.dequantize(q, gguf.GGMLQuantizationType.MXFP4)
+
+
+def gpt_oss(out):
+    from transformers import GptOssConfig, GptOssForCausalLM
+
+    layer_types = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+    cfg = GptOssConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=32,
+        num_hidden_layers=len(layer_types),
+        layer_types=layer_types,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=8,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        # YaRN as gpt-oss configures it, scaled down: a ramp whose ends fall between pairs
+        # (truncate false), so rounding them would show.
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 4.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 64,
+        },
+        tie_word_embeddings=False,
+        attention_bias=True,
+    )
+    cfg._attn_implementation = "eager"
+    cfg._experts_implementation = "eager"
+    torch.manual_seed(0)
+    model = GptOssForCausalLM(cfg).to(torch.float32)
+    randomize(model, 41, 1.0)
+    g = torch.Generator().manual_seed(42)
+    # Per-layer MXFP4 bytes in llama.cpp's layout: gate/up `[E, ffn, hidden]`, down
+    # `[E, hidden, ffn]`, 32-element blocks along the input.
+    raw = {}
+    import gguf
+
+    mx = gguf.GGMLQuantizationType.MXFP4
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            # Sinks large enough to take a real share of each softmax.
+            s = layer.self_attn.sinks
+            s.copy_((1.0 + 2.0 * (torch.rand(s.shape, generator=g) * 2 - 1)).half().float())
+            ex = layer.mlp.experts
+            # Gate/up 4x larger than the rest, so that the clamp at ±7 is reached.
+            gu = ex.gate_up_proj.detach().numpy() * 4.0
+            gate = gu[:, :, 0::2].transpose(0, 2, 1)
+            up = gu[:, :, 1::2].transpose(0, 2, 1)
+            down = ex.down_proj.detach().numpy().transpose(0, 2, 1)
+            qg, gate = mxfp4_round(gate)
+            qu, up = mxfp4_round(up)
+            qd, down = mxfp4_round(down)
+            raw[f"blk.{i}.ffn_gate_exps.weight"] = (qg, mx)
+            raw[f"blk.{i}.ffn_up_exps.weight"] = (qu, mx)
+            raw[f"blk.{i}.ffn_down_exps.weight"] = (qd, mx)
+            new_gu = np.empty_like(gu)
+            new_gu[:, :, 0::2] = gate.transpose(0, 2, 1)
+            new_gu[:, :, 1::2] = up.transpose(0, 2, 1)
+            ex.gate_up_proj.copy_(torch.from_numpy(new_gu))
+            ex.down_proj.copy_(torch.from_numpy(np.ascontiguousarray(down.transpose(0, 2, 1))))
+            assert np.array_equal(new_gu.astype(np.float16).astype(np.float32), new_gu)
+    sd = sd_numpy(model)
+    # Routing makes the logits piecewise: of a few prompt seeds, keep the one whose greedy
+    # continuation has the widest top-1/top-2 margin, so f32 noise cannot flip a token.
+    ref = max((reference(model, cfg.vocab_size, seed) for seed in range(42, 58)),
+              key=lambda r: r["greedy_min_margin"])
+    save_hf(model, os.path.join(out, "hf"))
+    tensors = {}
+    for k, v in sd.items():
+        if k == "model.embed_tokens.weight":
+            tensors["token_embd.weight"] = v
+        elif k == "model.norm.weight":
+            tensors["output_norm.weight"] = v
+        elif k == "lm_head.weight":
+            tensors["output.weight"] = v
+        else:
+            layer, tail = k.removeprefix("model.layers.").split(".", 1)
+            if tail == "mlp.experts.gate_up_proj_bias":
+                tensors[f"blk.{layer}.ffn_gate_exps.bias"] = v[:, 0::2]
+                tensors[f"blk.{layer}.ffn_up_exps.bias"] = v[:, 1::2]
+            elif tail == "mlp.experts.down_proj_bias":
+                tensors[f"blk.{layer}.ffn_down_exps.bias"] = v
+            elif tail.startswith("mlp.experts."):
+                continue  # the MXFP4 bytes above
+            else:
+                tensors[f"blk.{layer}.{GPT_OSS_NAMES[tail]}"] = v
+    rope = cfg.rope_parameters
+    meta = {
+        "context_length": ("u32", cfg.max_position_embeddings),
+        "embedding_length": ("u32", cfg.hidden_size),
+        "block_count": ("u32", cfg.num_hidden_layers),
+        "feed_forward_length": ("u32", cfg.intermediate_size),
+        "expert_feed_forward_length": ("u32", cfg.intermediate_size),
+        "expert_count": ("u32", cfg.num_local_experts),
+        "expert_used_count": ("u32", cfg.num_experts_per_tok),
+        "attention.head_count": ("u32", cfg.num_attention_heads),
+        "attention.head_count_kv": ("u32", cfg.num_key_value_heads),
+        "attention.key_length": ("u32", cfg.head_dim),
+        "attention.value_length": ("u32", cfg.head_dim),
+        "attention.layer_norm_rms_epsilon": ("f32", cfg.rms_norm_eps),
+        "attention.sliding_window": ("u32", cfg.sliding_window),
+        "rope.freq_base": ("f32", rope["rope_theta"]),
+        "rope.scaling.type": ("str", "yarn"),
+        "rope.scaling.factor": ("f32", rope["factor"]),
+        "rope.scaling.original_context_length": ("u32", rope["original_max_position_embeddings"]),
+        "vocab_size": ("u32", cfg.vocab_size),
+    }
+    # As llama.cpp's converter: 1-D tensors (norms, biases, sinks) and the experts' biases
+    # in f32.
+    keep_f32 = lambda name, v: v.ndim == 1 or name.endswith(".bias")
+    write_gguf(os.path.join(out, "model.gguf"), "gpt-oss", meta, tensors, cfg.vocab_size,
+               keep_f32, raw)
+    return ref
+
+
+FAMILIES = {"granite": granite, "gemma3": gemma3, "lfm2": lfm2, "gpt_oss": gpt_oss}
 
 
 def main():

@@ -121,6 +121,37 @@ pub trait KvPoolBlocks {
     fn release_blocks(&mut self, blocks: &[u32]);
 }
 
+/// One expert of a mixture-of-experts MLP (see [`Backend::moe`]).
+pub struct MoeExpert<M, V> {
+    /// `[2·ffn, hidden]`: each output row is `[gate | up]`.
+    pub gate_up: M,
+    /// Bias of `gate_up`'s outputs, `2·ffn` values.
+    pub gate_up_bias: Option<V>,
+    /// `[hidden, ffn]`.
+    pub down: M,
+    /// Bias of `down`'s outputs, `hidden` values.
+    pub down_bias: Option<V>,
+}
+
+/// A mixture-of-experts MLP with gpt-oss's routing and activation: per token, the router's
+/// `top_k` largest logits are chosen, their softmax weighs the chosen experts, and each
+/// expert computes `down · ((clamp(u, ±limit) + 1) · g' · σ(alpha · g')) + b` with
+/// `g' = min(g, limit)` and `[g | u] = gate_up · x + b`.
+pub struct MoeMlp<'a, M, V> {
+    /// `[n_experts, hidden]`.
+    pub router: &'a M,
+    /// The router's bias, `n_experts` values.
+    pub router_bias: Option<&'a V>,
+    /// The experts, in router order.
+    pub experts: &'a [MoeExpert<M, V>],
+    /// Experts per token.
+    pub top_k: usize,
+    /// The gate's sigmoid slope (gpt-oss: 1.702).
+    pub alpha: f32,
+    /// The clamp of gate (from above) and up (both sides) (gpt-oss: 7).
+    pub limit: f32,
+}
+
 /// A compute backend: buffers plus the kernels of a decoder-only transformer step.
 pub trait Backend: Send + Sync {
     /// `[rows, cols]` f32 activations.
@@ -413,6 +444,27 @@ pub trait Backend: Send + Sync {
         }
         Err(Error::UnsupportedOp {
             op: "attention with a sliding window or sinks",
+            backend: self.describe(),
+        })
+    }
+
+    /// Whether this backend runs [`Backend::moe`] (gpt-oss). A model loader refuses a
+    /// mixture-of-experts model up front on a backend that says no. Default: no.
+    fn supports_moe(&self) -> bool {
+        false
+    }
+
+    /// `out = Σ_k w_k · expert_k(x)` for each row of `x` (the MLP input, already normed),
+    /// routed as [`MoeMlp`] describes; `out` is `[rows, hidden]`. Default: refused.
+    fn moe(
+        &self,
+        x: &Self::Tensor,
+        mlp: &MoeMlp<'_, Self::Matrix, Self::Vector>,
+        out: &mut Self::Tensor,
+    ) -> Result<(), Error> {
+        let _ = (x, mlp, out);
+        Err(Error::UnsupportedOp {
+            op: "mixture-of-experts MLP",
             backend: self.describe(),
         })
     }

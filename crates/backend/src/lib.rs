@@ -13,8 +13,8 @@ mod shape;
 mod topk;
 
 pub use backend::{
-    AttnGeometry, AttnVariant, Backend, KvPoolBlocks, QkNorm, QkvProjection, Rope, RopeStyle,
-    SeqSpan,
+    AttnGeometry, AttnVariant, Backend, KvPoolBlocks, MoeExpert, MoeMlp, QkNorm, QkvProjection,
+    Rope, RopeStyle, SeqSpan,
 };
 pub use quant::{GgmlType, WeightBytes, WeightMatrix};
 pub use topk::{TOPK_MAX, TopK, TopKRow, select_top_k};

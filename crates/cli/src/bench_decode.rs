@@ -18,7 +18,7 @@ use turbokv_backend::cpu::CpuBackend;
 use turbokv_backend::cuda::{CudaBackend, GraphStats};
 use turbokv_backend::{Backend, GgmlType, RopeStyle, TopK, WeightBytes, WeightMatrix};
 use turbokv_model::config::RopeScaling;
-use turbokv_model::loader::{AttnWeights, LayerWeights, Mixer, Weights};
+use turbokv_model::loader::{AttnWeights, LayerWeights, Mixer, Mlp, Weights};
 use turbokv_model::{
     Family, KvCache, LoadOptions, LogitsFor, Model, ModelConfig, Scratch, SeqInput, StepOutput,
     StepTokens, Transformer,
@@ -338,10 +338,14 @@ fn random_weights<B: BenchBackend>(
                 bqkv,
                 qk_norm,
                 wo: rnd(h, cfg.n_heads * hd, ws)?,
+                bo: None,
+                sinks: None,
             }),
             ffn_norm: b.vector(&ones)?,
-            w_gate_up: vec![rnd(2 * cfg.ffn, h, ws)?],
-            w_down: rnd(h, cfg.ffn, 1.0 / (cfg.ffn as f32).sqrt())?,
+            mlp: Mlp::Dense {
+                gate_up: vec![rnd(2 * cfg.ffn, h, ws)?],
+                down: rnd(h, cfg.ffn, 1.0 / (cfg.ffn as f32).sqrt())?,
+            },
             extra: Default::default(),
         });
     }

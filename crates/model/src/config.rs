@@ -25,6 +25,9 @@ pub enum Family {
     /// Liquid AI LFM2: gated short-convolution layers (no KV cache) between attention
     /// layers with q/k norm.
     Lfm2,
+    /// OpenAI gpt-oss: attention with biases and learned sinks, alternating sliding-window
+    /// and full layers, YaRN RoPE, and a mixture-of-experts MLP.
+    GptOss,
 }
 
 impl Family {
@@ -36,6 +39,7 @@ impl Family {
             "granite" | "GraniteForCausalLM" => Ok(Self::Granite),
             "gemma3" | "gemma3_text" | "Gemma3ForCausalLM" => Ok(Self::Gemma3),
             "lfm2" | "Lfm2ForCausalLM" | "LFM2ForCausalLM" => Ok(Self::Lfm2),
+            "gpt-oss" | "gpt_oss" | "GptOssForCausalLM" => Ok(Self::GptOss),
             other => Err(ModelError::UnknownArchitecture {
                 found: sub_variant_hint(other),
                 supported: SUPPORTED,
@@ -45,7 +49,7 @@ impl Family {
 }
 
 /// The architecture names [`Family::parse`] accepts, for error messages.
-const SUPPORTED: &str = "llama, mistral, qwen2, qwen3, granite, gemma3, lfm2 (GGUF) / LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GraniteForCausalLM, Gemma3ForCausalLM, Lfm2ForCausalLM (Hugging Face)";
+const SUPPORTED: &str = "llama, mistral, qwen2, qwen3, granite, gemma3, lfm2, gpt-oss (GGUF) / LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, GraniteForCausalLM, Gemma3ForCausalLM, Lfm2ForCausalLM, GptOssForCausalLM (Hugging Face)";
 
 /// Llama-3-style RoPE frequency scaling (long-context extension).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -60,6 +64,67 @@ pub struct Llama3RopeScaling {
     pub original_context: f32,
 }
 
+/// YaRN RoPE scaling as transformers computes it (`_compute_yarn_parameters`): per pair, a
+/// ramp between the original frequency (fast pairs) and the frequency divided by `factor`
+/// (slow pairs), and an attention factor that scales cos and sin.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct YarnRopeScaling {
+    /// Context extension factor.
+    pub factor: f32,
+    /// The pre-training context length.
+    pub original_context: f32,
+    /// Rotations below which a pair is interpolated (transformers' default 32).
+    pub beta_fast: f32,
+    /// Rotations above which a pair is extrapolated (transformers' default 1).
+    pub beta_slow: f32,
+    /// Whether the ramp's ends are rounded to whole pairs (transformers' default true;
+    /// gpt-oss sets false).
+    pub truncate: bool,
+    /// Multiplies cos and sin, so the softmax sees scores times its square
+    /// (default `0.1 ln(factor) + 1`).
+    pub attention_factor: f32,
+}
+
+impl YarnRopeScaling {
+    /// transformers' default attention factor for `factor`.
+    pub fn default_attention_factor(factor: f32) -> f32 {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * factor.ln() + 1.0
+        }
+    }
+
+    /// The scaled inverse frequencies of `dim` rotated coordinates with base `theta`.
+    fn inv_freq(&self, theta: f64, dim: usize) -> Vec<f64> {
+        let (b, d) = (theta, dim as f64);
+        let correction = |rot: f64| {
+            d * (self.original_context as f64 / (rot * 2.0 * std::f64::consts::PI)).ln()
+                / (2.0 * b.ln())
+        };
+        let (mut low, mut high) = (
+            correction(self.beta_fast as f64),
+            correction(self.beta_slow as f64),
+        );
+        if self.truncate {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, mut high) = (low.max(0.0), high.min(d - 1.0));
+        if low == high {
+            high += 0.001;
+        }
+        (0..dim / 2)
+            .map(|i| {
+                let extrapolated = b.powf(-((2 * i) as f64) / d);
+                let interpolated = extrapolated / self.factor as f64;
+                let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+                let keep = 1.0 - ramp;
+                interpolated * (1.0 - keep) + extrapolated * keep
+            })
+            .collect()
+    }
+}
+
 /// RoPE frequency adjustment.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
@@ -71,6 +136,18 @@ pub enum RopeScaling {
     Llama3(Llama3RopeScaling),
     /// Per-pair frequency divisors (GGUF's `rope_freqs.weight`).
     Factors(Vec<f32>),
+    /// YaRN (gpt-oss).
+    Yarn(YarnRopeScaling),
+}
+
+impl RopeScaling {
+    /// The factor RoPE multiplies queries and keys by (YaRN's attention factor; 1 otherwise).
+    pub fn attention_factor(&self) -> f32 {
+        match self {
+            Self::Yarn(y) => y.attention_factor,
+            _ => 1.0,
+        }
+    }
 }
 
 /// Validated hyper-parameters of a decoder-only transformer.
@@ -157,6 +234,10 @@ impl ModelConfig {
     /// Per-pair inverse frequencies with scaling applied.
     pub fn rope_inv_freq(&self) -> Vec<f32> {
         let half = self.rope_dim / 2;
+        if let RopeScaling::Yarn(y) = &self.rope_scaling {
+            let f = y.inv_freq(self.rope_theta as f64, self.rope_dim);
+            return f.into_iter().map(|f| f as f32).collect();
+        }
         (0..half)
             .map(|i| {
                 let base = (self.rope_theta as f64).powf(-((2 * i) as f64) / self.rope_dim as f64);
@@ -165,6 +246,7 @@ impl ModelConfig {
                     RopeScaling::Linear(k) => base / *k as f64,
                     RopeScaling::Factors(fs) => base / fs.get(i).copied().unwrap_or(1.0) as f64,
                     RopeScaling::Llama3(s) => llama3_scale(base, s),
+                    RopeScaling::Yarn(_) => base,
                 };
                 f as f32
             })
@@ -190,6 +272,7 @@ impl ModelConfig {
         };
         let rope_scaling = match md.opt_str(&k("rope.scaling.type"))? {
             Some("linear") => RopeScaling::Linear(md.f64(&k("rope.scaling.factor"))? as f32),
+            Some("yarn") => RopeScaling::Yarn(gguf_yarn(md, arch, family)?),
             Some("none") | None => RopeScaling::None,
             Some(other) => {
                 return Err(ModelError::InvalidConfig(format!(
@@ -207,7 +290,11 @@ impl ModelConfig {
             n_heads,
             n_kv_heads,
             head_dim,
-            ffn: md.u64(&k("feed_forward_length"))? as usize,
+            // A mixture of experts' width is the experts' (llama.cpp writes it separately).
+            ffn: match md.opt_u64(&k("expert_feed_forward_length"))? {
+                Some(f) if arch_cfg.moe.is_some() => f as usize,
+                _ => md.u64(&k("feed_forward_length"))? as usize,
+            },
             rms_eps: md.f64(&k("attention.layer_norm_rms_epsilon"))? as f32,
             rope_theta: md.opt_f64(&k("rope.freq_base"))?.unwrap_or(10_000.0) as f32,
             rope_dim: md
@@ -217,7 +304,7 @@ impl ModelConfig {
             // files keep Hugging Face's half-split layout ("NEOX" rope in llama.cpp).
             rope_style: match family {
                 Family::Llama | Family::Granite => RopeStyle::Interleaved,
-                Family::Qwen2 | Family::Qwen3 | Family::Gemma3 | Family::Lfm2 => {
+                Family::Qwen2 | Family::Qwen3 | Family::Gemma3 | Family::Lfm2 | Family::GptOss => {
                     RopeStyle::HalfSplit
                 }
             },
@@ -245,7 +332,7 @@ impl ModelConfig {
         let head_dim = raw
             .head_dim
             .unwrap_or(raw.hidden_size / raw.num_attention_heads.max(1));
-        let rope_scaling = match raw.rope_scaling {
+        let rope_scaling = match raw.rope_scaling.filter(|_| extras.rope_scaling.is_none()) {
             None => RopeScaling::None,
             Some(s) => match s.rope_type.as_deref().or(s.kind.as_deref()) {
                 Some("llama3") => RopeScaling::Llama3(Llama3RopeScaling {
@@ -284,6 +371,25 @@ impl ModelConfig {
     }
 }
 
+/// YaRN parameters from GGUF metadata. llama.cpp's converter writes the factor and the
+/// original context; the ramp's betas and its truncation are read when present, else
+/// transformers' defaults (for gpt-oss, its published `truncate: false`).
+fn gguf_yarn(md: &Metadata, arch: &str, family: Family) -> Result<YarnRopeScaling, ModelError> {
+    let k = |s: &str| format!("{arch}.rope.scaling.{s}");
+    let f =
+        |s: &str| -> Result<Option<f32>, ModelError> { Ok(md.opt_f64(&k(s))?.map(|v| v as f32)) };
+    let factor = md.f64(&k("factor"))? as f32;
+    let original = md.u64(&k("original_context_length"))? as f32;
+    Ok(YarnRopeScaling {
+        factor,
+        original_context: original,
+        beta_fast: f("yarn_beta_fast")?.unwrap_or(32.0),
+        beta_slow: f("yarn_beta_slow")?.unwrap_or(1.0),
+        truncate: family != Family::GptOss,
+        attention_factor: YarnRopeScaling::default_attention_factor(factor),
+    })
+}
+
 /// KV heads from GGUF metadata: one number, or (LFM2) one per layer with 0 for layers
 /// without attention, whose attention layers must then agree.
 fn gguf_kv_heads(md: &Metadata, key: &str) -> Result<Option<usize>, ModelError> {
@@ -320,6 +426,9 @@ fn sub_variant_hint(found: &str) -> String {
         | "granitehybrid" => " (Granite's MoE variants are not supported; dense Granite is)",
         "Lfm2MoeForCausalLM" | "lfm2moe" => {
             " (LFM2's MoE variant is not supported; dense LFM2, Lfm2ForCausalLM, is)"
+        }
+        "GptOssForSequenceClassification" | "GptOssForTokenClassification" => {
+            " (a gpt-oss classifier; only the language model, GptOssForCausalLM, is supported)"
         }
         "Lfm2VlForConditionalGeneration" => {
             " (a vision-language LFM2; only its text model, Lfm2ForCausalLM, is supported)"

@@ -1,6 +1,8 @@
 //! Turns a [`TensorSource`] plus a [`ModelConfig`] into resident weights on a backend.
 
-use turbokv_backend::{Backend, WeightBytes, WeightMatrix};
+use turbokv_backend::{Backend, GgmlType, MoeExpert, WeightBytes, WeightMatrix};
+
+use crate::arch::MoeConfig;
 
 use crate::ModelError;
 use crate::config::ModelConfig;
@@ -14,12 +16,33 @@ pub struct LayerWeights<B: Backend> {
     pub mixer: Mixer<B>,
     /// Pre-MLP RMSNorm weight.
     pub ffn_norm: B::Vector,
-    /// Gate and up projections, outputs side by side as `[gate | up]`.
-    pub w_gate_up: Vec<B::Matrix>,
-    /// Down projection.
-    pub w_down: B::Matrix,
+    /// The MLP.
+    pub mlp: Mlp<B>,
     /// What the family adds (Gemma's post norms).
     pub extra: LayerExtras<B>,
+}
+
+/// A block's MLP.
+pub enum Mlp<B: Backend> {
+    /// One gated MLP.
+    Dense {
+        /// Gate and up projections, outputs side by side as `[gate | up]`.
+        gate_up: Vec<B::Matrix>,
+        /// Down projection.
+        down: B::Matrix,
+    },
+    /// A mixture of experts (gpt-oss; see [`Backend::moe`]).
+    Moe(MoeWeights<B>),
+}
+
+/// A mixture-of-experts MLP's weights.
+pub struct MoeWeights<B: Backend> {
+    /// `[n_experts, hidden]`.
+    pub router: B::Matrix,
+    /// The router's bias.
+    pub router_bias: Option<B::Vector>,
+    /// The experts, gate and up fused as `[gate | up]` outputs.
+    pub experts: Vec<MoeExpert<B::Matrix, B::Vector>>,
 }
 
 /// The token mixer of a block.
@@ -51,6 +74,10 @@ pub struct AttnWeights<B: Backend> {
     pub qk_norm: Option<(B::Vector, B::Vector)>,
     /// Output projection.
     pub wo: B::Matrix,
+    /// Output projection bias (gpt-oss).
+    pub bo: Option<B::Vector>,
+    /// A learned sink logit per query head (gpt-oss; see [`turbokv_backend::AttnVariant`]).
+    pub sinks: Option<B::Vector>,
 }
 
 /// A conv layer's weights (see [`Backend::short_conv`]).
@@ -175,19 +202,27 @@ pub fn load_weights<B: Backend>(
         } else {
             Mixer::Attention(load_attention(backend, src, cfg, l, &vec)?)
         };
-        let w_gate_up = fuse_rows(vec![
-            mat("ffn_gate.weight", cfg.ffn, cfg.hidden)?,
-            mat("ffn_up.weight", cfg.ffn, cfg.hidden)?,
-        ]);
+        let mlp = match &cfg.arch.moe {
+            Some(m) => Mlp::Moe(load_moe(backend, src, cfg, l, m)?),
+            None => {
+                let gate_up = fuse_rows(vec![
+                    mat("ffn_gate.weight", cfg.ffn, cfg.hidden)?,
+                    mat("ffn_up.weight", cfg.ffn, cfg.hidden)?,
+                ]);
+                Mlp::Dense {
+                    gate_up: gate_up
+                        .iter()
+                        .map(|m| backend.matrix(m))
+                        .collect::<Result<_, _>>()?,
+                    down: backend.matrix(&mat("ffn_down.weight", cfg.hidden, cfg.ffn)?)?,
+                }
+            }
+        };
         layers.push(LayerWeights {
             attn_norm: vec("attn_norm.weight", cfg.hidden)?,
             mixer,
-            ffn_norm: vec("ffn_norm.weight", cfg.hidden)?,
-            w_gate_up: w_gate_up
-                .iter()
-                .map(|m| backend.matrix(m))
-                .collect::<Result<_, _>>()?,
-            w_down: backend.matrix(&mat("ffn_down.weight", cfg.hidden, cfg.ffn)?)?,
+            ffn_norm: vec(cfg.arch.ffn_norm, cfg.hidden)?,
+            mlp,
             extra: LayerExtras {
                 post_attn_norm: cfg
                     .arch
@@ -267,6 +302,15 @@ fn load_attention<B: Backend>(
     } else {
         None
     };
+    let bo = src
+        .has(&name("attn_output.bias"))
+        .then(|| vec("attn_output.bias", cfg.hidden))
+        .transpose()?;
+    let sinks = cfg
+        .arch
+        .sinks
+        .then(|| vec("attn_sinks.weight", cfg.n_heads))
+        .transpose()?;
     Ok(AttnWeights {
         wqkv: wqkv
             .iter()
@@ -275,7 +319,176 @@ fn load_attention<B: Backend>(
         bqkv,
         qk_norm,
         wo: backend.matrix(&mat("attn_output.weight", cfg.hidden, q)?)?,
+        bo,
+        sinks,
     })
+}
+
+/// Layer `l`'s mixture of experts (gpt-oss), from either layout: GGUF's separate
+/// `ffn_{gate,up,down}_exps` (`[ffn, hidden]` / `[hidden, ffn]` per expert, as the backends
+/// multiply them), or transformers' `gate_up_proj` (`[hidden, 2·ffn]` per expert, input-major,
+/// gate and up interleaved by column) and `down_proj` (`[ffn, hidden]`, input-major), which
+/// are transposed and de-interleaved here.
+fn load_moe<B: Backend>(
+    backend: &B,
+    src: &dyn TensorSource,
+    cfg: &ModelConfig,
+    l: usize,
+    m: &MoeConfig,
+) -> Result<MoeWeights<B>, ModelError> {
+    let (h, f, ne) = (cfg.hidden, cfg.ffn, m.n_experts);
+    let name = |t: &str| format!("blk.{l}.{t}");
+    let router = checked(
+        src.matrix(&name("ffn_gate_inp.weight"))?,
+        &name("ffn_gate_inp.weight"),
+        ne,
+        h,
+    )?;
+    let opt_vec = |t: &str, len: usize| -> Result<Option<Vec<f32>>, ModelError> {
+        let n = name(t);
+        if !src.has(&n) {
+            return Ok(None);
+        }
+        let v = src.vector(&n)?;
+        if v.len() != len {
+            return Err(ModelError::TensorShape {
+                name: n,
+                detail: format!("{} values, expected {len}", v.len()),
+            });
+        }
+        Ok(Some(v))
+    };
+    let stacked = |t: &str, rows: usize, cols: usize| -> Result<Vec<WeightMatrix>, ModelError> {
+        let n = name(t);
+        let ms = src.stacked(&n)?;
+        if ms.len() != ne {
+            return Err(ModelError::TensorShape {
+                name: n,
+                detail: format!("{} experts, expected {ne}", ms.len()),
+            });
+        }
+        ms.into_iter().map(|w| checked(w, &n, rows, cols)).collect()
+    };
+    let router_bias = opt_vec("ffn_gate_inp.bias", ne)?;
+    let mut experts = Vec::with_capacity(ne);
+    if src.has(&name("ffn_gate_exps.weight")) {
+        let gates = stacked("ffn_gate_exps.weight", f, h)?;
+        let ups = stacked("ffn_up_exps.weight", f, h)?;
+        let downs = stacked("ffn_down_exps.weight", h, f)?;
+        let (gb, ub) = (
+            opt_vec("ffn_gate_exps.bias", ne * f)?,
+            opt_vec("ffn_up_exps.bias", ne * f)?,
+        );
+        let db = opt_vec("ffn_down_exps.bias", ne * h)?;
+        for (e, ((g, u), d)) in gates.into_iter().zip(ups).zip(downs).enumerate() {
+            let gate_up = match fuse_rows(vec![g, u]).as_slice() {
+                [one] => one.clone(),
+                // Gate and up in different formats: one f32 matrix, exactly.
+                parts => stack_f32(parts)?,
+            };
+            let bias = match (&gb, &ub) {
+                (None, None) => None,
+                (g, u) => {
+                    let part = |b: &Option<Vec<f32>>| {
+                        b.as_ref()
+                            .map_or(vec![0.0; f], |b| b[e * f..(e + 1) * f].to_vec())
+                    };
+                    Some([part(g), part(u)].concat())
+                }
+            };
+            experts.push(MoeExpert {
+                gate_up: backend.matrix(&gate_up)?,
+                gate_up_bias: bias.map(|b| backend.vector(&b)).transpose()?,
+                down: backend.matrix(&d)?,
+                down_bias: db
+                    .as_ref()
+                    .map(|b| backend.vector(&b[e * h..(e + 1) * h]))
+                    .transpose()?,
+            });
+        }
+    } else {
+        let gate_ups = stacked("ffn_gate_up_exps.weight", h, 2 * f)?;
+        let downs = stacked("ffn_down_exps.weight", f, h)?;
+        let gub = opt_vec("ffn_gate_up_exps.bias", ne * 2 * f)?;
+        let db = opt_vec("ffn_down_exps.bias", ne * h)?;
+        // Output row o of `[gate | up]` is input-major column 2o (gate) or 2(o − f) + 1 (up).
+        let deinterleave = |o: usize| if o < f { 2 * o } else { 2 * (o - f) + 1 };
+        for (e, (gu, d)) in gate_ups.into_iter().zip(downs).enumerate() {
+            let gate_up = permute_float(&gu, 2 * f, h, |o, c| (c, deinterleave(o)))?;
+            let down = permute_float(&d, h, f, |o, c| (c, o))?;
+            let bias = gub.as_ref().map(|b| {
+                let b = &b[e * 2 * f..(e + 1) * 2 * f];
+                (0..2 * f).map(|o| b[deinterleave(o)]).collect::<Vec<f32>>()
+            });
+            experts.push(MoeExpert {
+                gate_up: backend.matrix(&gate_up)?,
+                gate_up_bias: bias.map(|b| backend.vector(&b)).transpose()?,
+                down: backend.matrix(&down)?,
+                down_bias: db
+                    .as_ref()
+                    .map(|b| backend.vector(&b[e * h..(e + 1) * h]))
+                    .transpose()?,
+            });
+        }
+    }
+    Ok(MoeWeights {
+        router: backend.matrix(&router)?,
+        router_bias: router_bias.map(|b| backend.vector(&b)).transpose()?,
+        experts,
+    })
+}
+
+/// A `[rows, cols]` matrix whose element `(r, c)` is `m`'s element `at(r, c)`, in `m`'s float
+/// format (bit-exact: elements are moved, not converted).
+fn permute_float(
+    m: &WeightMatrix,
+    rows: usize,
+    cols: usize,
+    at: impl Fn(usize, usize) -> (usize, usize),
+) -> Result<WeightMatrix, ModelError> {
+    let size = match m.ty() {
+        GgmlType::F32 => 4,
+        GgmlType::F16 | GgmlType::Bf16 => 2,
+        other => {
+            return Err(ModelError::InvalidConfig(format!(
+                "stacked experts in {other:?}: a Hugging Face checkpoint's experts must be \
+                 F32, F16 or BF16"
+            )));
+        }
+    };
+    let (src, src_cols) = (m.bytes(), m.cols());
+    let mut out = vec![0u8; rows * cols * size];
+    for (r, row) in out.chunks_exact_mut(cols * size).enumerate() {
+        for (c, dst) in row.chunks_exact_mut(size).enumerate() {
+            let (sr, sc) = at(r, c);
+            let i = (sr * src_cols + sc) * size;
+            dst.copy_from_slice(&src[i..i + size]);
+        }
+    }
+    Ok(WeightMatrix::new(
+        m.ty(),
+        rows,
+        cols,
+        WeightBytes::Owned(std::sync::Arc::new(out)),
+    )?)
+}
+
+/// Matrices of one width stacked along the output as f32 (exact for every format).
+fn stack_f32(parts: &[WeightMatrix]) -> Result<WeightMatrix, ModelError> {
+    let cols = parts[0].cols();
+    let mut vals = Vec::new();
+    let mut row = vec![0f32; cols];
+    for m in parts {
+        for r in 0..m.rows() {
+            m.row_f32(r, &mut row)?;
+            vals.extend_from_slice(&row);
+        }
+    }
+    Ok(WeightMatrix::from_f32(
+        vals.len() / cols.max(1),
+        cols,
+        &vals,
+    )?)
 }
 
 /// Layer `l`'s gated short convolution (LFM2), every tensor's shape checked.

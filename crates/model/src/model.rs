@@ -84,6 +84,7 @@ fn build<B: Backend>(
     let needs_conv = config.arch.conv_layers.contains(&true);
     if (!config.arch.is_plain() && !backend.supports_family_ops())
         || (needs_conv && !backend.supports_short_conv())
+        || (config.arch.moe.is_some() && !backend.supports_moe())
     {
         return Err(ModelError::FamilyUnsupported {
             family: config.family,

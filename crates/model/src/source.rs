@@ -17,6 +17,12 @@ pub trait TensorSource {
     fn has(&self, name: &str) -> bool;
     /// A 2-D tensor as a `[rows, cols]` matrix in its stored format.
     fn matrix(&self, name: &str) -> Result<WeightMatrix, ModelError>;
+    /// A 3-D tensor `[n, rows, cols]` (outermost first) as its `n` matrices `[rows, cols]`:
+    /// stacked experts (gpt-oss). A format no backend multiplies (GGUF's MXFP4) comes back
+    /// dequantized to bf16, which holds it exactly.
+    fn stacked(&self, name: &str) -> Result<Vec<WeightMatrix>, ModelError> {
+        Err(ModelError::MissingTensor(name.to_string()))
+    }
     /// A 1-D tensor converted to f32.
     fn vector(&self, name: &str) -> Result<Vec<f32>, ModelError> {
         let m = self.matrix(name)?;
@@ -30,13 +36,58 @@ pub trait TensorSource {
 
 impl TensorSource for GgufFile {
     fn has(&self, name: &str) -> bool {
-        self.tensor(name).is_some()
+        self.tensor(name).is_some() || self.mxfp4_tensor(name).is_some()
+    }
+
+    fn stacked(&self, name: &str) -> Result<Vec<WeightMatrix>, ModelError> {
+        let three = |dims: &[usize]| match dims {
+            [c, r, n] => Ok((*c, *r, *n)),
+            dims => Err(ModelError::TensorShape {
+                name: name.into(),
+                detail: format!("expected 3 dims (stacked experts), found {dims:?}"),
+            }),
+        };
+        if let Some(t) = self.mxfp4_tensor(name) {
+            let (cols, rows, n) = three(&t.dims)?;
+            let bytes = self.mxfp4_bytes(t);
+            let per = bytes.len() / n.max(1);
+            return bytes
+                .chunks_exact(per.max(1))
+                .take(n)
+                .map(|b| {
+                    let bf = crate::gguf::mxfp4::to_bf16_bytes(b);
+                    let bytes = WeightBytes::Owned(Arc::new(bf));
+                    Ok(WeightMatrix::new(GgmlType::Bf16, rows, cols, bytes)?)
+                })
+                .collect();
+        }
+        let t = self
+            .tensor(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let (cols, rows, n) = three(&t.dims)?;
+        let per = t.len / n.max(1);
+        (0..n)
+            .map(|e| {
+                let bytes = WeightBytes::Mapped {
+                    map: self.mapping(),
+                    offset: t.offset + e * per,
+                    len: per,
+                };
+                Ok(WeightMatrix::new(t.ty, rows, cols, bytes)?)
+            })
+            .collect()
     }
 
     fn matrix(&self, name: &str) -> Result<WeightMatrix, ModelError> {
         let t = self
             .tensor(name)
-            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+            .ok_or_else(|| match self.mxfp4_tensor(name) {
+                Some(_) => ModelError::TensorShape {
+                    name: name.into(),
+                    detail: "MXFP4 is read only for stacked experts".into(),
+                },
+                None => ModelError::MissingTensor(name.to_string()),
+            })?;
         // GGML dims are fastest-first: [cols, rows]; a 1-D tensor is one row.
         let (cols, rows) = match t.dims.as_slice() {
             [c] => (*c, 1),
@@ -102,10 +153,17 @@ impl SafetensorsDir {
                     safetensors::Dtype::F16 => GgmlType::F16,
                     safetensors::Dtype::BF16 => GgmlType::Bf16,
                     other => {
+                        let hint = if name.ends_with("_blocks") || name.ends_with("_scales") {
+                            " (MXFP4 experts in transformers' packed form are not read; \
+                             a GGUF conversion keeps them in MXFP4, or dequantize to BF16)"
+                        } else {
+                            ""
+                        };
                         return Err(ModelError::Safetensors {
                             path: path.display().to_string(),
                             detail: format!(
-                                "tensor {name} has dtype {other:?}; supported: F32, F16, BF16"
+                                "tensor {name} has dtype {other:?}; supported: F32, F16, \
+                                 BF16{hint}"
                             ),
                         });
                     }
@@ -161,6 +219,7 @@ impl SafetensorsDir {
             "attn_v.weight" => "self_attn.v_proj.weight",
             "attn_output.weight" => "self_attn.o_proj.weight",
             "attn_q.bias" => "self_attn.q_proj.bias",
+            "attn_output.bias" => "self_attn.o_proj.bias",
             "attn_k.bias" => "self_attn.k_proj.bias",
             "attn_v.bias" => "self_attn.v_proj.bias",
             "attn_q_norm.weight" => "self_attn.q_norm.weight",
@@ -178,6 +237,29 @@ impl TensorSource for SafetensorsDir {
     fn has(&self, name: &str) -> bool {
         self.resolve(name)
             .is_some_and(|n| self.index.contains_key(&n))
+    }
+
+    fn stacked(&self, name: &str) -> Result<Vec<WeightMatrix>, ModelError> {
+        let missing = || ModelError::MissingTensor(name.to_string());
+        let hf = self.resolve(name).ok_or_else(missing)?;
+        let (fi, ty, shape, range) = self.index.get(&hf).ok_or_else(missing)?;
+        let [n, rows, cols] = shape.as_slice() else {
+            return Err(ModelError::TensorShape {
+                name: hf,
+                detail: format!("expected 3 dims (stacked experts), found {shape:?}"),
+            });
+        };
+        let per = range.len() / (*n).max(1);
+        (0..*n)
+            .map(|e| {
+                let bytes = WeightBytes::Mapped {
+                    map: Arc::clone(&self.maps[*fi]),
+                    offset: range.start + e * per,
+                    len: per,
+                };
+                Ok(WeightMatrix::new(*ty, *rows, *cols, bytes)?)
+            })
+            .collect()
     }
 
     fn matrix(&self, name: &str) -> Result<WeightMatrix, ModelError> {

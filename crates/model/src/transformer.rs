@@ -288,10 +288,12 @@ impl<B: Backend> Transformer<B> {
             n_heads: config.n_heads,
             n_kv_heads: config.n_kv_heads,
             head_dim: config.head_dim,
+            // YaRN's attention factor scales cos and sin, so q and k: scores by its square.
             scale: config
                 .arch
                 .attn_scale
-                .unwrap_or(1.0 / (config.head_dim as f32).sqrt()),
+                .unwrap_or(1.0 / (config.head_dim as f32).sqrt())
+                * config.rope_scaling.attention_factor().powi(2),
         };
         let rope = Rope {
             inv_freq: config.rope_inv_freq(),
@@ -658,16 +660,21 @@ impl<B: Backend> Transformer<B> {
             }
             b.attention(&s.qkv, &self.geometry, &spans, pool, &mut s.attn)?;
             b.matmul_add(&s.attn, &att.wo, &mut s.x, &mut s.proj)?;
+            let crate::loader::Mlp::Dense { gate_up, down } = &layer.mlp else {
+                return Err(ModelError::InvalidConfig(format!(
+                    "layer {l} has experts in a model without a mixture of experts"
+                )));
+            };
             b.rms_norm_matmul_silu(
                 &s.x,
                 &layer.ffn_norm,
                 eps,
-                &layer.w_gate_up,
+                gate_up,
                 &mut s.xn,
                 &mut s.gate_up,
                 &mut s.act,
             )?;
-            b.matmul_add(&s.act, &layer.w_down, &mut s.x, &mut s.proj)?;
+            b.matmul_add(&s.act, down, &mut s.x, &mut s.proj)?;
         }
         let rows: Vec<usize> = match want {
             LogitsFor::AllTokens => (0..ids.len()).collect(),

@@ -1,9 +1,11 @@
-//! Granite, Gemma 3 and LFM2 against Hugging Face transformers: tiny random models of each family
+//! Granite, Gemma 3, LFM2 and gpt-oss against Hugging Face transformers: tiny random models of each family
 //! (committed fixtures from `scripts/make_family_fixtures.py`), loaded both from the
 //! safetensors directory transformers saved and from the GGUF file with llama.cpp's
 //! conventions, must give transformers' float64 logits and its greedy continuation.
 
 mod common;
+#[path = "families/gpt_oss.rs"]
+mod gpt_oss;
 #[path = "families/lfm2.rs"]
 mod lfm2;
 
@@ -108,7 +110,10 @@ fn check_family(name: &str) {
         // mantissa: ~5e-4 relative per key/value), which bounds the error near 1e-3 of the
         // logit scale (observed: 2e-5 Granite, 2e-4 Gemma 3 from safetensors). Gemma's GGUF
         // stores each norm as f16(1 + w), which rounds w again (observed 6e-4). LFM2's conv
-        // layers add only f32 sums of three taps per channel (observed 1.2e-4).
+        // layers add only f32 sums of three taps per channel (observed 1.2e-4). gpt-oss's
+        // experts are MXFP4 values, exact in both files; its routing is piecewise, but the
+        // fixture's prompts keep every top-k choice clear of f32 noise (observed 9.5e-4,
+        // the f16 cache through four layers of sinks and YaRN-scaled scores).
         assert!(
             err < 3e-3 * scale,
             "{name} {}: max logit error {err} (scale {scale})",
@@ -139,11 +144,16 @@ fn lfm2_matches_transformers_in_both_formats() {
     check_family("lfm2");
 }
 
+#[test]
+fn gpt_oss_matches_transformers_in_both_formats() {
+    check_family("gpt_oss");
+}
+
 /// Every KV dtype runs each family; logits stay near the 16-bit cache's, closer the more
 /// bits the cache keeps.
 #[test]
 fn every_kv_dtype_runs_each_family() {
-    for name in ["granite", "gemma3", "lfm2"] {
+    for name in ["granite", "gemma3", "lfm2", "gpt_oss"] {
         let want = reference(name);
         let model = load(&family_dir(name).join("model.gguf")).unwrap();
         let base = engine_logits(&model, &want.prompt, KvDtype::F16);
@@ -198,6 +208,11 @@ fn rewrite_gguf(
     }
     for (k, v) in meta {
         w.meta(k, v.clone());
+    }
+    for t in file.mxfp4_tensors() {
+        if let Some((dims, data)) = edit(&t.name, t.dims.clone(), file.mxfp4_bytes(t).to_vec()) {
+            w.tensor(&t.name, &dims, 39, data);
+        }
     }
     for t in file.tensors() {
         let bytes = file.tensor_bytes(t);
@@ -633,7 +648,7 @@ mod plain_only {
 #[test]
 fn a_backend_without_family_ops_refuses_them_at_load() {
     use turbokv_backend::Backend;
-    for name in ["granite", "gemma3", "lfm2"] {
+    for name in ["granite", "gemma3", "lfm2", "gpt_oss"] {
         for path in [
             family_dir(name).join("hf"),
             family_dir(name).join("model.gguf"),

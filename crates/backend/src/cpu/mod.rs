@@ -11,6 +11,7 @@ mod direct;
 #[cfg(target_arch = "x86_64")]
 mod direct_avx2;
 mod kv;
+mod moe;
 pub(crate) mod ops;
 pub(crate) mod picks;
 mod variants;
@@ -403,6 +404,19 @@ impl Backend for CpuBackend {
 
     fn supports_short_conv(&self) -> bool {
         true
+    }
+
+    fn supports_moe(&self) -> bool {
+        true
+    }
+
+    fn moe(
+        &self,
+        x: &CpuTensor,
+        mlp: &crate::backend::MoeMlp<'_, WeightMatrix, Vec<f32>>,
+        out: &mut CpuTensor,
+    ) -> Result<(), Error> {
+        moe::moe(self, x, mlp, out)
     }
 
     fn short_conv(

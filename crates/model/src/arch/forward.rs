@@ -1,15 +1,18 @@
 //! The layer loop of a model with family extras ([`super::ArchConfig`]): the plain loop of
 //! [`crate::transformer`] plus embedding and residual scales, per-layer RoPE and attention
-//! variants (sliding windows), post norms, GeGLU, and conv layers in place of attention.
+//! variants (sliding windows, sinks), output biases, post norms, GeGLU, conv layers in place
+//! of attention, and mixture-of-experts MLPs.
 
-use turbokv_backend::{AttnGeometry, AttnVariant, Backend, QkNorm, QkvProjection, Rope, SeqSpan};
+use turbokv_backend::{
+    AttnGeometry, AttnVariant, Backend, MoeMlp, QkNorm, QkvProjection, Rope, SeqSpan,
+};
 use turbokv_cache::SeqId;
 
 use super::MlpActivation;
 use super::conv::ConvStates;
 use crate::ModelError;
 use crate::config::{ModelConfig, RopeScaling};
-use crate::loader::{AttnWeights, LayerWeights, Mixer, ShortConvWeights};
+use crate::loader::{AttnWeights, LayerWeights, Mixer, Mlp, MoeWeights, ShortConvWeights};
 use crate::transformer::{KvObserver, Scratch, Transformer};
 
 /// What a step's layers read and write besides activations: the attention layers' KV pools
@@ -87,29 +90,35 @@ pub(crate) fn layers<B: Backend>(
                 conv_layer += 1;
             }
         }
-        b.rms_norm_matmul_cat(
-            &s.x,
-            &layer.ffn_norm,
-            eps,
-            &layer.w_gate_up,
-            &mut s.xn,
-            &mut s.gate_up,
-        )?;
-        match a.activation {
-            MlpActivation::Silu => b.silu_mul(&s.gate_up, &mut s.act)?,
-            MlpActivation::GeluTanh => b.gelu_mul(&s.gate_up, &mut s.act)?,
+        match &layer.mlp {
+            Mlp::Dense { gate_up, down } => {
+                b.rms_norm_matmul_cat(
+                    &s.x,
+                    &layer.ffn_norm,
+                    eps,
+                    gate_up,
+                    &mut s.xn,
+                    &mut s.gate_up,
+                )?;
+                match a.activation {
+                    MlpActivation::Silu => b.silu_mul(&s.gate_up, &mut s.act)?,
+                    MlpActivation::GeluTanh => b.gelu_mul(&s.gate_up, &mut s.act)?,
+                }
+                residual(
+                    b,
+                    &s.act,
+                    down,
+                    None,
+                    layer.extra.post_ffn_norm.as_ref(),
+                    a.residual_scale,
+                    eps,
+                    &mut s.x,
+                    &mut s.proj,
+                    &mut s.xn,
+                )?;
+            }
+            Mlp::Moe(w) => moe(t, layer, w, s)?,
         }
-        residual(
-            b,
-            &s.act,
-            &layer.w_down,
-            layer.extra.post_ffn_norm.as_ref(),
-            a.residual_scale,
-            eps,
-            &mut s.x,
-            &mut s.proj,
-            &mut s.xn,
-        )?;
     }
     Ok(())
 }
@@ -151,13 +160,14 @@ fn attention<B: Backend>(
     }
     let variant = AttnVariant {
         window,
-        sinks: None,
+        sinks: att.sinks.as_ref(),
     };
     b.attention_variant(&s.qkv, geometry, spans, pool, &variant, &mut s.attn)?;
     residual(
         b,
         &s.attn,
         &att.wo,
+        att.bo.as_ref(),
         layer.extra.post_attn_norm.as_ref(),
         a.residual_scale,
         eps,
@@ -192,6 +202,7 @@ fn short_conv<B: Backend>(
         &s.mixed,
         &w.out_proj,
         None,
+        None,
         a.residual_scale,
         eps,
         &mut s.x,
@@ -200,13 +211,48 @@ fn short_conv<B: Backend>(
     )
 }
 
-/// `x += post_norm(input · Wᵀ) · scale` (either part optional); `proj` and `normed` are
+/// A mixture-of-experts MLP (gpt-oss), residual add included.
+fn moe<B: Backend>(
+    t: &Transformer<B>,
+    layer: &LayerWeights<B>,
+    w: &MoeWeights<B>,
+    s: &mut Scratch<B>,
+) -> Result<(), ModelError> {
+    let (b, a, eps) = (&t.backend, &t.config.arch, t.config.rms_eps);
+    let Some(m) = &a.moe else {
+        return Err(ModelError::InvalidConfig(
+            "expert weights in a model without a mixture of experts".into(),
+        ));
+    };
+    b.rms_norm(&s.x, &layer.ffn_norm, eps, &mut s.xn)?;
+    let mlp = MoeMlp {
+        router: &w.router,
+        router_bias: w.router_bias.as_ref(),
+        experts: &w.experts,
+        top_k: m.top_k,
+        alpha: m.alpha,
+        limit: m.limit,
+    };
+    b.moe(&s.xn, &mlp, &mut s.proj)?;
+    if let Some(n) = layer.extra.post_ffn_norm.as_ref() {
+        b.rms_norm(&s.proj, n, eps, &mut s.xn)?;
+        std::mem::swap(&mut s.proj, &mut s.xn);
+    }
+    if a.residual_scale != 1.0 {
+        b.scale(&mut s.proj, a.residual_scale)?;
+    }
+    b.add_assign(&mut s.x, &s.proj)?;
+    Ok(())
+}
+
+/// `x += post_norm(input · Wᵀ + bias) · scale` (each part optional); `proj` and `normed` are
 /// scratch of x's width.
 #[allow(clippy::too_many_arguments)]
 fn residual<B: Backend>(
     b: &B,
     input: &B::Tensor,
     w: &B::Matrix,
+    bias: Option<&B::Vector>,
     post_norm: Option<&B::Vector>,
     scale: f32,
     eps: f32,
@@ -214,11 +260,14 @@ fn residual<B: Backend>(
     proj: &mut B::Tensor,
     normed: &mut B::Tensor,
 ) -> Result<(), ModelError> {
-    if post_norm.is_none() && scale == 1.0 {
+    if bias.is_none() && post_norm.is_none() && scale == 1.0 {
         b.matmul_add(input, w, x, proj)?;
         return Ok(());
     }
     b.matmul(input, w, proj)?;
+    if let Some(bias) = bias {
+        b.add_bias(proj, bias)?;
+    }
     let out = match post_norm {
         Some(n) => {
             b.rms_norm(proj, n, eps, normed)?;

@@ -1,13 +1,14 @@
 //! What the families beyond llama/qwen add to the plain decoder: Granite's multipliers,
 //! Gemma 3's embedding scale, pre/post norms, GeGLU and sliding-window layers with their own
 //! RoPE base, and LFM2's gated short-convolution layers, which keep a small per-sequence
-//! state instead of a KV cache.
+//! state instead of a KV cache, and gpt-oss's attention sinks and mixture-of-experts MLP.
 //!
 //! [`ArchConfig`] holds those hyper-parameters (read from GGUF metadata or `config.json`
 //! here); [`forward`] runs the layers of a model that has any of them.
 
 pub(crate) mod conv;
 pub(crate) mod forward;
+mod gpt_oss;
 mod lfm2;
 pub(crate) mod ring;
 
@@ -59,6 +60,26 @@ pub struct ArchConfig {
     pub conv_kernel: usize,
     /// The final norm's GGUF tensor name (LFM2 calls it `token_embd_norm.weight`).
     pub final_norm: &'static str,
+    /// Whether attention layers have a learned sink logit per head (gpt-oss).
+    pub sinks: bool,
+    /// The pre-MLP norm's GGUF tensor name (gpt-oss's llama.cpp conversion calls it
+    /// `post_attention_norm.weight`).
+    pub ffn_norm: &'static str,
+    /// A mixture-of-experts MLP in every layer instead of a dense one (gpt-oss).
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture-of-experts MLP's shape and activation (gpt-oss).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeConfig {
+    /// Experts per layer.
+    pub n_experts: usize,
+    /// Experts each token is routed to.
+    pub top_k: usize,
+    /// The clamped SwiGLU's sigmoid slope.
+    pub alpha: f32,
+    /// The clamped SwiGLU's limit.
+    pub limit: f32,
 }
 
 impl Default for ArchConfig {
@@ -77,6 +98,9 @@ impl Default for ArchConfig {
             conv_layers: Vec::new(),
             conv_kernel: 0,
             final_norm: "output_norm.weight",
+            sinks: false,
+            ffn_norm: "ffn_norm.weight",
+            moe: None,
         }
     }
 }
@@ -128,6 +152,21 @@ impl ArchConfig {
         if self.local_layers.contains(&true) && self.sliding_window.is_none_or(|w| w == 0) {
             return bad("sliding-window layers need a sliding_window of at least 1 token".into());
         }
+        if let Some(m) = &self.moe {
+            if m.n_experts == 0 || !(1..=m.n_experts).contains(&m.top_k) {
+                return bad(format!(
+                    "a mixture of {} experts with {} per token: need 1 ≤ experts per token \
+                     ≤ experts",
+                    m.n_experts, m.top_k
+                ));
+            }
+            if !(m.limit.is_finite() && m.limit > 0.0 && m.alpha.is_finite()) {
+                return bad(format!(
+                    "expert activation limit {} / alpha {} must be positive and finite",
+                    m.limit, m.alpha
+                ));
+            }
+        }
         if !self.conv_layers.is_empty() && self.conv_layers.len() != n_layers {
             return bad(format!(
                 "{} layer types for {n_layers} layers",
@@ -166,6 +205,7 @@ pub fn hf_layer_names(family: Family) -> &'static [(&'static str, &'static str)]
             ("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
         ],
         Family::Lfm2 => lfm2::HF_LAYER_NAMES,
+        Family::GptOss => gpt_oss::HF_LAYER_NAMES,
         _ => &[],
     }
 }
@@ -195,6 +235,7 @@ pub(crate) fn from_gguf(
     let c = match family {
         Family::Llama | Family::Qwen2 | Family::Qwen3 => ArchConfig::default(),
         Family::Lfm2 => lfm2::from_gguf(md, arch, n_layers)?,
+        Family::GptOss => gpt_oss::from_gguf(md, arch, n_layers)?,
         Family::Granite => ArchConfig {
             embed_scale: f("embedding_scale", 1.0)?,
             residual_scale: f("residual_scale", 1.0)?,
@@ -275,6 +316,11 @@ pub(crate) fn from_hf(
             out.rms_eps = Some(l.rms_eps);
             out.ffn = Some(l.ffn);
         }
+        Family::GptOss => {
+            let g = gpt_oss::from_hf(&v, n_layers)?;
+            out.arch = g.arch;
+            out.rope_scaling = Some(g.rope_scaling);
+        }
         Family::Granite => {
             for key in ["attention_bias", "mlp_bias"] {
                 if v.get(key).and_then(Value::as_bool) == Some(true) {
@@ -304,17 +350,8 @@ pub(crate) fn from_hf(
                     "Gemma 3 hidden_activation {act:?} is not supported (gelu_pytorch_tanh is)"
                 )));
             }
-            let local_layers = match v.get("layer_types").and_then(Value::as_array) {
-                Some(types) => types
-                    .iter()
-                    .map(|t| match t.as_str() {
-                        Some("sliding_attention") => Ok(true),
-                        Some("full_attention") => Ok(false),
-                        other => Err(ModelError::InvalidConfig(format!(
-                            "unknown layer type {other:?} (sliding_attention, full_attention)"
-                        ))),
-                    })
-                    .collect::<Result<_, _>>()?,
+            let local_layers = match sliding_layer_types(&v)? {
+                Some(types) => types,
                 None => {
                     let pattern = v
                         .get("sliding_window_pattern")
@@ -362,6 +399,24 @@ pub(crate) fn from_hf(
     }
     out.arch.validate(n_layers)?;
     Ok(out)
+}
+
+/// `layer_types` of a model with sliding-window and full attention layers, if given.
+fn sliding_layer_types(v: &Value) -> Result<Option<Vec<bool>>, ModelError> {
+    let Some(types) = v.get("layer_types").and_then(Value::as_array) else {
+        return Ok(None);
+    };
+    types
+        .iter()
+        .map(|t| match t.as_str() {
+            Some("sliding_attention") => Ok(true),
+            Some("full_attention") => Ok(false),
+            other => Err(ModelError::InvalidConfig(format!(
+                "unknown layer type {other:?} (sliding_attention, full_attention)"
+            ))),
+        })
+        .collect::<Result<_, _>>()
+        .map(Some)
 }
 
 #[cfg(test)]

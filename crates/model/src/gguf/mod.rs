@@ -104,7 +104,23 @@ pub struct GgufFile {
     /// All metadata key/values.
     pub metadata: Metadata,
     tensors: Vec<TensorInfo>,
+    /// MXFP4 tensors (gpt-oss's experts): no backend multiplies them, the loader
+    /// dequantizes them ([`mxfp4`]).
+    mxfp4: Vec<Mxfp4Info>,
     map: Arc<memmap2::Mmap>,
+}
+
+/// An MXFP4 tensor's entry in the index (ggml type 39).
+#[derive(Clone, Debug)]
+pub struct Mxfp4Info {
+    /// Tensor name, e.g. `blk.0.ffn_gate_exps.weight`.
+    pub name: String,
+    /// GGML dims, fastest-varying first.
+    pub dims: Vec<usize>,
+    /// Offset of the data from the start of the file.
+    pub offset: usize,
+    /// Data length in bytes.
+    pub len: usize,
 }
 
 impl std::fmt::Debug for GgufFile {
@@ -165,14 +181,19 @@ impl GgufFile {
                 None => 32,
             };
         let data_start = cur.pos().div_ceil(alignment) * alignment;
-        let tensors = infos
-            .into_iter()
-            .map(|h| h.locate(data_start, map.len()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let (mut tensors, mut mxfp4) = (Vec::new(), Vec::new());
+        for h in infos {
+            if h.ty_id == mxfp4::GGML_TYPE_MXFP4 {
+                mxfp4.push(h.locate_mxfp4(data_start, map.len())?);
+            } else {
+                tensors.push(h.locate(data_start, map.len())?);
+            }
+        }
         Ok(Self {
             version,
             metadata,
             tensors,
+            mxfp4,
             map,
         })
     }
@@ -185,6 +206,26 @@ impl GgufFile {
     /// Looks a tensor up by name.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// The file's mapping (shared by every tensor window).
+    pub fn mapping(&self) -> Arc<memmap2::Mmap> {
+        Arc::clone(&self.map)
+    }
+
+    /// The MXFP4 tensors, in file order.
+    pub fn mxfp4_tensors(&self) -> &[Mxfp4Info] {
+        &self.mxfp4
+    }
+
+    /// Looks an MXFP4 tensor up by name.
+    pub fn mxfp4_tensor(&self, name: &str) -> Option<&Mxfp4Info> {
+        self.mxfp4.iter().find(|t| t.name == name)
+    }
+
+    /// The bytes of an MXFP4 tensor.
+    pub fn mxfp4_bytes(&self, info: &Mxfp4Info) -> &[u8] {
+        &self.map[info.offset..info.offset + info.len]
     }
 
     /// The bytes of a tensor, as a window of the mapping (no copy).
@@ -236,6 +277,51 @@ fn read_tensor_header(cur: &mut Cursor<'_>) -> Result<TensorHeader, GgufError> {
 }
 
 impl TensorHeader {
+    fn locate_mxfp4(self, data_start: usize, file_len: usize) -> Result<Mxfp4Info, GgufError> {
+        let corrupt = |what: String| GgufError::Corrupt {
+            offset: self.header_at,
+            what,
+        };
+        let elements = self
+            .dims
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| {
+                corrupt(format!(
+                    "tensor {} shape {:?} overflows",
+                    self.name, self.dims
+                ))
+            })?;
+        if !self.dims[0].is_multiple_of(mxfp4::BLOCK) {
+            return Err(corrupt(format!(
+                "MXFP4 tensor {} row of {} elements is not a whole number of {}-element blocks",
+                self.name,
+                self.dims[0],
+                mxfp4::BLOCK
+            )));
+        }
+        let len = (elements / mxfp4::BLOCK)
+            .checked_mul(mxfp4::BLOCK_BYTES)
+            .ok_or_else(|| corrupt(format!("tensor {} size overflows", self.name)))?;
+        let offset = usize::try_from(self.rel_offset)
+            .ok()
+            .and_then(|o| o.checked_add(data_start))
+            .ok_or_else(|| corrupt(format!("tensor {} offset overflows", self.name)))?;
+        if offset.checked_add(len).is_none_or(|end| end > file_len) {
+            return Err(GgufError::Truncated {
+                offset,
+                needed: len,
+                len: file_len,
+            });
+        }
+        Ok(Mxfp4Info {
+            name: self.name,
+            dims: self.dims,
+            offset,
+            len,
+        })
+    }
+
     fn locate(self, data_start: usize, file_len: usize) -> Result<TensorInfo, GgufError> {
         let corrupt = |what: String| GgufError::Corrupt {
             offset: self.header_at,
@@ -262,7 +348,9 @@ impl TensorHeader {
                 self.name, self.dims[0], ty
             )));
         }
-        let len = elements / ty.block_len() * ty.block_bytes();
+        let len = (elements / ty.block_len())
+            .checked_mul(ty.block_bytes())
+            .ok_or_else(|| corrupt(format!("tensor {} size overflows", self.name)))?;
         let offset = usize::try_from(self.rel_offset)
             .ok()
             .and_then(|o| o.checked_add(data_start))
@@ -287,5 +375,6 @@ impl TensorHeader {
     }
 }
 
+pub mod mxfp4;
 #[cfg(test)]
 mod tests;
