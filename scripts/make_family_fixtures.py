@@ -13,9 +13,10 @@ For each family this writes, under crates/model/tests/fixtures/families/<name>/:
                                          does (llama.cpp runs it:
                                          scripts/check_family_gguf_llamacpp.py) and
                                          carries a character-level tokenizer for the CLI;
-                                         gpt-oss's stores the experts in MXFP4 (ggml type
-                                         39) as llama.cpp does, and carries the same
-                                         tokenizer
+                                         gpt-oss's is written from hf/ as llama.cpp's
+                                         convert_hf_to_gguf.py writes a gpt-oss checkpoint
+                                         (experts in MXFP4, ggml type 39; gpt_oss_gguf has
+                                         the details) and carries the same tokenizer
   reference.json                         logits of a prompt from transformers in float64,
                                          and a greedy continuation with its smallest
                                          top-1/top-2 margin
@@ -35,6 +36,11 @@ How to regenerate (never needed by CI; needs torch + transformers + gguf):
   /work/venv-ref/bin/pip install torch transformers==5.24.0 gguf==0.19.0 safetensors numpy
   /work/venv-ref/bin/python scripts/make_family_fixtures.py [--only granite,gemma3,lfm2,gpt_oss]
 
+gpt-oss's model.gguf alone, from the committed hf/ (numpy + gguf; hf/ and reference.json
+untouched):
+
+  python3 scripts/make_family_fixtures.py --only gpt_oss --gguf-only
+
 Output is deterministic for given package versions (seeded; no timestamps).
 """
 
@@ -43,10 +49,15 @@ import json
 import math
 import os
 import shutil
+import struct
 import sys
 
 import numpy as np
-import torch
+
+try:
+    import torch
+except ImportError:  # --gguf-only runs on numpy and gguf alone
+    torch = None
 
 sys.dont_write_bytecode = True
 
@@ -137,12 +148,13 @@ def write_gguf(path, arch, meta, tensors, tokenizer_vocab=None, f32=lambda name,
                raw=None):
     """`f32(name, array)`: tensors stored as float32 rather than f16 (the values are
     f16-rounded either way, so both hold exactly what the reference ran). `raw`: name →
-    (quantized bytes, ggml type) written as they are."""
+    (quantized bytes, ggml type) written as they are. Meta keys are under `{arch}.` except
+    those starting with `general.`."""
     import gguf
 
     w = gguf.GGUFWriter(path, arch)
     for key, (kind, value) in meta.items():
-        full = f"{arch}.{key}"
+        full = key if key.startswith("general.") else f"{arch}.{key}"
         if kind == "u32":
             w.add_uint32(full, value)
         elif kind == "f32":
@@ -385,6 +397,8 @@ def lfm2(out):
     return ref
 
 
+# transformers' names → the names llama.cpp's converter gives them (gguf-py's tensor map
+# for MODEL_ARCH.GPT_OSS); the experts are handled apart.
 GPT_OSS_NAMES = {
     "input_layernorm.weight": "attn_norm.weight",
     "post_attention_layernorm.weight": "post_attention_norm.weight",
@@ -401,14 +415,64 @@ GPT_OSS_NAMES = {
     "mlp.router.bias": "ffn_gate_inp.bias",
 }
 
+# e2m1, the 4-bit code's value (OCP MX spec; transformers' FP4_VALUES).
+FP4 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
 
 def mxfp4_round(w):
-    """MXFP4 bytes of `w` (blocks along its last axis, as llama.cpp stores expert rows) and
-    the values they decode to."""
+    """The values MXFP4 stores for `w` (blocks of 32 along its last axis), by gguf-py's
+    quantizer: what the generator rounds the experts to before the reference runs."""
     import gguf
 
-    q = gguf.quants.quantize(w.astype(np.float32), gguf.GGMLQuantizationType.MXFP4)
-    return q, gguf.quants.dequantize(q, gguf.GGMLQuantizationType.MXFP4)
+    mx = gguf.GGMLQuantizationType.MXFP4
+    return gguf.quants.dequantize(gguf.quants.quantize(w.astype(np.float32), mx), mx)
+
+
+def hf_mxfp4(w):
+    """`w` [..., n] in the packed MXFP4 form of gpt-oss's published checkpoints
+    (`*_blocks` [..., n/32, 16]: element 2i in the low nibble of byte i, 2i + 1 in the high
+    one; `*_scales` [..., n/32]: e8m0 bytes, 2^(s − 127)). The scale is gguf-py's choice
+    (2^(⌊log2 amax⌋ − 2)); `w` must already lie on that grid (mxfp4_round), so nothing is
+    rounded here."""
+    b = w.astype(np.float64).reshape(*w.shape[:-1], -1, 32)
+    amax = np.abs(b).max(-1)
+    with np.errstate(divide="ignore"):
+        s = np.where(amax > 0, np.floor(np.log2(amax)) - 2 + 127, 0).astype(np.uint8)
+    step = np.exp2(s.astype(np.float64) - 127)[..., None]
+    codes = np.abs(FP4 * step[..., None] - b[..., None]).argmin(-1).astype(np.uint8)
+    if not np.array_equal(FP4[codes] * step, b):
+        raise ValueError("expert weights are not on the MXFP4 grid")
+    return codes[..., 0::2] | (codes[..., 1::2] << 4), s
+
+
+def ggml_mxfp4(blocks, scales):
+    """ggml's `block_mxfp4` bytes of packed MXFP4, as llama.cpp's converter repacks gpt-oss's
+    experts (bits moved, nothing rounded): per block the scale byte, then 16 bytes whose low
+    nibbles are elements 0..15 and high nibbles elements 16..31. [..., G, 16] → [..., 17 G]."""
+    codes = np.stack([blocks & 0x0F, blocks >> 4], -1).reshape(*blocks.shape[:-1], 32)
+    qs = codes[..., :16] | (codes[..., 16:] << 4)
+    out = np.concatenate([scales[..., None], qs], -1)
+    return np.ascontiguousarray(out.reshape(*out.shape[:-2], -1))
+
+
+def read_safetensors(path):
+    """name → float32 array of a safetensors file (F16, BF16, F32), with numpy alone."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = t["data_offsets"]
+        raw = np.frombuffer(data[a:b], dtype={"F16": np.float16, "F32": np.float32,
+                                              "BF16": np.uint16}[t["dtype"]])
+        if t["dtype"] == "BF16":
+            raw = (raw.astype(np.uint32) << 16).view(np.float32)
+        out[name] = raw.astype(np.float32).reshape(t["shape"])
+    return out
 
 
 def gpt_oss(out):
@@ -449,42 +513,47 @@ def gpt_oss(out):
     model = GptOssForCausalLM(cfg).to(torch.float32)
     randomize(model, 41, 1.0)
     g = torch.Generator().manual_seed(42)
-    # Per-layer MXFP4 bytes in llama.cpp's layout: gate/up `[E, ffn, hidden]`, down
-    # `[E, hidden, ffn]`, 32-element blocks along the input.
-    raw = {}
-    import gguf
-
-    mx = gguf.GGMLQuantizationType.MXFP4
     with torch.no_grad():
-        for i, layer in enumerate(model.model.layers):
+        for layer in model.model.layers:
             # Sinks large enough to take a real share of each softmax.
             s = layer.self_attn.sinks
             s.copy_((1.0 + 2.0 * (torch.rand(s.shape, generator=g) * 2 - 1)).half().float())
             ex = layer.mlp.experts
-            # Gate/up 4x larger than the rest, so that the clamp at ±7 is reached.
+            # Gate/up 4x larger than the rest, so that the clamp at ±7 is reached. The experts
+            # are rounded to MXFP4 with blocks along their input (as gpt-oss's checkpoints
+            # store them), so that both formats hold exactly what the reference runs.
             gu = ex.gate_up_proj.detach().numpy() * 4.0
-            gate = gu[:, :, 0::2].transpose(0, 2, 1)
-            up = gu[:, :, 1::2].transpose(0, 2, 1)
-            down = ex.down_proj.detach().numpy().transpose(0, 2, 1)
-            qg, gate = mxfp4_round(gate)
-            qu, up = mxfp4_round(up)
-            qd, down = mxfp4_round(down)
-            raw[f"blk.{i}.ffn_gate_exps.weight"] = (qg, mx)
-            raw[f"blk.{i}.ffn_up_exps.weight"] = (qu, mx)
-            raw[f"blk.{i}.ffn_down_exps.weight"] = (qd, mx)
-            new_gu = np.empty_like(gu)
-            new_gu[:, :, 0::2] = gate.transpose(0, 2, 1)
-            new_gu[:, :, 1::2] = up.transpose(0, 2, 1)
-            ex.gate_up_proj.copy_(torch.from_numpy(new_gu))
+            gu = mxfp4_round(gu.transpose(0, 2, 1)).transpose(0, 2, 1)
+            down = mxfp4_round(ex.down_proj.detach().numpy().transpose(0, 2, 1))
+            ex.gate_up_proj.copy_(torch.from_numpy(np.ascontiguousarray(gu)))
             ex.down_proj.copy_(torch.from_numpy(np.ascontiguousarray(down.transpose(0, 2, 1))))
-            assert np.array_equal(new_gu.astype(np.float16).astype(np.float32), new_gu)
-    sd = sd_numpy(model)
+            assert np.array_equal(gu.astype(np.float16).astype(np.float32), gu)
     # Routing makes the logits piecewise: of a few prompt seeds, keep the one whose greedy
     # continuation has the widest top-1/top-2 margin, so f32 noise cannot flip a token.
     ref = max((reference(model, cfg.vocab_size, seed) for seed in range(42, 58)),
               key=lambda r: r["greedy_min_margin"])
     save_hf(model, os.path.join(out, "hf"))
-    tensors = {}
+    gpt_oss_gguf(out)
+    return ref
+
+
+def gpt_oss_gguf(out):
+    """model.gguf from hf/ as llama.cpp's convert_hf_to_gguf.py (GptOssModel) writes a
+    gpt-oss checkpoint whose experts are MXFP4: names from gguf-py's tensor map; the experts'
+    packed blocks repacked to ggml's MXFP4 with gate and up split from the interleaved rows
+    of `gate_up_proj` (even rows gate, odd rows up) and their biases likewise; 1-D tensors,
+    norms, biases and the router in F32, other matrices in the checkpoint's F16; the config's
+    YaRN (factor, original context, betas; llama.cpp keeps no `truncate`) and window. Needs
+    numpy and gguf only. One deliberate difference: the 128-character tokenizer of the LFM2
+    fixture instead of gpt-oss's o200k BPE, so that the CLI can drive the tiny model."""
+    import gguf
+
+    hf = os.path.join(out, "hf")
+    with open(os.path.join(hf, "config.json")) as f:
+        cfg = json.load(f)
+    sd = read_safetensors(os.path.join(hf, "model.safetensors"))
+    tensors, raw = {}, {}
+    mx = gguf.GGMLQuantizationType.MXFP4
     for k, v in sd.items():
         if k == "model.embed_tokens.weight":
             tensors["token_embd.weight"] = v
@@ -494,53 +563,83 @@ def gpt_oss(out):
             tensors["output.weight"] = v
         else:
             layer, tail = k.removeprefix("model.layers.").split(".", 1)
-            if tail == "mlp.experts.gate_up_proj_bias":
-                tensors[f"blk.{layer}.ffn_gate_exps.bias"] = v[:, 0::2]
-                tensors[f"blk.{layer}.ffn_up_exps.bias"] = v[:, 1::2]
+            blk = f"blk.{layer}."
+            if tail == "mlp.experts.gate_up_proj":
+                # transformers' [E, hidden, 2·ffn] → the checkpoint's [E, 2·ffn, hidden].
+                blocks, scales = hf_mxfp4(v.transpose(0, 2, 1))
+                for name, rows in (("ffn_gate_exps", slice(0, None, 2)),
+                                   ("ffn_up_exps", slice(1, None, 2))):
+                    q = ggml_mxfp4(blocks[:, rows], scales[:, rows])
+                    w = v.transpose(0, 2, 1)[:, rows]
+                    # Same bytes as gguf-py's own MXFP4 quantizer (ggml's layout).
+                    assert np.array_equal(q, gguf.quants.quantize(w, mx)), name
+                    raw[f"{blk}{name}.weight"] = (q, mx)
+            elif tail == "mlp.experts.down_proj":
+                w = v.transpose(0, 2, 1)  # [E, ffn, hidden] → [E, hidden, ffn]
+                q = ggml_mxfp4(*hf_mxfp4(w))
+                assert np.array_equal(q, gguf.quants.quantize(w, mx))
+                raw[f"{blk}ffn_down_exps.weight"] = (q, mx)
+            elif tail == "mlp.experts.gate_up_proj_bias":
+                tensors[f"{blk}ffn_gate_exps.bias"] = v[:, 0::2]
+                tensors[f"{blk}ffn_up_exps.bias"] = v[:, 1::2]
             elif tail == "mlp.experts.down_proj_bias":
-                tensors[f"blk.{layer}.ffn_down_exps.bias"] = v
-            elif tail.startswith("mlp.experts."):
-                continue  # the MXFP4 bytes above
+                tensors[f"{blk}ffn_down_exps.bias"] = v
             else:
-                tensors[f"blk.{layer}.{GPT_OSS_NAMES[tail]}"] = v
-    rope = cfg.rope_parameters
+                tensors[blk + GPT_OSS_NAMES[tail]] = v
+    rope = cfg["rope_parameters"]
     meta = {
-        "context_length": ("u32", cfg.max_position_embeddings),
-        "embedding_length": ("u32", cfg.hidden_size),
-        "block_count": ("u32", cfg.num_hidden_layers),
-        "feed_forward_length": ("u32", cfg.intermediate_size),
-        "expert_feed_forward_length": ("u32", cfg.intermediate_size),
-        "expert_count": ("u32", cfg.num_local_experts),
-        "expert_used_count": ("u32", cfg.num_experts_per_tok),
-        "attention.head_count": ("u32", cfg.num_attention_heads),
-        "attention.head_count_kv": ("u32", cfg.num_key_value_heads),
-        "attention.key_length": ("u32", cfg.head_dim),
-        "attention.value_length": ("u32", cfg.head_dim),
-        "attention.layer_norm_rms_epsilon": ("f32", cfg.rms_norm_eps),
-        "attention.sliding_window": ("u32", cfg.sliding_window),
-        "rope.freq_base": ("f32", rope["rope_theta"]),
+        "general.file_type": ("u32", int(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)),
+        "general.quantization_version": ("u32", gguf.GGML_QUANT_VERSION),
+        "block_count": ("u32", cfg["num_hidden_layers"]),
+        "context_length": ("u32", cfg["max_position_embeddings"]),
+        "embedding_length": ("u32", cfg["hidden_size"]),
+        "feed_forward_length": ("u32", cfg["intermediate_size"]),
+        "attention.head_count": ("u32", cfg["num_attention_heads"]),
+        "attention.head_count_kv": ("u32", cfg["num_key_value_heads"]),
         "rope.scaling.type": ("str", "yarn"),
         "rope.scaling.factor": ("f32", rope["factor"]),
         "rope.scaling.original_context_length": ("u32", rope["original_max_position_embeddings"]),
-        "vocab_size": ("u32", cfg.vocab_size),
+        "rope.scaling.yarn_beta_fast": ("f32", rope["beta_fast"]),
+        "rope.scaling.yarn_beta_slow": ("f32", rope["beta_slow"]),
+        "rope.freq_base": ("f32", rope["rope_theta"]),
+        "attention.layer_norm_rms_epsilon": ("f32", cfg["rms_norm_eps"]),
+        "expert_count": ("u32", cfg["num_local_experts"]),
+        "expert_used_count": ("u32", cfg["num_experts_per_tok"]),
+        "attention.key_length": ("u32", cfg["head_dim"]),
+        "attention.value_length": ("u32", cfg["head_dim"]),
+        "attention.sliding_window": ("u32", cfg["sliding_window"]),
+        "expert_feed_forward_length": ("u32", cfg["intermediate_size"]),
     }
-    # As llama.cpp's converter: 1-D tensors (norms, biases, sinks) and the experts' biases
-    # in f32.
-    keep_f32 = lambda name, v: v.ndim == 1 or name.endswith(".bias")
-    write_gguf(os.path.join(out, "model.gguf"), "gpt-oss", meta, tensors, cfg.vocab_size,
+    # The converter's rule: 1-D tensors, norms, the router and every non-`.weight` tensor
+    # (the biases, the experts' 2-D ones included) in F32.
+    keep_f32 = lambda name, v: (v.ndim == 1 or name.endswith("_norm.weight")
+                                or ".ffn_gate_inp." in name or not name.endswith(".weight"))
+    write_gguf(os.path.join(out, "model.gguf"), "gpt-oss", meta, tensors, cfg["vocab_size"],
                keep_f32, raw)
-    return ref
 
 
 FAMILIES = {"granite": granite, "gemma3": gemma3, "lfm2": lfm2, "gpt_oss": gpt_oss}
+# Families whose model.gguf can be rewritten from the committed hf/ alone (numpy + gguf).
+GGUF_ONLY = {"gpt_oss": gpt_oss_gguf}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default=",".join(FAMILIES))
+    ap.add_argument("--gguf-only", action="store_true",
+                    help="rewrite model.gguf from the committed hf/ (no torch, no transformers; "
+                         "hf/ and reference.json stay as they are)")
     args = ap.parse_args()
     for name in args.only.split(","):
         out = os.path.join(OUT, name)
+        if args.gguf_only:
+            if name not in GGUF_ONLY:
+                sys.exit(f"--gguf-only: {name} has no GGUF-only writer ({', '.join(GGUF_ONLY)})")
+            GGUF_ONLY[name](out)
+            print(name, "model.gguf rewritten from hf/", file=sys.stderr)
+            continue
+        if torch is None:
+            sys.exit("torch and transformers are needed to generate models (or use --gguf-only)")
         shutil.rmtree(out, ignore_errors=True)
         os.makedirs(out)
         ref = FAMILIES[name](out)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Tiny, slow, exact numpy reference forward pass for llama-architecture GGUFs.
 
-Our own code (no llama.cpp code): a minimal GGUF reader, Q4_0/Q4_1/Q8_0/F16/F32
-dequantization and a plain Llama forward pass (RMSNorm, adjacent-pair "NORM"
+Our own code (no llama.cpp code): a minimal GGUF reader, Q4_0/Q4_1/Q8_0/F16/F32 (and, for
+np_gpt_oss_ref.py, MXFP4) dequantization and a plain Llama forward pass (RMSNorm, adjacent-pair "NORM"
 RoPE as llama.cpp stores q/k, GQA causal attention, SwiGLU, tied or untied
 output).  Weights are dequantized exactly; all activations stay in float64
 (or float32), so the only difference to llama.cpp is llama.cpp's own rounding
@@ -22,8 +22,12 @@ import numpy as np
 GGUF_VALUE_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i",
                       6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 
-GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0 = 0, 1, 2, 3, 8
-GGML_TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}
+GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_MXFP4 = 0, 1, 2, 3, 8, 39
+GGML_TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 39: "MXFP4"}
+
+# e2m1: the value of each 4-bit MXFP4 code (OCP Microscaling spec).
+E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                 -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 
 
 class GGUF:
@@ -102,7 +106,7 @@ class GGUF:
             out = np.frombuffer(self.buf, np.float32, n, start).astype(dtype)
         elif ttype == GGML_F16:
             out = np.frombuffer(self.buf, np.float16, n, start).astype(dtype)
-        elif ttype in (GGML_Q4_0, GGML_Q4_1, GGML_Q8_0):
+        elif ttype in (GGML_Q4_0, GGML_Q4_1, GGML_Q8_0, GGML_MXFP4):
             out = _dequant(self.buf, start, n, ttype).astype(dtype)
         else:
             raise NotImplementedError("ggml type %d (%s)" % (ttype, name))
@@ -111,6 +115,12 @@ class GGUF:
 
 def _dequant(buf, start, n, ttype):
     nb = n // 32
+    if ttype == GGML_MXFP4:
+        # ggml's block_mxfp4: an e8m0 scale byte (2^(e - 127)), then 16 bytes whose low
+        # nibbles are elements 0..15 and high nibbles elements 16..31.
+        blk = np.frombuffer(buf, np.uint8, nb * 17, start).reshape(nb, 17)
+        codes = np.concatenate([blk[:, 1:] & 0x0F, blk[:, 1:] >> 4], axis=1)
+        return np.ldexp(E2M1[codes], blk[:, :1].astype(np.int32) - 127).reshape(-1)
     if ttype == GGML_Q8_0:
         blk = np.frombuffer(buf, np.uint8, nb * 34, start).reshape(nb, 34)
         d = blk[:, 0:2].copy().view(np.float16).astype(np.float32)

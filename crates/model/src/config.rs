@@ -371,23 +371,42 @@ impl ModelConfig {
     }
 }
 
-/// YaRN parameters from GGUF metadata. llama.cpp's converter writes the factor and the
-/// original context; the ramp's betas and its truncation are read when present, else
-/// transformers' defaults (for gpt-oss, its published `truncate: false`).
+/// YaRN parameters from GGUF metadata, as llama.cpp's converter writes them: the factor, the
+/// original context (absent: the training context, as llama.cpp falls back), the ramp's
+/// betas from the config (`yarn_beta_fast`/`yarn_beta_slow`, else transformers' 32/1) and a
+/// config's explicit attention factor (`yarn_attn_factor`, else `0.1 ln(factor) + 1`), times
+/// llama.cpp's own multiplier `rope.scaling.attn_factor` when present. GGUF keeps no
+/// `truncate`: it is transformers' default (rounded ramp ends) except for gpt-oss, whose
+/// published config and reference implementation do not round. llama.cpp always rounds them
+/// (`ggml_rope_yarn_corr_dims`), its own approximation for gpt-oss (BENCHMARKS.md measures
+/// it on the tiny model).
 fn gguf_yarn(md: &Metadata, arch: &str, family: Family) -> Result<YarnRopeScaling, ModelError> {
     let k = |s: &str| format!("{arch}.rope.scaling.{s}");
     let f =
         |s: &str| -> Result<Option<f32>, ModelError> { Ok(md.opt_f64(&k(s))?.map(|v| v as f32)) };
     let factor = md.f64(&k("factor"))? as f32;
-    let original = md.u64(&k("original_context_length"))? as f32;
-    Ok(YarnRopeScaling {
+    let original = match md.opt_u64(&k("original_context_length"))? {
+        Some(n) => n,
+        None => md.u64(&format!("{arch}.context_length"))?,
+    } as f32;
+    let attention_factor = f("yarn_attn_factor")?
+        .unwrap_or(YarnRopeScaling::default_attention_factor(factor))
+        * f("attn_factor")?.unwrap_or(1.0);
+    let y = YarnRopeScaling {
         factor,
         original_context: original,
         beta_fast: f("yarn_beta_fast")?.unwrap_or(32.0),
         beta_slow: f("yarn_beta_slow")?.unwrap_or(1.0),
         truncate: family != Family::GptOss,
-        attention_factor: YarnRopeScaling::default_attention_factor(factor),
-    })
+        attention_factor,
+    };
+    if !(y.factor > 0.0 && y.original_context > 0.0 && y.attention_factor > 0.0) {
+        return Err(ModelError::InvalidConfig(format!(
+            "yarn rope scaling {y:?}: factor, original context and attention factor must be \
+             positive"
+        )));
+    }
+    Ok(y)
 }
 
 /// KV heads from GGUF metadata: one number, or (LFM2) one per layer with 0 for layers

@@ -132,6 +132,7 @@ pub fn weight_bytes(src: &dyn TensorSource, cfg: &ModelConfig) -> usize {
     );
     for l in 0..cfg.n_layers {
         for t in [
+            "attn_qkv",
             "attn_q",
             "attn_k",
             "attn_v",
@@ -275,24 +276,43 @@ fn load_attention<B: Backend>(
         checked(src.matrix(&n)?, &n, rows, cols)
     };
     let (q, kv) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
-    let wqkv = fuse_rows(vec![
-        mat("attn_q.weight", q, cfg.hidden)?,
-        mat("attn_k.weight", kv, cfg.hidden)?,
-        mat("attn_v.weight", kv, cfg.hidden)?,
-    ]);
-    let bqkv = if src.has(&name("attn_q.bias")) {
-        let mut b = src.vector(&name("attn_q.bias"))?;
-        b.extend(src.vector(&name("attn_k.bias"))?);
-        b.extend(src.vector(&name("attn_v.bias"))?);
+    // llama.cpp's converter fuses Q, K and V into `attn_qkv` when asked (`--fuse-qkv`; llama.cpp
+    // reads either form, and a fused weight may come with separate biases): the same
+    // `[q | k | v]` rows this engine fuses itself.
+    let wqkv = if src.has(&name("attn_qkv.weight")) {
+        vec![mat("attn_qkv.weight", q + 2 * kv, cfg.hidden)?]
+    } else {
+        fuse_rows(vec![
+            mat("attn_q.weight", q, cfg.hidden)?,
+            mat("attn_k.weight", kv, cfg.hidden)?,
+            mat("attn_v.weight", kv, cfg.hidden)?,
+        ])
+    };
+    let bias_parts: &[&str] = if src.has(&name("attn_qkv.bias")) {
+        &["attn_qkv.bias"]
+    } else if src.has(&name("attn_q.bias")) {
+        &["attn_q.bias", "attn_k.bias", "attn_v.bias"]
+    } else {
+        &[]
+    };
+    let bqkv = if bias_parts.is_empty() {
+        None
+    } else {
+        let mut b = Vec::with_capacity(q + 2 * kv);
+        for t in bias_parts {
+            b.extend(src.vector(&name(t))?);
+        }
         if b.len() != q + 2 * kv {
             return Err(ModelError::TensorShape {
-                name: name("attn_*.bias"),
+                name: name(if bias_parts.len() == 1 {
+                    "attn_qkv.bias"
+                } else {
+                    "attn_*.bias"
+                }),
                 detail: format!("{} values, expected {}", b.len(), q + 2 * kv),
             });
         }
         Some(backend.vector(&b)?)
-    } else {
-        None
     };
     let qk_norm = if src.has(&name("attn_q_norm.weight")) {
         Some((
@@ -324,11 +344,17 @@ fn load_attention<B: Backend>(
     })
 }
 
-/// Layer `l`'s mixture of experts (gpt-oss), from either layout: GGUF's separate
-/// `ffn_{gate,up,down}_exps` (`[ffn, hidden]` / `[hidden, ffn]` per expert, as the backends
-/// multiply them), or transformers' `gate_up_proj` (`[hidden, 2·ffn]` per expert, input-major,
-/// gate and up interleaved by column) and `down_proj` (`[ffn, hidden]`, input-major), which
-/// are transposed and de-interleaved here.
+/// Layer `l`'s mixture of experts (gpt-oss), from any of three layouts, each expert ending
+/// as one `[gate | up]` matrix `[2·ffn, hidden]` and `down` `[hidden, ffn]`:
+/// - GGUF as llama.cpp's converter writes it: `ffn_{gate,up}_exps` `[ffn, hidden]` and
+///   `ffn_down_exps` `[hidden, ffn]` per expert, output-major as the backends multiply them,
+///   with `[experts, ffn]` / `[experts, hidden]` biases;
+/// - GGUF with gate and up fused (the converter's `--fuse-gate-up-exps`, which llama.cpp
+///   reads for other MoE families): `ffn_gate_up_exps` `[2·ffn, hidden]`, gate rows then up
+///   rows, with a fused or separate bias;
+/// - transformers: `mlp.experts.gate_up_proj` (`[hidden, 2·ffn]` per expert, input-major,
+///   gate and up interleaved by column) and `down_proj` (`[ffn, hidden]`, input-major),
+///   transposed and de-interleaved here.
 fn load_moe<B: Backend>(
     backend: &B,
     src: &dyn TensorSource,
@@ -369,67 +395,94 @@ fn load_moe<B: Backend>(
         }
         ms.into_iter().map(|w| checked(w, &n, rows, cols)).collect()
     };
-    let router_bias = opt_vec("ffn_gate_inp.bias", ne)?;
-    let mut experts = Vec::with_capacity(ne);
-    if src.has(&name("ffn_gate_exps.weight")) {
-        let gates = stacked("ffn_gate_exps.weight", f, h)?;
-        let ups = stacked("ffn_up_exps.weight", f, h)?;
-        let downs = stacked("ffn_down_exps.weight", h, f)?;
+    // GGUF's separate gate and up biases as one `[experts, 2·ffn]` in `[gate | up]` order (a
+    // missing half is zero).
+    let split_bias = || -> Result<Option<Vec<f32>>, ModelError> {
         let (gb, ub) = (
             opt_vec("ffn_gate_exps.bias", ne * f)?,
             opt_vec("ffn_up_exps.bias", ne * f)?,
         );
-        let db = opt_vec("ffn_down_exps.bias", ne * h)?;
-        for (e, ((g, u), d)) in gates.into_iter().zip(ups).zip(downs).enumerate() {
-            let gate_up = match fuse_rows(vec![g, u]).as_slice() {
-                [one] => one.clone(),
-                // Gate and up in different formats: one f32 matrix, exactly.
-                parts => stack_f32(parts)?,
-            };
-            let bias = match (&gb, &ub) {
-                (None, None) => None,
-                (g, u) => {
-                    let part = |b: &Option<Vec<f32>>| {
-                        b.as_ref()
-                            .map_or(vec![0.0; f], |b| b[e * f..(e + 1) * f].to_vec())
-                    };
-                    Some([part(g), part(u)].concat())
-                }
-            };
-            experts.push(MoeExpert {
-                gate_up: backend.matrix(&gate_up)?,
-                gate_up_bias: bias.map(|b| backend.vector(&b)).transpose()?,
-                down: backend.matrix(&d)?,
-                down_bias: db
-                    .as_ref()
-                    .map(|b| backend.vector(&b[e * h..(e + 1) * h]))
-                    .transpose()?,
-            });
+        if gb.is_none() && ub.is_none() {
+            return Ok(None);
         }
+        let part = |b: &Option<Vec<f32>>, e: usize| {
+            b.as_ref()
+                .map_or(vec![0.0; f], |b| b[e * f..(e + 1) * f].to_vec())
+        };
+        Ok(Some(
+            (0..ne)
+                .flat_map(|e| [part(&gb, e), part(&ub, e)].concat())
+                .collect(),
+        ))
+    };
+    let router_bias = opt_vec("ffn_gate_inp.bias", ne)?;
+    // Per expert `[gate | up]` `[2f, h]` and `down` `[h, f]`; biases `[ne, 2f]` and `[ne, h]`.
+    let (gate_ups, downs, gu_bias, down_bias) = if src.has(&name("ffn_gate_exps.weight")) {
+        let gates = stacked("ffn_gate_exps.weight", f, h)?;
+        let ups = stacked("ffn_up_exps.weight", f, h)?;
+        let gate_ups = gates
+            .into_iter()
+            .zip(ups)
+            .map(|(g, u)| match fuse_rows(vec![g, u]).as_slice() {
+                [one] => Ok(one.clone()),
+                // Gate and up in different formats: one f32 matrix, exactly.
+                parts => stack_f32(parts),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        (
+            gate_ups,
+            stacked("ffn_down_exps.weight", h, f)?,
+            split_bias()?,
+            opt_vec("ffn_down_exps.bias", ne * h)?,
+        )
+    } else if src.has(&name("ffn_gate_up_exps.weight")) {
+        let bias = match opt_vec("ffn_gate_up_exps.bias", ne * 2 * f)? {
+            Some(b) => Some(b),
+            None => split_bias()?,
+        };
+        (
+            stacked("ffn_gate_up_exps.weight", 2 * f, h)?,
+            stacked("ffn_down_exps.weight", h, f)?,
+            bias,
+            opt_vec("ffn_down_exps.bias", ne * h)?,
+        )
     } else {
-        let gate_ups = stacked("ffn_gate_up_exps.weight", h, 2 * f)?;
-        let downs = stacked("ffn_down_exps.weight", f, h)?;
-        let gub = opt_vec("ffn_gate_up_exps.bias", ne * 2 * f)?;
-        let db = opt_vec("ffn_down_exps.bias", ne * h)?;
         // Output row o of `[gate | up]` is input-major column 2o (gate) or 2(o − f) + 1 (up).
         let deinterleave = |o: usize| if o < f { 2 * o } else { 2 * (o - f) + 1 };
-        for (e, (gu, d)) in gate_ups.into_iter().zip(downs).enumerate() {
-            let gate_up = permute_float(&gu, 2 * f, h, |o, c| (c, deinterleave(o)))?;
-            let down = permute_float(&d, h, f, |o, c| (c, o))?;
-            let bias = gub.as_ref().map(|b| {
-                let b = &b[e * 2 * f..(e + 1) * 2 * f];
-                (0..2 * f).map(|o| b[deinterleave(o)]).collect::<Vec<f32>>()
-            });
-            experts.push(MoeExpert {
-                gate_up: backend.matrix(&gate_up)?,
-                gate_up_bias: bias.map(|b| backend.vector(&b)).transpose()?,
-                down: backend.matrix(&down)?,
-                down_bias: db
-                    .as_ref()
-                    .map(|b| backend.vector(&b[e * h..(e + 1) * h]))
-                    .transpose()?,
-            });
-        }
+        let gate_ups = stacked("mlp.experts.gate_up_proj", h, 2 * f)?
+            .iter()
+            .map(|gu| permute_float(gu, 2 * f, h, |o, c| (c, deinterleave(o))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let downs = stacked("mlp.experts.down_proj", f, h)?
+            .iter()
+            .map(|d| permute_float(d, h, f, |o, c| (c, o)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let bias = opt_vec("mlp.experts.gate_up_proj_bias", ne * 2 * f)?.map(|b| {
+            (0..ne * 2 * f)
+                .map(|i| b[i / (2 * f) * 2 * f + deinterleave(i % (2 * f))])
+                .collect()
+        });
+        (
+            gate_ups,
+            downs,
+            bias,
+            opt_vec("mlp.experts.down_proj_bias", ne * h)?,
+        )
+    };
+    let mut experts = Vec::with_capacity(ne);
+    for (e, (gate_up, down)) in gate_ups.into_iter().zip(downs).enumerate() {
+        experts.push(MoeExpert {
+            gate_up: backend.matrix(&gate_up)?,
+            gate_up_bias: gu_bias
+                .as_ref()
+                .map(|b| backend.vector(&b[e * 2 * f..(e + 1) * 2 * f]))
+                .transpose()?,
+            down: backend.matrix(&down)?,
+            down_bias: down_bias
+                .as_ref()
+                .map(|b| backend.vector(&b[e * h..(e + 1) * h]))
+                .transpose()?,
+        });
     }
     Ok(MoeWeights {
         router: backend.matrix(&router)?,

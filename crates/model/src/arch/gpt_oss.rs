@@ -9,9 +9,11 @@ use crate::ModelError;
 use crate::config::{RopeScaling, YarnRopeScaling};
 use crate::gguf::Metadata;
 
-/// Per-layer tensor names of a gpt-oss checkpoint, as `(GGUF name, Hugging Face name)`. The
-/// experts' `ffn_gate_up_exps` has no GGUF counterpart: transformers keeps gate and up
-/// interleaved in one `[experts, hidden, 2·ffn]` tensor (see [`crate::loader`]).
+/// Per-layer tensor names of a gpt-oss checkpoint, as `(GGUF name, Hugging Face name)`.
+/// transformers' experts keep their own names (`mlp.experts.*`): its `gate_up_proj`
+/// (`[experts, hidden, 2·ffn]`, gate and up interleaved by column) is not GGUF's
+/// `ffn_gate_up_exps` (llama.cpp's fused `[experts, 2·ffn, hidden]`, gate rows then up rows),
+/// and its `down_proj` is the transpose of GGUF's `ffn_down_exps` (see [`crate::loader`]).
 pub(super) const HF_LAYER_NAMES: &[(&str, &str)] = &[
     ("attn_output.bias", "self_attn.o_proj.bias"),
     ("attn_sinks.weight", "self_attn.sinks"),
@@ -21,10 +23,13 @@ pub(super) const HF_LAYER_NAMES: &[(&str, &str)] = &[
     ),
     ("ffn_gate_inp.weight", "mlp.router.weight"),
     ("ffn_gate_inp.bias", "mlp.router.bias"),
-    ("ffn_gate_up_exps.weight", "mlp.experts.gate_up_proj"),
-    ("ffn_gate_up_exps.bias", "mlp.experts.gate_up_proj_bias"),
-    ("ffn_down_exps.weight", "mlp.experts.down_proj"),
-    ("ffn_down_exps.bias", "mlp.experts.down_proj_bias"),
+    ("mlp.experts.gate_up_proj", "mlp.experts.gate_up_proj"),
+    (
+        "mlp.experts.gate_up_proj_bias",
+        "mlp.experts.gate_up_proj_bias",
+    ),
+    ("mlp.experts.down_proj", "mlp.experts.down_proj"),
+    ("mlp.experts.down_proj_bias", "mlp.experts.down_proj_bias"),
 ];
 
 /// The experts' activation constants (transformers' `swiglu_alpha`/`swiglu_limit`
@@ -52,7 +57,8 @@ fn alternating(n_layers: usize) -> Vec<bool> {
     (0..n_layers).map(|l| l % 2 == 0).collect()
 }
 
-/// From GGUF metadata as llama.cpp's converter writes it.
+/// From GGUF metadata as llama.cpp's converter writes it (`GptOssModel`; the YaRN keys are
+/// read with the other RoPE ones, in `config.rs`).
 pub(super) fn from_gguf(
     md: &Metadata,
     arch: &str,
@@ -68,7 +74,23 @@ pub(super) fn from_gguf(
     let window = md
         .opt_u64(&k("attention.sliding_window"))?
         .map_or(DEFAULT_WINDOW, |w| w as usize);
-    Ok(gpt_oss_arch(alternating(n_layers), window, moe))
+    // llama.cpp gives the sliding layers `rope.freq_base_swa` when a file has it (still
+    // YaRN-scaled); gpt-oss has one base, and the local-base path here is Gemma 3's unscaled
+    // one, so a file that differs is refused rather than run with the wrong frequencies.
+    if let Some(swa) = md.opt_f64(&k("rope.freq_base_swa"))? {
+        let base = md.opt_f64(&k("rope.freq_base"))?.unwrap_or(10_000.0);
+        if swa != base {
+            return Err(ModelError::InvalidConfig(format!(
+                "gpt-oss rope.freq_base_swa {swa} differs from rope.freq_base {base}: a \
+                 separate RoPE base for the sliding-window layers is not supported"
+            )));
+        }
+    }
+    // llama.cpp's period for the architecture is 2 (even layers slide), overridden by the
+    // file's pattern when it has one.
+    let local =
+        super::gguf_sliding_layers(md, &k("attention.sliding_window_pattern"), n_layers, 2)?;
+    Ok(gpt_oss_arch(local, window, moe))
 }
 
 /// What `config.json` adds for gpt-oss.

@@ -221,6 +221,33 @@ fn pattern_layers(n_layers: usize, pattern: usize) -> Vec<bool> {
         .collect()
 }
 
+/// Which layers slide, from `key` (`{arch}.attention.sliding_window_pattern`) as llama.cpp
+/// reads it (`load_swa_pattern`): one flag per layer, or a period `n` whose last layer in
+/// each period is global (0: every layer slides); the family's period `default` when absent.
+fn gguf_sliding_layers(
+    md: &Metadata,
+    key: &str,
+    n_layers: usize,
+    default: usize,
+) -> Result<Vec<bool>, ModelError> {
+    let Some(v) = md.get(key) else {
+        return Ok(pattern_layers(n_layers, default));
+    };
+    let Some(items) = v.as_array() else {
+        return Ok(pattern_layers(n_layers, md.u64(key)? as usize));
+    };
+    items
+        .iter()
+        .map(|x| x.as_bool().or_else(|| x.as_u64().map(|n| n != 0)))
+        .collect::<Option<Vec<bool>>>()
+        .filter(|flags| flags.len() == n_layers)
+        .ok_or_else(|| {
+            ModelError::InvalidConfig(format!(
+                "{key}: expected {n_layers} per-layer flags or one period, found {v:?}"
+            ))
+        })
+}
+
 /// The family's extras from GGUF metadata (keys `{arch}.…` as llama.cpp writes them).
 pub(crate) fn from_gguf(
     family: Family,
@@ -251,15 +278,17 @@ pub(crate) fn from_gguf(
                 return Err(softcap_refused("attn_logit_softcapping", cap));
             }
             let hidden = md.u64(&k("embedding_length"))? as f32;
-            let pattern = md
-                .opt_u64(&k("attention.sliding_window_pattern"))?
-                .map_or(GEMMA3_PATTERN, |v| v as usize);
             ArchConfig {
                 embed_scale: hidden.sqrt(),
                 post_norms: true,
                 activation: MlpActivation::GeluTanh,
                 sliding_window: Some(md.u64(&k("attention.sliding_window"))? as usize),
-                local_layers: pattern_layers(n_layers, pattern),
+                local_layers: gguf_sliding_layers(
+                    md,
+                    &k("attention.sliding_window_pattern"),
+                    n_layers,
+                    GEMMA3_PATTERN,
+                )?,
                 local_rope_theta: Some(f("rope.freq_base_swa", GEMMA3_LOCAL_THETA)?),
                 ..ArchConfig::default()
             }

@@ -74,6 +74,19 @@ mod tests {
         assert_eq!(half_scale(130), 4.0);
         assert_eq!(half_scale(1), 2f32.powi(-127));
         assert_eq!(half_scale(0), 2f32.powi(-128));
+        // A block as llama.cpp's converter repacks gpt-oss's `*_blocks`/`*_scales` (the scale
+        // byte first; its low nibbles are elements 0..16): scale 125 is 2^-2, so code 0x7
+        // (e2m1 6) is 1.5 and code 0xB (−1.5) is −0.375; element 3 is code 0x1 (0.5 → 0.125)
+        // from the low nibble of byte 3, element 19 code 0xE (−4 → −1) from its high nibble.
+        let mut repacked = [0u8; BLOCK_BYTES];
+        repacked[0] = 125;
+        repacked[1] = 0xB7;
+        repacked[4] = 0xE1;
+        let mut got = [0f32; BLOCK];
+        dequantize(&repacked, &mut got);
+        let mut want = [0f32; BLOCK];
+        (want[0], want[16], want[3], want[19]) = (1.5, -0.375, 0.125, -1.0);
+        assert_eq!(got, want);
         // bf16 holds every value exactly.
         let bytes = to_bf16_bytes(&block);
         for (j, b) in bytes.chunks(2).enumerate() {
