@@ -93,8 +93,10 @@ print(json.dumps({"kv": sys.argv[1], "server": sys.argv[2]}))
 EOF
     echo "serve_gpu_load: $line" >&2
     # Warm-up (not recorded): cuBLAS plans and the first graphs of small batches.
-    python3 bench/load_client.py --url "$url" --model random --concurrency 8 --requests 8 \
-        --prompt-tokens "$PROMPT" --max-tokens 16 --duration 30 >/dev/null 2>&1 || true
+    if [ "$(left)" -gt 90 ]; then
+        python3 bench/load_client.py --url "$url" --model random --concurrency 8 --requests 8 \
+            --prompt-tokens "$PROMPT" --max-tokens 16 --duration 20 >/dev/null 2>&1 || true
+    fi
     for c in ${CONC//,/ }; do
         n=$(( c * 2 > 8 ? c * 2 : 8 ))
         cap=$(( c >= 128 ? 40 : 25 ))
