@@ -514,6 +514,12 @@ pub trait Backend: Send + Sync {
     {
         step()
     }
+
+    /// How the steps of [`Backend::run_step`] ran so far (replayed, captured, eager), where
+    /// this backend replays them as graphs; `None` where it just runs them (default).
+    fn step_graph_stats(&self) -> Option<crate::cuda::GraphStats> {
+        None
+    }
 }
 
 /// [`Backend::project_qkv_write_kv`] as its separate ops: the normed matmul, the bias,

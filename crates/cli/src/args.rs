@@ -77,6 +77,29 @@ pub struct ServeArgs {
     /// KV blocks admission keeps free beyond every need, as a fraction of the pool.
     #[arg(long, default_value_t = 0.01)]
     pub kv_watermark: f32,
+    /// Batch sizes decode steps are padded to so that their CUDA graphs replay: `auto` (the
+    /// default ladder for --max-num-seqs where steps replay as graphs, none on the CPU),
+    /// `none`, or sizes like 1,2,4,8,16,32,64.
+    #[arg(long, default_value = "auto")]
+    pub decode_buckets: String,
+    /// How logits come back for sampling: `candidates` (each row's best few, selected on the
+    /// device, wherever the request's sampling parameters allow) or `full` (whole rows).
+    #[arg(long, value_enum, default_value_t = LogitsArg::Candidates)]
+    pub logits: LogitsArg,
+    /// Serve a model of this shape (llama3-8b, qwen3-8b, smollm2-135m) with random weights
+    /// and a built-in byte-level tokenizer instead of --model: a benchmarking aid for load
+    /// tests without model files (its output is noise; send token ids for exact prompts).
+    #[arg(long)]
+    pub random_shape: Option<String>,
+}
+
+/// `serve --logits`.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsArg {
+    /// Each row's best candidates where they suffice, else whole rows.
+    Candidates,
+    /// Whole rows, always.
+    Full,
 }
 
 #[derive(Subcommand, Debug)]

@@ -302,7 +302,7 @@ pub fn shape_config(name: &str) -> Result<(ModelConfig, bool)> {
 
 /// Random weights of `cfg`'s shape; returns them and the weight bytes read per decode step
 /// of `batch` sequences.
-fn random_weights<B: BenchBackend>(
+pub(crate) fn random_weights<B: BenchBackend>(
     b: &B,
     cfg: &ModelConfig,
     tied: bool,

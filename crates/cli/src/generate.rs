@@ -71,18 +71,28 @@ macro_rules! with_device {
 /// `--kv-layers`, `--key-mode`) against the model and calibrates the cache when `--kv-center`
 /// (or a `+c` spec) or a fractional width asks for it.
 pub fn load<B: Backend>(backend: B, args: &ModelArgs, cache: &CacheArgs) -> Result<Loaded<B>> {
+    let path = args.model_path()?;
+    let model = Model::load(&path, backend, &LoadOptions { progress: true })
+        .with_context(|| format!("loading {}", path.display()))?;
+    let tokenizer = load_tokenizer(&path, &model)?;
+    prepare(model, tokenizer, cache)
+}
+
+/// [`load`]'s part after the model and tokenizer are in hand: step graphs as the environment
+/// says, the KV spec checked against the model and calibrated where it asks.
+pub fn prepare<B: Backend>(
+    model: Model<B>,
+    tokenizer: Tokenizer,
+    cache: &CacheArgs,
+) -> Result<Loaded<B>> {
     use crate::kvspec::{KvDefaults, KvSpec, build_policy};
     let defaults = KvDefaults::from_args(&cache.kv_opts, turbokv_cache::KvWindow::default());
     let spec = KvSpec::parse(&cache.kv, defaults)?;
     let kv_label = spec.label(&cache.kv);
     let layers = turbokv_cache::KvPolicy::parse_layers(&cache.kv_layers).context("--kv-layers")?;
-    let path = args.model_path()?;
-    let model = Model::load(&path, backend, &LoadOptions { progress: true })
-        .with_context(|| format!("loading {}", path.display()))?;
     model
         .transformer
         .set_step_graphs(crate::env_options::from_env()?.step_graphs);
-    let tokenizer = load_tokenizer(&path, &model)?;
     let policy = build_policy(
         &model.transformer,
         &tokenizer,

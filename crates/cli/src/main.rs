@@ -14,6 +14,7 @@ mod env_options;
 mod eval;
 mod kvspec;
 mod plot;
+mod random_model;
 mod sensitivity;
 mod serve;
 

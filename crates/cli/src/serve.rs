@@ -6,14 +6,17 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
-use turbokv_backend::Backend;
 use turbokv_cache::{DirStore, KvLayout};
 use turbokv_engine::snapshots::Snapshots;
-use turbokv_engine::{AdmissionOptions, Engine, EngineOptions};
+use turbokv_engine::{
+    AdmissionOptions, DecodeBatching, DecodeBuckets, Engine, EngineOptions, LogitsTransfer,
+};
 use turbokv_server::ServerOptions;
 
-use crate::args::ServeArgs;
-use crate::generate::load;
+use crate::args::{LogitsArg, ServeArgs};
+use crate::bench_decode::BenchBackend;
+use crate::generate::{load, prepare};
+use crate::random_model::random_model;
 
 /// `turbokv serve`.
 pub fn run(args: &ServeArgs) -> Result<()> {
@@ -39,6 +42,21 @@ pub fn parse_size(text: &str) -> Result<u64> {
         other => bail!("size `{text}`: unknown unit `{other}` (use B, KiB, MiB, GiB)"),
     };
     Ok((n * mult) as u64)
+}
+
+/// `--decode-buckets`: `auto` pads decode steps to the default ladder for `max_num_seqs`
+/// where they replay as graphs (`replays_steps`) and not at all elsewhere (on the CPU a
+/// placeholder row costs as much as a real one).
+fn decode_batching(spec: &str, max_num_seqs: usize, replays_steps: bool) -> Result<DecodeBatching> {
+    if spec.trim() == "auto" {
+        return Ok(if replays_steps {
+            DecodeBatching::Buckets(DecodeBuckets::for_max_seqs(max_num_seqs))
+        } else {
+            DecodeBatching::Exact
+        });
+    }
+    spec.parse()
+        .map_err(|e| anyhow::anyhow!("--decode-buckets: {e}"))
 }
 
 /// A fingerprint of the model's weights: sizes and the first and last MiB of each file.
@@ -76,9 +94,31 @@ fn fingerprint(path: &Path) -> Result<[u8; 32]> {
     Ok(*h.finalize().as_bytes())
 }
 
-fn run_on<B: Backend + 'static>(backend: B, args: &ServeArgs) -> Result<()> {
-    let path = args.model.model_path()?;
-    let loaded = load(backend, &args.model, &args.cache)?;
+fn run_on<B: BenchBackend + 'static>(backend: B, args: &ServeArgs) -> Result<()> {
+    let (loaded, name, model_fingerprint) = match &args.random_shape {
+        Some(shape) => {
+            let (model, tokenizer) = random_model(backend, shape)?;
+            let loaded = prepare(model, tokenizer, &args.cache)?;
+            let name = args
+                .served_model_name
+                .clone()
+                .unwrap_or_else(|| loaded.model.name.clone());
+            // The weights are a function of the shape (fixed seeds).
+            let fp = *blake3::hash(format!("turbokv random weights {shape}").as_bytes()).as_bytes();
+            (loaded, name, fp)
+        }
+        None => {
+            let path = args.model.model_path()?;
+            let loaded = load(backend, &args.model, &args.cache)?;
+            let name = args.served_model_name.clone().unwrap_or_else(|| {
+                path.file_stem().map_or_else(
+                    || loaded.model.name.clone(),
+                    |s| s.to_string_lossy().into_owned(),
+                )
+            });
+            (loaded, name, fingerprint(&path)?)
+        }
+    };
     let config = loaded.model.transformer.config().clone();
     let mut probe = KvLayout::uniform(
         config.kv_layers(),
@@ -98,12 +138,13 @@ fn run_on<B: Backend + 'static>(backend: B, args: &ServeArgs) -> Result<()> {
             args.kv_memory
         );
     }
-    let name = args.served_model_name.clone().unwrap_or_else(|| {
-        path.file_stem().map_or_else(
-            || loaded.model.name.clone(),
-            |s| s.to_string_lossy().into_owned(),
-        )
-    });
+    let replays_steps = loaded
+        .model
+        .transformer
+        .backend()
+        .step_graph_stats()
+        .is_some()
+        && crate::env_options::from_env()?.step_graphs;
     let opts = EngineOptions {
         max_num_seqs: args.max_num_seqs,
         max_batched_tokens: args.max_batched_tokens,
@@ -111,10 +152,15 @@ fn run_on<B: Backend + 'static>(backend: B, args: &ServeArgs) -> Result<()> {
         kv_tokens,
         block_size: 16,
         prefix_caching: !args.no_prefix_cache,
-        model_fingerprint: fingerprint(&path)?,
+        model_fingerprint,
         admission: AdmissionOptions {
             reserve: args.growth_reserve,
             watermark: args.kv_watermark,
+        },
+        decode_batching: decode_batching(&args.decode_buckets, args.max_num_seqs, replays_steps)?,
+        logits: match args.logits {
+            LogitsArg::Candidates => LogitsTransfer::Candidates,
+            LogitsArg::Full => LogitsTransfer::FullRows,
         },
     };
     let describe = loaded.model.transformer.backend().describe();
@@ -142,8 +188,12 @@ fn run_on<B: Backend + 'static>(backend: B, args: &ServeArgs) -> Result<()> {
     // The engine may have turned prefix caching off (its warning says why: a windowed
     // compressed cache, ring layers, conv layers): say which is in force.
     let prefix = if info.prefix_caching { "on" } else { "off" };
+    let buckets = match info.decode_buckets.as_slice() {
+        [] => "none".to_string(),
+        b => b.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+    };
     eprintln!(
-        "turbokv: serving {name} on http://{addr}/v1 ({describe}; KV {} for {} tokens, up to {} sequences, prefix cache {prefix})",
+        "turbokv: serving {name} on http://{addr}/v1 ({describe}; KV {} for {} tokens, up to {} sequences, prefix cache {prefix}, decode buckets {buckets})",
         loaded.kv_label, info.kv_tokens, info.max_num_seqs
     );
     let server_opts = ServerOptions {
@@ -183,6 +233,29 @@ fn run_on<B: Backend + 'static>(backend: B, args: &ServeArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::parse_size;
+
+    #[test]
+    fn decode_buckets_auto_pads_only_where_steps_replay() {
+        use super::decode_batching;
+        use turbokv_engine::{DecodeBatching, DecodeBuckets};
+        assert_eq!(
+            decode_batching("auto", 64, true).unwrap(),
+            DecodeBatching::Buckets(DecodeBuckets::for_max_seqs(64))
+        );
+        assert_eq!(
+            decode_batching("auto", 64, false).unwrap(),
+            DecodeBatching::Exact
+        );
+        assert_eq!(
+            decode_batching("none", 64, true).unwrap(),
+            DecodeBatching::Exact
+        );
+        assert_eq!(
+            decode_batching("8,1", 64, false).unwrap(),
+            DecodeBatching::Buckets(DecodeBuckets::new(vec![1, 8]).unwrap())
+        );
+        assert!(decode_batching("1,two", 64, true).is_err());
+    }
 
     #[test]
     fn sizes() {

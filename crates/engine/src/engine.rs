@@ -23,15 +23,18 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{Receiver, TryRecvError};
 
-use turbokv_backend::Backend;
+use prometheus::IntCounter;
+use turbokv_backend::cuda::GraphStats;
+use turbokv_backend::{Backend, TopK, select_top_k};
 use turbokv_cache::{CacheIdentity, KvPolicy, block_hashes};
 use turbokv_codec::KvDtype;
 use turbokv_model::tokenizer::Tokenizer;
-use turbokv_model::{KvCache, LogitsFor, Scratch, SeqInput, Transformer};
+use turbokv_model::{KvCache, Scratch, SeqInput, StepOutput, Transformer};
 
 use crate::EngineError;
 use crate::admission::{AdmissionOptions, Need, Verdict, decide};
-use crate::emit::emit_next;
+use crate::batching::{DecodeBatching, LogitsTransfer};
+use crate::emit::{Scores, candidates_needed, emit_next, step_candidates};
 use crate::handle::{Command, EngineHandle, EngineInfo};
 use crate::metrics::Metrics;
 use crate::request::{Event, FinishReason, RequestId, Usage};
@@ -57,6 +60,11 @@ pub struct EngineOptions {
     pub model_fingerprint: [u8; 32],
     /// When a waiting request may start: the room kept for the running ones' growth.
     pub admission: AdmissionOptions,
+    /// Whether decode steps are padded to a few batch sizes (for graph replay on CUDA).
+    pub decode_batching: DecodeBatching,
+    /// How the logits come back for sampling: the rows' best candidates where they suffice,
+    /// or always the full rows.
+    pub logits: LogitsTransfer,
 }
 
 impl Default for EngineOptions {
@@ -70,6 +78,8 @@ impl Default for EngineOptions {
             prefix_caching: true,
             model_fingerprint: [0; 32],
             admission: AdmissionOptions::default(),
+            decode_batching: DecodeBatching::Exact,
+            logits: LogitsTransfer::Candidates,
         }
     }
 }
@@ -86,7 +96,18 @@ pub struct Engine<B: Backend> {
     metrics: Arc<Metrics>,
     waiting: VecDeque<Box<Sequence>>,
     running: Vec<Sequence>,
+    /// Full logits rows of a step that copies them back.
     logits: Vec<f32>,
+    /// Candidates of a step that copies only those back.
+    top: TopK,
+    /// One row's candidates selected on the host (a full-rows step).
+    host_top: TopK,
+    /// The penalised copy of a row the sampler draws from.
+    work: Vec<f32>,
+    /// Per decode bucket, its steps counter (labels formatted once, here).
+    bucket_steps: Vec<IntCounter>,
+    /// The backend's graph counters at the last step.
+    graphs_seen: GraphStats,
     snapshots: Option<Snapshots>,
     shutting_down: bool,
 }
@@ -137,9 +158,23 @@ impl<B: Backend> Engine<B> {
             );
             opts.prefix_caching = false;
         }
+        if matches!(opts.decode_batching, DecodeBatching::Buckets(_)) && !model.supports_padding() {
+            tracing::warn!(
+                "decode steps are not padded: this model's family cannot take placeholder rows"
+            );
+            opts.decode_batching = DecodeBatching::Exact;
+        }
         let identity = CacheIdentity::new(&opts.model_fingerprint, cache.layout());
         let scratch = model.new_scratch().map_err(internal)?;
         let metrics = Arc::new(Metrics::new());
+        let bucket_steps = (opts.decode_batching.sizes().iter())
+            .map(|s| {
+                metrics
+                    .decode_bucket_steps
+                    .with_label_values(&[&s.to_string()])
+            })
+            .collect();
+        let graphs_seen = model.backend().step_graph_stats().unwrap_or_default();
         let total = cache.allocator().total_blocks();
         metrics.kv_blocks_total.set(total as i64);
         let (tx, rx) = std::sync::mpsc::channel();
@@ -149,6 +184,7 @@ impl<B: Backend> Engine<B> {
             max_num_seqs: opts.max_num_seqs,
             prefix_caching: opts.prefix_caching,
             vocab_size: model.config().vocab_size,
+            decode_buckets: opts.decode_batching.sizes().to_vec(),
         });
         let handle = EngineHandle {
             tx,
@@ -169,6 +205,11 @@ impl<B: Backend> Engine<B> {
             waiting: VecDeque::new(),
             running: Vec::new(),
             logits: Vec::new(),
+            top: TopK::default(),
+            host_top: TopK::default(),
+            work: Vec::new(),
+            bucket_steps,
+            graphs_seen,
             snapshots: None,
             shutting_down: false,
         };
@@ -202,6 +243,8 @@ impl<B: Backend> Engine<B> {
             blocks = self.cache.allocator().total_blocks(),
             block_size = self.opts.block_size,
             max_num_seqs = self.opts.max_num_seqs,
+            decode_buckets = ?self.opts.decode_batching.sizes(),
+            logits = ?self.opts.logits,
             "engine started"
         );
         loop {
@@ -636,6 +679,9 @@ impl<B: Backend> Engine<B> {
         plan: &[(usize, usize)],
         finished: &mut Vec<(usize, FinishReason)>,
     ) -> Result<(), String> {
+        let decode_shaped = plan.iter().all(|&(_, n)| n == 1);
+        let (pad, bucket) = self.opts.decode_batching.padding(plan.len(), decode_shaped);
+        let k = step_candidates(self.opts.logits, &self.running, plan);
         let inputs: Vec<SeqInput<'_>> = plan
             .iter()
             .map(|&(i, n)| {
@@ -646,18 +692,19 @@ impl<B: Backend> Engine<B> {
                 }
             })
             .collect();
+        let mut out = match k {
+            Some(k) => StepOutput::TopK {
+                k,
+                out: &mut self.top,
+            },
+            None => StepOutput::Logits(&mut self.logits),
+        };
         self.model
-            .forward(
-                &inputs,
-                &mut self.cache,
-                &mut self.scratch,
-                LogitsFor::LastToken,
-                &mut self.logits,
-            )
+            .forward_padded(&inputs, pad, &mut self.cache, &mut self.scratch, &mut out)
             .map_err(|e| e.to_string())?;
         drop(inputs);
+        self.count_step(k.is_some(), pad, bucket);
         let vocab = self.model.config().vocab_size;
-        let mut row = Vec::with_capacity(vocab);
         for (r, &(i, n)) in plan.iter().enumerate() {
             let bs = self.opts.block_size;
             let prefix_caching = self.opts.prefix_caching;
@@ -679,15 +726,60 @@ impl<B: Backend> Engine<B> {
             if seq.pending() > 0 {
                 continue; // a prefill chunk short of the prompt's end, or a recomputed token
             }
-            row.clear();
-            row.extend_from_slice(&self.logits[r * vocab..(r + 1) * vocab]);
-            if let Some(reason) = emit_next(seq, &mut row, &self.tokenizer, &self.metrics)? {
+            let missing = || format!("no logits for row {r}");
+            let scores = if k.is_some() {
+                Scores::Top(self.top.row(r).ok_or_else(missing)?)
+            } else {
+                let logits = self
+                    .logits
+                    .get(r * vocab..(r + 1) * vocab)
+                    .ok_or_else(missing)?;
+                // A request that can draw from candidates draws from them here too, so its
+                // tokens and log-probabilities are those it gets in a step of its own.
+                match (self.opts.logits, candidates_needed(seq)) {
+                    (LogitsTransfer::Candidates, Some(kr)) => {
+                        select_top_k(logits, vocab, kr, &mut self.host_top)
+                            .map_err(|e| e.to_string())?;
+                        Scores::Top(self.host_top.row(0).ok_or_else(missing)?)
+                    }
+                    _ => Scores::Full {
+                        logits,
+                        work: &mut self.work,
+                    },
+                }
+            };
+            if let Some(reason) = emit_next(seq, scores, &self.tokenizer, &self.metrics)? {
                 finished.push((i, reason));
             } else if seq.tokens.len() >= self.opts.max_model_len {
                 finished.push((i, FinishReason::Length));
             }
         }
         Ok(())
+    }
+
+    /// Counts how a step ran: its logits transfer, its padding, and (on a backend with step
+    /// graphs) whether it replayed, captured or ran eagerly.
+    fn count_step(&mut self, candidates: bool, pad: usize, bucket: Option<usize>) {
+        let m = &self.metrics;
+        if candidates {
+            m.step_logits_top_k.inc();
+        } else {
+            m.step_logits_full.inc();
+        }
+        if let Some(c) = bucket.and_then(|b| self.bucket_steps.get(b)) {
+            c.inc();
+            m.decode_padding_rows.inc_by(pad as u64);
+        }
+        if let Some(g) = self.model.backend().step_graph_stats() {
+            let seen = &self.graphs_seen;
+            m.graph_steps_replayed
+                .inc_by(g.replayed.saturating_sub(seen.replayed));
+            m.graph_steps_captured
+                .inc_by(g.captured.saturating_sub(seen.captured));
+            m.graph_steps_eager
+                .inc_by(g.eager.saturating_sub(seen.eager));
+            self.graphs_seen = g;
+        }
     }
 
     fn finish(&mut self, mut seq: Sequence, reason: FinishReason) {

@@ -27,6 +27,8 @@ pub struct EngineInfo {
     pub prefix_caching: bool,
     /// Vocabulary size (ids must be below it).
     pub vocab_size: usize,
+    /// Batch sizes decode steps are padded to (empty: not padded).
+    pub decode_buckets: Vec<usize>,
 }
 
 pub(crate) enum Command {

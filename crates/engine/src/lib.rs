@@ -10,6 +10,7 @@
 #![deny(missing_docs)]
 
 mod admission;
+mod batching;
 mod emit;
 mod engine;
 mod handle;
@@ -19,6 +20,7 @@ mod sequence;
 pub mod snapshots;
 
 pub use admission::{AdmissionOptions, GrowthReserve};
+pub use batching::{DecodeBatching, DecodeBuckets, LogitsTransfer};
 pub use engine::{Engine, EngineOptions};
 pub use handle::{EngineHandle, EngineInfo, RequestStream};
 pub use metrics::Metrics;

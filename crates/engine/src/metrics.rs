@@ -58,6 +58,20 @@ pub struct Metrics {
     pub snapshots_restored: IntCounter,
     /// Snapshot files refused (corrupt, truncated, another model or cache format).
     pub snapshots_rejected: IntCounter,
+    /// Padded decode steps by `bucket` (the batch size they ran at).
+    pub decode_bucket_steps: IntCounterVec,
+    /// Placeholder rows run in padded decode steps.
+    pub decode_padding_rows: IntCounter,
+    /// Steps whose logits came back as each row's best candidates.
+    pub step_logits_top_k: IntCounter,
+    /// Steps whose logits came back as full rows.
+    pub step_logits_full: IntCounter,
+    /// Decode steps the backend replayed as a captured graph.
+    pub graph_steps_replayed: IntCounter,
+    /// Decode steps the backend captured as a new graph.
+    pub graph_steps_captured: IntCounter,
+    /// Decode steps the backend ran eagerly (the first of a shape, or after a mismatch).
+    pub graph_steps_eager: IntCounter,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -100,14 +114,28 @@ impl Metrics {
                 .expect("unique metric");
             h
         };
-        let request_success = IntCounterVec::new(
-            Opts::new("vllm:request_success_total", "Finished requests by reason."),
-            &["finished_reason"],
-        )
-        .expect("valid metric name");
-        registry
-            .register(Box::new(request_success.clone()))
-            .expect("unique metric");
+        let counter_vec = |name: &str, help: &str, label: &str| {
+            let c = IntCounterVec::new(Opts::new(name, help), &[label]).expect("valid metric name");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric");
+            c
+        };
+        let request_success = counter_vec(
+            "vllm:request_success_total",
+            "Finished requests by reason.",
+            "finished_reason",
+        );
+        let step_logits = counter_vec(
+            "turbokv:step_logits_total",
+            "Forward steps by how their logits came back (top_k: each row's best candidates; full: whole rows).",
+            "transfer",
+        );
+        let graph_steps = counter_vec(
+            "turbokv:step_graphs_total",
+            "Decode steps by how the backend ran them (replayed, captured, eager); CUDA only.",
+            "run",
+        );
         Self {
             running: gauge("vllm:num_requests_running", "Requests being generated."),
             waiting: gauge(
@@ -160,6 +188,20 @@ impl Metrics {
                 "Requests whose start the growth reserve delayed.",
             ),
             request_success,
+            decode_bucket_steps: counter_vec(
+                "turbokv:decode_bucket_steps_total",
+                "Decode steps padded to a batch-size bucket, by bucket.",
+                "bucket",
+            ),
+            decode_padding_rows: counter(
+                "turbokv:decode_padding_rows_total",
+                "Placeholder rows run to pad decode steps to their bucket.",
+            ),
+            step_logits_top_k: step_logits.with_label_values(&["top_k"]),
+            step_logits_full: step_logits.with_label_values(&["full"]),
+            graph_steps_replayed: graph_steps.with_label_values(&["replayed"]),
+            graph_steps_captured: graph_steps.with_label_values(&["captured"]),
+            graph_steps_eager: graph_steps.with_label_values(&["eager"]),
             snapshots_written: counter(
                 "turbokv:prefix_snapshots_written_total",
                 "Prefix blocks written to the snapshot store.",

@@ -12,6 +12,7 @@ pub mod arch;
 pub mod calibrate;
 pub mod config;
 pub mod gguf;
+mod kv_cache;
 pub mod loader;
 pub mod model;
 pub mod session;
@@ -102,6 +103,9 @@ pub enum ModelError {
     /// A step input with no tokens.
     #[error("sequence {0}: a step needs at least one token")]
     EmptyInput(turbokv_cache::SeqId),
+    /// A padded step ([`Transformer::forward_padded`]) this model or these inputs cannot take.
+    #[error("cannot pad this step: {0}")]
+    PaddingUnsupported(&'static str),
     /// The tokenizer refused a text.
     #[error(transparent)]
     Tokenizer(#[from] tokenizer::TokenizerError),

@@ -2,15 +2,14 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use turbokv_backend::{
-    AttnGeometry, Backend, KvPoolBlocks, QkNorm, QkvProjection, Rope, SeqSpan, TopK,
-};
+use turbokv_backend::{AttnGeometry, Backend, QkNorm, QkvProjection, Rope, SeqSpan, TopK};
 use turbokv_cache::{BlockAllocator, KvLayout, KvPolicy, SeqId};
 use turbokv_codec::KvDtype;
 
 use crate::ModelError;
 use crate::arch::conv::ConvStates;
 use crate::config::ModelConfig;
+pub use crate::kv_cache::KvCache;
 use crate::loader::{LayerWeights, Weights};
 
 /// A model's weights and geometry on a backend.
@@ -26,169 +25,6 @@ pub struct Transformer<B: Backend> {
     step_graphs: AtomicBool,
     /// Whether new caches keep sliding-window layers in rings (see [`crate::arch::ring`]).
     pub(crate) sliding_rings: AtomicBool,
-}
-
-/// The paged KV cache of every layer plus its block bookkeeping.
-pub struct KvCache<B: Backend> {
-    layout: KvLayout,
-    alloc: BlockAllocator,
-    pub(crate) pools: Vec<B::KvPool>,
-    max_tokens_per_seq: usize,
-    /// Ring blocks of the sliding-window layers, when the model has any.
-    pub(crate) rings: Option<crate::arch::ring::Rings>,
-    /// The conv layers' per-sequence states, when the model has conv layers (LFM2).
-    pub(crate) conv: Option<ConvStates>,
-}
-
-impl<B: Backend> KvCache<B> {
-    /// The cache's shapes.
-    pub fn layout(&self) -> &KvLayout {
-        &self.layout
-    }
-    /// Block bookkeeping (sequence lengths, free blocks).
-    pub fn allocator(&self) -> &BlockAllocator {
-        &self.alloc
-    }
-    /// Registers a new, empty sequence.
-    pub fn add_sequence(&mut self, id: SeqId) -> Result<(), ModelError> {
-        self.alloc.add_sequence(id)?;
-        if let Some(r) = &mut self.rings {
-            r.add(id);
-        }
-        Ok(())
-    }
-    /// Drops a sequence and frees its blocks.
-    pub fn remove_sequence(&mut self, id: SeqId) -> Result<(), ModelError> {
-        let blocks = self.alloc.table(id)?.blocks().to_vec();
-        self.alloc.remove_sequence(id)?;
-        self.release_freed(&blocks);
-        if let Some(r) = &mut self.rings {
-            r.remove(id);
-        }
-        if let Some(c) = &mut self.conv {
-            c.remove(id);
-        }
-        Ok(())
-    }
-    /// Bytes of conv-layer state each sequence holds beside its KV blocks, when the model
-    /// has conv layers (LFM2): a fixed amount, however long the sequence.
-    pub fn conv_state_bytes_per_seq(&self) -> Option<usize> {
-        self.conv.as_ref().map(ConvStates::bytes_per_seq)
-    }
-    /// Tokens each sequence's sliding-window layers hold at most (their ring), when the
-    /// model has such layers and the cache keeps them in rings.
-    pub fn ring_tokens_per_seq(&self) -> Option<usize> {
-        self.rings.as_ref().map(|r| r.tokens_per_seq())
-    }
-    /// Ring blocks sequence `id` holds in each sliding-window layer.
-    pub fn ring_blocks(&self, id: SeqId) -> Option<usize> {
-        self.rings.as_ref().and_then(|r| r.blocks_of(id))
-    }
-    /// Tokens a sequence may hold.
-    pub fn max_tokens_per_seq(&self) -> usize {
-        self.max_tokens_per_seq
-    }
-
-    /// Forgets sequence `id`'s tokens from position `len` on (blocks no longer needed are
-    /// freed). Conv layers' states reach back only a few tokens
-    /// ([`crate::arch::conv::REWIND`]); a cut further back (except to 0) is refused.
-    pub fn truncate(&mut self, id: SeqId, len: usize) -> Result<(), ModelError> {
-        if let Some(r) = &self.rings {
-            r.check_truncate(self.seq_len(id)?, len)?;
-        }
-        if let Some(c) = &self.conv {
-            c.check_rewind(id, len)?;
-        }
-        let keep = len.div_ceil(self.alloc.block_size());
-        let tail = self
-            .alloc
-            .table(id)?
-            .blocks()
-            .get(keep..)
-            .unwrap_or(&[])
-            .to_vec();
-        self.alloc.truncate(id, len)?;
-        self.release_freed(&tail);
-        if let Some(c) = &mut self.conv {
-            c.rewind(id, len);
-        }
-        Ok(())
-    }
-
-    /// Tells every pool which of `blocks` the allocator has just freed (no sequence holds
-    /// them), so it can drop what it keeps beside them (a window's exact copies).
-    fn release_freed(&mut self, blocks: &[u32]) {
-        let freed: Vec<u32> = blocks
-            .iter()
-            .copied()
-            .filter(|&b| self.alloc.pool().refcount(b) == 0)
-            .collect();
-        if !freed.is_empty() {
-            for p in &mut self.pools {
-                p.release_blocks(&freed);
-            }
-        }
-    }
-
-    /// Rolls a failed step back (its ring writes only touched positions no query reads).
-    pub(crate) fn truncate_unchecked(&mut self, id: SeqId, len: usize) -> Result<(), ModelError> {
-        Ok(self.alloc.truncate(id, len)?)
-    }
-
-    /// Tokens cached for a sequence.
-    pub fn seq_len(&self, id: SeqId) -> Result<usize, ModelError> {
-        Ok(self.alloc.table(id)?.len())
-    }
-    /// Bytes of K and V per cached token over all layers, except ring layers (their memory
-    /// is bounded per sequence: [`Self::ring_tokens_per_seq`]) and conv layers (no KV;
-    /// [`Self::conv_state_bytes_per_seq`]).
-    pub fn bytes_per_token(&self) -> f64 {
-        match &self.rings {
-            None => self.layout.bytes_per_token_all_layers(),
-            Some(r) => (0..self.layout.layers.len())
-                .filter(|&l| !r.layers.get(l).copied().unwrap_or(false))
-                .map(|l| self.layout.bytes_per_token(l))
-                .sum(),
-        }
-    }
-
-    /// Block bookkeeping, for prefix sharing ([`BlockAllocator::add_sequence_with_prefix`],
-    /// [`BlockAllocator::register_blocks`]).
-    pub fn allocator_mut(&mut self) -> &mut BlockAllocator {
-        &mut self.alloc
-    }
-
-    /// The bytes of physical block `block` in every layer, layer after layer (a snapshot's
-    /// payload of one block).
-    pub fn read_block(&self, backend: &B, block: u32) -> Result<Vec<u8>, ModelError> {
-        let (mut all, mut one) = (Vec::new(), Vec::new());
-        for pool in &self.pools {
-            backend.read_kv_block(pool, block, &mut one)?;
-            all.extend_from_slice(&one);
-        }
-        Ok(all)
-    }
-
-    /// Overwrites physical block `block` in every layer from [`Self::read_block`]'s bytes;
-    /// `layer_bytes[l]` is layer `l`'s share.
-    pub fn write_block(
-        &mut self,
-        backend: &B,
-        block: u32,
-        layer_bytes: &[&[u8]],
-    ) -> Result<(), ModelError> {
-        if layer_bytes.len() != self.pools.len() {
-            return Err(ModelError::InvalidConfig(format!(
-                "block bytes for {} layers, the cache has {}",
-                layer_bytes.len(),
-                self.pools.len()
-            )));
-        }
-        for (pool, bytes) in self.pools.iter_mut().zip(layer_bytes) {
-            backend.write_kv_block(pool, block, bytes)?;
-        }
-        Ok(())
-    }
 }
 
 /// A callback given `(layer, rows)` after each layer's KV write; see
@@ -391,13 +227,20 @@ impl<B: Backend> Transformer<B> {
             )?),
             None => None,
         };
+        // One block beyond the allocator's: the padding rows' (see `KvCache`).
+        let pool_layout = KvLayout {
+            num_blocks: layout.num_blocks + 1,
+            ..layout.clone()
+        };
+        let pad_block = u32::try_from(layout.num_blocks)
+            .map_err(|_| ModelError::InvalidConfig(format!("{} KV blocks", layout.num_blocks)))?;
         let pools = kv_layers
             .iter()
             .enumerate()
             .map(
                 |(i, &l)| match (&ring_layout, self.config.arch.window_of(l)) {
                     (Some(ring), Some(_)) => self.backend.kv_pool(ring, i),
-                    _ => self.backend.kv_pool(&layout, i),
+                    _ => self.backend.kv_pool(&pool_layout, i),
                 },
             )
             .collect::<Result<_, _>>()?;
@@ -408,6 +251,7 @@ impl<B: Backend> Transformer<B> {
             alloc: BlockAllocator::new(layout.num_blocks, block_size),
             layout,
             pools,
+            pad_block,
             max_tokens_per_seq,
             rings,
             conv,
@@ -505,6 +349,57 @@ impl<B: Backend> Transformer<B> {
         self.forward_inner(inputs, cache, scratch, LogitsFor::LastToken, ending, None)
     }
 
+    /// Whether [`Self::forward_padded`] can add placeholder rows to this model's steps: a
+    /// model without family extras (no rings, conv states or per-family layer loop).
+    pub fn supports_padding(&self) -> bool {
+        self.config.arch.is_plain()
+    }
+
+    /// A step for the last token of each input ([`Self::forward`] or [`Self::forward_top_k`],
+    /// as `out` asks) run with `pad` placeholder rows after the inputs' rows, so that its batch
+    /// has the size of a step that ran before: a backend replaying steps as graphs
+    /// ([`Backend::run_step`]) then replays instead of capturing anew.
+    ///
+    /// Each placeholder row feeds token 0 at position 0 of the cache's padding block (a block
+    /// outside the allocator, see [`KvCache`]): it writes only there and reads only that one
+    /// key, and every op computes a row without the others, so the inputs' results are those
+    /// of the unpadded step. `out` gets only the inputs' rows. With `pad > 0` every input must
+    /// have one token (a decode step) and the model must [`Self::supports_padding`].
+    ///
+    /// On error no sequence has grown, as with [`Self::forward`].
+    pub fn forward_padded(
+        &self,
+        inputs: &[SeqInput<'_>],
+        pad: usize,
+        cache: &mut KvCache<B>,
+        scratch: &mut Scratch<B>,
+        out: &mut StepOutput<'_>,
+    ) -> Result<(), ModelError> {
+        let ending = Ending::Output(out);
+        if pad == 0 {
+            return self.forward_inner(inputs, cache, scratch, LogitsFor::LastToken, ending, None);
+        }
+        if !self.supports_padding() {
+            return Err(ModelError::PaddingUnsupported(
+                "the model's family runs its own layer loop",
+            ));
+        }
+        if inputs.iter().any(|i| i.tokens.len() != 1) {
+            return Err(ModelError::PaddingUnsupported(
+                "every input of a padded step must have one token",
+            ));
+        }
+        self.step(
+            inputs,
+            pad,
+            cache,
+            scratch,
+            LogitsFor::LastToken,
+            ending,
+            None,
+        )
+    }
+
     /// [`Self::forward`], calling `observe(layer, rows)` after each layer's KV write with the
     /// step's fused rows on the host (`[tokens, (n_heads + 2·n_kv_heads)·head_dim]`, each row
     /// `[q | k | v]`, sequences in input order): q and k after the optional q/k norm and
@@ -532,7 +427,7 @@ impl<B: Backend> Transformer<B> {
         cache: &mut KvCache<B>,
         scratch: &mut Scratch<B>,
         want: LogitsFor,
-        mut ending: Ending<'_, '_, B>,
+        ending: Ending<'_, '_, B>,
         observe: Option<KvObserver<'_>>,
     ) -> Result<(), ModelError> {
         if let Some(max) = cache.rings.as_ref().map(|r| r.max_step)
@@ -540,7 +435,28 @@ impl<B: Backend> Transformer<B> {
         {
             return self.forward_split(inputs, cache, scratch, want, ending, observe);
         }
+        self.step(inputs, 0, cache, scratch, want, ending, observe)
+    }
+
+    /// One step over `inputs` plus `pad` placeholder rows (see [`Self::forward_padded`]).
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &self,
+        inputs: &[SeqInput<'_>],
+        pad: usize,
+        cache: &mut KvCache<B>,
+        scratch: &mut Scratch<B>,
+        want: LogitsFor,
+        mut ending: Ending<'_, '_, B>,
+        observe: Option<KvObserver<'_>>,
+    ) -> Result<(), ModelError> {
         let (tables, starts) = reserve(inputs, cache)?;
+        let rows = StepRows {
+            inputs,
+            tables: &tables,
+            starts: &starts,
+            pad,
+        };
         // A decode step (one new token per sequence) is the same launches every time: the
         // backend may replay it as a graph. The rows are reserved above, outside the step, so
         // a rerun of the step writes the same slots again.
@@ -551,12 +467,10 @@ impl<B: Backend> Transformer<B> {
         let result = if decode_step {
             self.backend.run_step(|| {
                 let e = ending.reborrow();
-                self.run(inputs, &tables, &starts, cache, scratch, want, e, None)
+                self.run(&rows, cache, scratch, want, e, None)
             })
         } else {
-            self.run(
-                inputs, &tables, &starts, cache, scratch, want, ending, observe,
-            )
+            self.run(&rows, cache, scratch, want, ending, observe)
         };
         if result.is_err() {
             for (inp, &start) in inputs.iter().zip(&starts) {
@@ -569,23 +483,26 @@ impl<B: Backend> Transformer<B> {
         result
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
-        inputs: &[SeqInput<'_>],
-        tables: &[Vec<u32>],
-        starts: &[usize],
+        rows_in: &StepRows<'_, '_>,
         cache: &mut KvCache<B>,
         s: &mut Scratch<B>,
         want: LogitsFor,
         ending: Ending<'_, '_, B>,
         mut observe: Option<KvObserver<'_>>,
     ) -> Result<(), ModelError> {
+        let StepRows {
+            inputs,
+            tables,
+            starts,
+            pad,
+        } = *rows_in;
         let b = &self.backend;
         let mut host = Vec::new();
         let w = &self.weights;
         let eps = self.config.rms_eps;
-        let mut spans = Vec::with_capacity(inputs.len());
+        let mut spans = Vec::with_capacity(inputs.len() + pad);
         let mut ids = Vec::new();
         for ((inp, table), &start) in inputs.iter().zip(tables).zip(starts) {
             spans.push(SeqSpan {
@@ -595,6 +512,16 @@ impl<B: Backend> Transformer<B> {
                 blocks: table,
             });
             ids.extend_from_slice(inp.tokens);
+        }
+        let pad_table = [cache.pad_block];
+        for _ in 0..pad {
+            spans.push(SeqSpan {
+                first_row: ids.len(),
+                n_tokens: 1,
+                first_pos: 0,
+                blocks: &pad_table,
+            });
+            ids.push(0);
         }
         match &ending {
             Ending::Pick {
@@ -698,6 +625,11 @@ impl<B: Backend> Transformer<B> {
             &mut s.picked_n,
             &mut s.logits,
         )?;
+        if pad > 0 {
+            // The placeholder rows are the last ones: the ending sees the inputs' rows only
+            // (the graph, if any, was captured with all of them; endings run after it).
+            b.set_rows(&mut s.logits, rows.len() - pad)?;
+        }
         match ending {
             Ending::Output(StepOutput::Logits(v)) => b.to_host(&s.logits, v)?,
             Ending::Output(StepOutput::TopK { k, out }) => {
@@ -707,6 +639,16 @@ impl<B: Backend> Transformer<B> {
         }
         Ok(())
     }
+}
+
+/// The rows of one step: the inputs with their block tables and lengths before the step,
+/// then `pad` placeholder rows.
+#[derive(Clone, Copy)]
+struct StepRows<'a, 'i> {
+    inputs: &'a [SeqInput<'i>],
+    tables: &'a [Vec<u32>],
+    starts: &'a [usize],
+    pad: usize,
 }
 
 /// Grows every input's sequence by its tokens, all or nothing; returns the block tables and

@@ -19,7 +19,7 @@ use turbokv_backend::cpu::{CpuBackend, WeightMode};
 use turbokv_backend::cuda::CudaBackend;
 use turbokv_backend::{Backend, Error, TopK};
 use turbokv_codec::KvDtype;
-use turbokv_model::{LoadOptions, LogitsFor, Model, SeqInput, Session, StepTokens};
+use turbokv_model::{LoadOptions, LogitsFor, Model, SeqInput, Session, StepOutput, StepTokens};
 
 fn gpu() -> Option<CudaBackend> {
     match CudaBackend::new(0) {
@@ -276,6 +276,7 @@ fn random_tiny_models_match_cpu() {
             windowed_codes_match(&cpu, &gpu, s, &prompt);
         }
         batched_step_matches(&cpu, &gpu, s);
+        padded_decode_matches(&cpu, &gpu, s, &prompt);
         pipelined_greedy_matches(&gpu, s, &prompt);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -433,6 +434,91 @@ fn pipelined_greedy_matches<G: Backend>(gpu: &Model<G>, s: &Shape, prompt: &[u32
         }
     }
     assert_eq!(ids[0], ids[1], "{}: three sequences chained", s.arch);
+}
+
+/// Decode steps of 3, 2 and 1 sequences padded to 4 rows (`forward_padded`, the engine's
+/// buckets) on the GPU give the CPU's unpadded logits and candidates, replay one graph for
+/// every size, and take no block from the allocator.
+fn padded_decode_matches<C: Backend, G: Backend>(
+    cpu: &Model<C>,
+    gpu: &Model<G>,
+    s: &Shape,
+    prompt: &[u32],
+) {
+    let (ct, gt) = (&cpu.transformer, &gpu.transformer);
+    let (mut cc, mut gc) = (
+        ct.new_cache(KvDtype::Bf16, 16, 4096, 2048).unwrap(),
+        gt.new_cache(KvDtype::Bf16, 16, 4096, 2048).unwrap(),
+    );
+    let (mut csc, mut gsc) = (ct.new_scratch().unwrap(), gt.new_scratch().unwrap());
+    let (mut cl, mut gl) = (Vec::new(), Vec::new());
+    let prompts = [&prompt[..40], &prompt[100..117], &prompt[300..301]];
+    for (seq, p) in prompts.iter().enumerate() {
+        let inp = [SeqInput {
+            seq: seq as u64,
+            tokens: p,
+        }];
+        cc.add_sequence(seq as u64).unwrap();
+        gc.add_sequence(seq as u64).unwrap();
+        ct.forward(&inp, &mut cc, &mut csc, LogitsFor::LastToken, &mut cl)
+            .unwrap();
+        gt.forward(&inp, &mut gc, &mut gsc, LogitsFor::LastToken, &mut gl)
+            .unwrap();
+    }
+    let replayed = |b: &G| b.step_graph_stats().map_or(0, |g| g.replayed);
+    let before = replayed(gt.backend());
+    let mut next: Vec<u32> = prompts.iter().map(|p| p[p.len() - 1] ^ 1).collect();
+    let mut top = TopK::default();
+    for (step, &n) in [3usize, 2, 3, 1, 3, 3, 2, 1, 3, 3].iter().enumerate() {
+        let inputs: Vec<SeqInput<'_>> = (0..n)
+            .map(|q| SeqInput {
+                seq: q as u64,
+                tokens: std::slice::from_ref(&next[q]),
+            })
+            .collect();
+        ct.forward(&inputs, &mut cc, &mut csc, LogitsFor::LastToken, &mut cl)
+            .unwrap();
+        let what = format!("{} padded step {step} ({n} rows + {})", s.arch, 4 - n);
+        if step % 2 == 0 {
+            let mut out = StepOutput::Logits(&mut gl);
+            gt.forward_padded(&inputs, 4 - n, &mut gc, &mut gsc, &mut out)
+                .unwrap();
+            compare(&what, &gl, &cl, s.vocab);
+        } else {
+            let mut out = StepOutput::TopK {
+                k: 8,
+                out: &mut top,
+            };
+            gt.forward_padded(&inputs, 4 - n, &mut gc, &mut gsc, &mut out)
+                .unwrap();
+            assert_eq!(top.rows(), n, "{what}: only the real rows");
+            for r in 0..n {
+                let row = top.row(r).unwrap();
+                let want = &cl[r * s.vocab..(r + 1) * s.vocab];
+                let scale = rms(want);
+                for (&id, &l) in row.ids.iter().zip(row.logits) {
+                    let err = (l - want[id as usize]).abs();
+                    assert!(
+                        err <= TOL_16BIT * scale,
+                        "{what} row {r}: {err} vs rms {scale}"
+                    );
+                }
+            }
+        }
+        for (q, t) in next.iter_mut().enumerate().take(n) {
+            *t = argmax(&cl[q * s.vocab..(q + 1) * s.vocab]) as u32;
+        }
+        assert_eq!(
+            gc.allocator().free_blocks(),
+            cc.allocator().free_blocks(),
+            "{what}: placeholder rows take no block"
+        );
+    }
+    assert!(
+        replayed(gt.backend()) > before,
+        "{}: padded steps of 3, 2 and 1 rows must replay one graph",
+        s.arch
+    );
 }
 
 /// One `forward` over three sequences of different lengths (a decode row, a continuation,

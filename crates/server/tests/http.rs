@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use turbokv_backend::cpu::CpuBackend;
 use turbokv_cache::KvPolicy;
-use turbokv_engine::{Engine, EngineOptions};
+use turbokv_engine::{DecodeBatching, DecodeBuckets, Engine, EngineOptions};
 use turbokv_model::tokenizer::Tokenizer;
 use turbokv_model::{LoadOptions, Model};
 use turbokv_server::ServerOptions;
@@ -522,7 +522,13 @@ async fn concurrent_requests_equal_each_alone_and_shared_prefixes_hit_the_cache(
     }
     solo.stop().await;
 
-    let s = Arc::new(Server::start(None, EngineOptions::default()).await.unwrap());
+    // Decode steps padded to batch-size buckets (what CUDA serving runs): the placeholder
+    // rows must change no request's output.
+    let padded = EngineOptions {
+        decode_batching: DecodeBatching::Buckets(DecodeBuckets::for_max_seqs(64)),
+        ..EngineOptions::default()
+    };
+    let s = Arc::new(Server::start(None, padded).await.unwrap());
     let (_, first) = s
         .post(
             "/v1/chat/completions",
@@ -561,6 +567,10 @@ async fn concurrent_requests_equal_each_alone_and_shared_prefixes_hit_the_cache(
     assert!(
         s.metric("turbokv:num_requests_running_peak").await >= 16.0,
         "the requests must have run together"
+    );
+    assert!(
+        s.metric("turbokv:decode_padding_rows_total").await > 0.0,
+        "some decode steps must have been padded"
     );
     let (_, again) = s
         .post(

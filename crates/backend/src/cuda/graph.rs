@@ -19,8 +19,11 @@
 //! signature mismatch, a scratch buffer that would have to grow, a new batch size) the step
 //! fails inside, the graph is dropped and the closure is run again eagerly; the call after that
 //! captures anew. Up to [`MAX_GRAPHS`] graphs are kept, chosen by their first launch (so
-//! several batch sizes can alternate). The closure must therefore be safe to re-run after an
-//! error: `Transformer::forward` is (it rolls the cache back on error).
+//! several batch sizes can alternate: the engine pads decode steps to a ladder of batch
+//! sizes, twelve for 256 sequences); a new capture evicts the one replayed least recently
+//! (one whose buffers were reallocated is never replayed again, so it goes first). The
+//! closure must therefore be safe to re-run after an error: `Transformer::forward` is (it
+//! rolls the cache back on error).
 
 use cudarc::driver::CudaGraph;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
@@ -29,8 +32,9 @@ use super::step::{Scratch, graph_changed};
 use super::{CudaBackend, cuda_err};
 use crate::Error;
 
-/// Graphs kept at once (one per batch shape in use).
-pub(crate) const MAX_GRAPHS: usize = 4;
+/// Graphs kept at once (one per batch shape in use: the engine's default decode buckets for
+/// 256 sequences are twelve, and a few more leave room for ones gone stale).
+pub(crate) const MAX_GRAPHS: usize = 16;
 
 /// What the launches of the current step do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,6 +111,15 @@ pub struct GraphStats {
     pub replay_upload_s: f64,
     /// Host time of the replayed steps' graph launch calls, in seconds.
     pub replay_launch_s: f64,
+}
+
+/// Moves `v[i]` to the end, keeping the others' order; returns its new index.
+fn to_back<T>(v: &mut Vec<T>, i: usize) -> usize {
+    if i < v.len() {
+        let x = v.remove(i);
+        v.push(x);
+    }
+    v.len().saturating_sub(1)
 }
 
 /// The signature of one launch: a multiply-xorshift hash over its 64-bit words (one round per
@@ -338,6 +351,9 @@ impl CudaBackend {
                     .launch()
                     .map_err(cuda_err("graph launch"))?;
                 st.stats.replay_launch_s += t_launch.elapsed().as_secs_f64();
+                // Most recently used last: a capture evicts from the front.
+                let i = to_back(&mut st.graphs, i);
+                st.current = Some(i);
                 st.last_launched = Some(i);
                 st.mode = Some(Mode::Eager);
                 st.stats.replayed += 1;
@@ -356,6 +372,18 @@ mod tests {
         assert_ne!(sig(&[1, 2]), sig(&[2, 1]));
         assert_ne!(sig(&[1]), sig(&[1, 0]));
         assert_eq!(sig(&[7, 8]), sig(&[7, 8]));
+    }
+
+    #[test]
+    fn a_replayed_graph_moves_behind_the_others() {
+        let mut v = vec!['a', 'b', 'c', 'd'];
+        assert_eq!(to_back(&mut v, 1), 3);
+        assert_eq!(v, ['a', 'c', 'd', 'b']);
+        // The least recently replayed is the first, which a capture at capacity evicts.
+        assert_eq!(to_back(&mut v, 0), 3);
+        assert_eq!(v, ['c', 'd', 'b', 'a']);
+        assert_eq!(to_back(&mut v, 3), 3);
+        assert_eq!(v, ['c', 'd', 'b', 'a']);
     }
 
     #[test]

@@ -98,6 +98,10 @@ impl Backend for CudaBackend {
         self.run_graphed(step)
     }
 
+    fn step_graph_stats(&self) -> Option<crate::cuda::GraphStats> {
+        self.graph_stats().ok()
+    }
+
     fn describe(&self) -> String {
         describe(self)
     }

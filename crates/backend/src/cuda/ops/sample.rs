@@ -39,6 +39,9 @@ impl CudaBackend {
         let stride = 2 * k + 3;
         {
             let mut st = self.lock_state("to_host_top_k")?;
+            // A step ends here as at `to_host`: the next step re-checks and re-uploads its
+            // span metadata (`Scratch::prepare_spans`) even if its spans look the same.
+            st.epoch += 1;
             self.finish_graph_step(&mut st)?;
             out.reset(t.rows, t.cols, k);
             if t.rows == 0 || t.cols == 0 {
