@@ -9,13 +9,11 @@
 //!   so a key coordinate within that distance of a codebook boundary (or an int8 rounding
 //!   tie) may land one code away: ≥ 99.9% of key codes identical, every other one adjacent,
 //!   scales within one f16 ulp.
-//! - **attention**: the GPU's integer MMAs round each query to 16-bit fixed point per head
-//!   and the key centroids to 16 bits (finer than f16), the softmax weights × value scales to
-//!   16 bits relative to the block's largest, and the value centroids to 8 bits (at most
-//!   1/254 of the largest centroid, so under 1% of rms(V) per output coordinate); it sums in
-//!   another order; the CPU uses f32 throughout. Outputs of size ≈ rms(V): 1e-2 absolute +
-//!   2e-2 relative (the bf16 tolerance of the 16-bit tests), and on the same bytes (a block
-//!   moved between backends) the same.
+//! - **attention**: the GPU rounds queries, centroids and softmax weights × scales to f16
+//!   (2⁻¹¹ relative) for its MMAs and sums in another order; the CPU uses f32 throughout.
+//!   Outputs of size ≈ rms(V): 1e-2 absolute + 2e-2 relative (the bf16 tolerance of the
+//!   16-bit tests, f16 being finer), and on the same bytes (a block moved between backends)
+//!   the same.
 
 use std::sync::{Arc, OnceLock};
 

@@ -4,7 +4,7 @@
 use cudarc::driver::LaunchConfig;
 
 use super::codes::{
-    CODE_HEAD_DIMS, CODE_MAX_GROUP, CODE_TILE, CODE_WARPS, CodeVariant, DESC_WORDS,
+    CODE_HEAD_DIMS, CODE_TILE, CODE_WARPS, CodeVariant, DESC_WORDS, KEYS_AS_M_MAX_GROUP,
 };
 use super::kernels::{DECODE_SETS, MANY_PAIRS};
 use super::launch::Launches;
@@ -160,12 +160,12 @@ impl CudaBackend {
             && g.head_dim.is_multiple_of(4)
             && (4..=256).contains(&g.head_dim)
             && g.group() * g.head_dim <= ATTN_MAX_ELEMS;
-        if fits && dtype.is_compressed() && g.group() > CODE_MAX_GROUP {
+        if fits && dtype.is_compressed() && g.group() > DEC_MAX_GROUP {
             return Err(Error::UnsupportedAttention {
                 backend: "cuda",
                 detail: format!("{} query heads per kv head over a {dtype} cache", g.group()),
                 supported: format!(
-                    "at most {CODE_MAX_GROUP} query heads per kv head on coded caches"
+                    "at most {DEC_MAX_GROUP} query heads per kv head on coded caches"
                 ),
             });
         }
@@ -224,11 +224,11 @@ impl CudaBackend {
         }
         let grp = g.group();
         let coded = pool.codes.as_ref();
-        if coded.is_some() && grp > CODE_MAX_GROUP {
+        if coded.is_some() && grp > DEC_MAX_GROUP {
             return Err(shape(
                 "attention",
                 format!(
-                    "{grp} query heads per kv head over a coded pool (at most {CODE_MAX_GROUP})"
+                    "{grp} query heads per kv head over a coded pool (at most {DEC_MAX_GROUP})"
                 ),
             ));
         }
@@ -249,20 +249,17 @@ impl CudaBackend {
         // The tensor-core split kernel, else the row-parallel kernel where it is
         // instantiated, else the tiled one.
         let pairs = rows * g.n_kv_heads;
-        // Coded pools: their kernel for this group (every row, prefill included).
-        let code_variant = coded.map(|c| {
-            let v = c.variant;
-            CodeVariant::for_group(v.head_dim, v.key_bits, v.value_bits, grp)
-        });
-        let code_kernel = match code_variant {
-            Some(cv) => Some(
+        // Coded pools: their kernel (every row, prefill included).
+        let code_kernel = match coded {
+            Some(c) => Some(
                 CodeVariant::all()
                     .iter()
-                    .position(|v| *v == cv)
-                    .ok_or_else(|| shape("attention", format!("no kernel for {cv:?}")))?,
+                    .position(|v| *v == c.variant)
+                    .ok_or_else(|| shape("attention", format!("no kernel for {:?}", c.variant)))?,
             ),
             None => None,
         };
+        let keys_as_m = grp <= KEYS_AS_M_MAX_GROUP;
         let dec = match code_kernel {
             Some(_) => None,
             None => (self.dec_mma && grp <= DEC_MAX_GROUP)
@@ -276,8 +273,12 @@ impl CudaBackend {
         let exact = pool.exact.as_ref();
         let splits = match (code_kernel, dec) {
             (Some(i), _) => {
-                wave_splits(pairs, max_ctx, self.code_slots[i], CODE_TILE)
-                    + usize::from(exact.is_some())
+                let slots = if keys_as_m {
+                    self.code_m_slots[i]
+                } else {
+                    self.code_slots[i]
+                };
+                wave_splits(pairs, max_ctx, slots, CODE_TILE) + usize::from(exact.is_some())
             }
             (None, Some((_, s))) => s,
             (None, None) => self.split_count(rows, g.n_kv_heads, max_ctx),
@@ -361,7 +362,7 @@ impl CudaBackend {
             && spans.iter().all(|s| s.n_tokens == 1);
         let prefetch_i = i32::from(prefetch);
         let kernel_smem = match (dec_kernel, rows_kernel) {
-            _ if code_kernel.is_some() => code_variant.map_or(0, |v| v.smem_bytes()),
+            _ if code_kernel.is_some() => coded.map_or(0, |c| c.variant.smem_bytes()),
             // The pipeline's stages of a 64-key K tile and V tile (rows padded by 8 halves),
             // then the 4 warps' states of 16 × (hd + 2) floats.
             (Some(i), _) => DECODE_VARIANTS[i].smem_bytes(),
@@ -395,7 +396,10 @@ impl CudaBackend {
             addr(&out.buf, &self.stream),
         );
         let f = match (dec_kernel, rows_kernel) {
-            _ if code_kernel.is_some() => &self.k.attn_imma[code_kernel.unwrap_or(0)],
+            _ if code_kernel.is_some() && keys_as_m => {
+                &self.k.attn_codes_m[code_kernel.unwrap_or(0)]
+            }
+            _ if code_kernel.is_some() => &self.k.attn_codes[code_kernel.unwrap_or(0)],
             (Some(i), _) => &self.k.attn_dec[i],
             (None, Some(i)) => &self.k.attn_rows[2 * i + usize::from(deep)],
             (None, None) => {
@@ -483,8 +487,7 @@ impl CudaBackend {
         // With `prefetch`, the kernel reads nothing the kernel ahead of it writes (the newest
         // key, qkv) before `griddepcontrol.wait`. Coded pools: each (block, kv head) is the
         // descriptor's `total` bytes (built from the pool's layouts), block sizes are
-        // powers of two of 16 or more (whole staged runs), head_dim is the kernel's, the group ≤ the
-        // kernel's 8 per head tile (for_group); the
+        // powers of two of 16 or more (whole staged runs), head_dim is the kernel's, the group ≤ 16; the
         // un-rotation reads and writes rows·n_heads·head_dim outputs and kv_heads·head_dim
         // centers. A windowed pool's exact table was laid out by the write of these spans
         // (`ExactTokens::prepare`): every exact key of every row has a slot inside the exact

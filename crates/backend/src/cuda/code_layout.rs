@@ -1,23 +1,17 @@
-//! How a GPU pool arranges the bits of its code records, where that differs from the codec's
-//! layout (code `d` of a token at bits `d·b ..` of its record, LSB first).
+//! How a GPU pool arranges the bits of each token's code record, where that differs from the
+//! codec's layout (code `d` at bits `d·b ..` of the record, LSB first).
 //!
-//! The decode attention (attention.cu `attn_imma_*`) turns codes into integer MMA fragment
-//! bytes with byte permutes (`prmt`) whose selectors are nibbles: one 3-bit table index per
-//! nibble, bit 3 clear, four codes per selector. The layouts here make a selector cost about
-//! one mask, and put into one selector exactly the four codes an MMA fragment register holds.
-//!
-//! - **Keys** ([`RecordLayout`]) stay one record per token: a kernel lane reads one *run* of
-//!   `head_dim / 4` consecutive codes of a key, four codes of one key per register, so a
-//!   layout permutes bits only within a run and a run stays `run · bits / 8` bytes.
-//! - **Values** ([`ValueUnits`]) are interleaved over each run of 16 tokens: the value MMAs
-//!   reduce over keys, so a register holds one dim of four keys, and a *unit* of 32 codes
-//!   (8 dims × 4 keys) is what one lane reads.
-//!
-//! The pool holds exactly the codec's bytes per token, rearranged. Block I/O
-//! (`read_kv_block` / `write_kv_block`) converts both ways, so blocks (and snapshots) still
-//! move between the backends in the codec's layout.
+//! The decode attention unpacks codes into f16 pairs with byte permutes (`prmt`) whose
+//! selectors are nibbles: one 3-bit index per nibble, bit 3 clear. In the codec's packing a
+//! selector costs several shifts and masks per 4 codes (most of a 3-bit kernel's
+//! instructions); in the layouts here it is one mask per 8 codes. Each kernel lane reads one
+//! *run* of a record (`run` consecutive codes: `head_dim / 4` for keys, `head_dim / 8` for
+//! values), so a layout permutes bits only within a run and a run stays `run · bits / 8`
+//! bytes: the pool holds exactly the codec's bytes per token, rearranged. Block I/O
+//! (`read_kv_block` / `write_kv_block`) converts records both ways, so blocks (and
+//! snapshots) still move between the backends in the codec's layout.
 
-/// The arrangement of the key records in a GPU pool.
+/// The arrangement of one role's code records in a GPU pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum RecordLayout {
     /// The codec's own packing (int8, 2-bit codes, 3-bit runs shorter than 16).
@@ -136,110 +130,13 @@ fn pack(codes: &[u8], bits: u8, record: &mut [u8], at: impl Fn(usize, usize) -> 
     }
 }
 
-/// The value codes of a GPU pool, interleaved per run of 16 tokens (attention.cu
-/// `ValueUnit`): in a run, lane `L = 4q + c` of dim group `G` (64 dims) owns one *unit* of 32
-/// codes — dims `64G + q + 8j` (`j < 8`) × the tokens `2c, 2c+1, 8+2c, 9+2c` of the run (slot
-/// `i` = 0..3 in that order) — and unit `32G + L` lies at byte `unit · 4·bits` of the run's
-/// `16 · head_dim · bits / 8` bytes. Selector `j` (one fragment register: dim j's four tokens)
-/// sits in the unit as:
-/// - 8 bits: byte `4j + i` (the code's own byte);
-/// - 4 bits: word `j / 2`, nibble `4(j % 2) + i`, the sign-magnitude values of
-///   [`RecordLayout::SignMagnitude4`];
-/// - 3 bits: for `j < 6` word `j / 2`, bits 0-2 of nibble `4(j % 2) + i`; for `j = 6, 7` bit
-///   `k` of the code in bit 3 of nibble `4(j - 6) + i` of word `k` (the spare bits);
-/// - 2 bits: word `j / 4`, bits `2·((j % 4) / 2)` .. of nibble `4(j % 2) + i`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct ValueUnits {
-    pub bits: u8,
-    pub head_dim: usize,
-}
-
-impl ValueUnits {
-    /// The descriptor word the encoder reads (write_kv.cu `encode_vector`).
-    pub(crate) const DESCRIPTOR_WORD: u32 = 3;
-
-    /// Bytes of one run of 16 tokens.
-    fn run_bytes(self) -> usize {
-        16 * self.head_dim * usize::from(self.bits) / 8
-    }
-
-    /// The bit of a run that holds bit `k` of the code of token `s` (< 16), dim `d`.
-    pub(crate) fn bit(self, s: usize, d: usize, k: usize) -> usize {
-        let bits = usize::from(self.bits);
-        let (c, i) = ((s & 7) >> 1, (s & 1) | ((s >> 3) << 1));
-        let (group, q, j) = (d / 64, d % 8, (d % 64) / 8);
-        let unit = 32 * group + 4 * q + c;
-        let within = match bits {
-            8 => 8 * (4 * j + i) + k,
-            4 => 32 * (j / 2) + 16 * (j % 2) + 4 * i + k,
-            3 if j < 6 => 32 * (j / 2) + 16 * (j % 2) + 4 * i + k,
-            3 => 32 * k + 4 * (4 * (j - 6) + i) + 3,
-            _ => 32 * (j / 4) + 16 * (j % 2) + 4 * i + 2 * ((j % 4) / 2) + k,
-        };
-        unit * 32 * bits + within
-    }
-
-    /// Rewrites the code region of a block (whole runs of 16 codec records) into units.
-    pub(crate) fn to_device(self, codes: &mut [u8]) {
-        let sm = RecordLayout::SignMagnitude4;
-        for run in codes.chunks_exact_mut(self.run_bytes()) {
-            let values = self.unpack_records(run);
-            run.fill(0);
-            for (s, rec) in values.iter().enumerate() {
-                for (d, &v) in rec.iter().enumerate() {
-                    let v = if self.bits == 4 { sm.stored(v) } else { v };
-                    for k in 0..usize::from(self.bits) {
-                        let p = self.bit(s, d, k);
-                        run[p / 8] |= ((v >> k) & 1) << (p % 8);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Rewrites the code region of a block from units back into codec records.
-    pub(crate) fn to_codec(self, codes: &mut [u8]) {
-        let sm = RecordLayout::SignMagnitude4;
-        let (bits, dims) = (usize::from(self.bits), self.head_dim);
-        for run in codes.chunks_exact_mut(self.run_bytes()) {
-            let mut values = vec![vec![0u8; dims]; 16];
-            for (s, rec) in values.iter_mut().enumerate() {
-                for (d, v) in rec.iter_mut().enumerate() {
-                    let stored = (0..bits).fold(0u8, |a, k| {
-                        let p = self.bit(s, d, k);
-                        a | ((run[p / 8] >> (p % 8)) & 1) << k
-                    });
-                    *v = if bits == 4 { sm.code(stored) } else { stored };
-                }
-            }
-            run.fill(0);
-            for (s, rec) in values.iter().enumerate() {
-                let at = s * dims * bits / 8;
-                pack(
-                    rec,
-                    self.bits,
-                    &mut run[at..at + dims * bits / 8],
-                    |c, b| c * bits + b,
-                );
-            }
-        }
-    }
-
-    /// The 16 codec records of a run, as codes.
-    fn unpack_records(self, run: &[u8]) -> Vec<Vec<u8>> {
-        let bits = usize::from(self.bits);
-        run.chunks_exact(self.head_dim * bits / 8)
-            .map(|rec| unpack(rec, self.bits, |c, b| c * bits + b))
-            .collect()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     //! The layouts against a software model of the kernel's unpacking (attention.cu
     //! `Codes<B, R>::group`): `prmt` as PTX defines it, the same selector arithmetic, the same
     //! tables. A mismatch here is a kernel that reads the wrong codes.
     use super::*;
+    use half::f16;
     use turbokv_codec::{DeviceFormat, LayerCodec};
 
     /// A small deterministic generator (splitmix64) for the random records.
@@ -273,6 +170,14 @@ mod tests {
         })
     }
 
+    /// The 4 codes of a 16-bit selector as f16 bits (low byte table `lo`, high `hi`).
+    fn lookup(sel: u32, lo: [u32; 2], hi: [u32; 2]) -> [u16; 4] {
+        let l = prmt(lo[0], lo[1], sel);
+        let h = prmt(hi[0], hi[1], sel);
+        let (a, b) = (prmt(l, h, 0x5140), prmt(l, h, 0x7362));
+        [a as u16, (a >> 16) as u16, b as u16, (b >> 16) as u16]
+    }
+
     fn words(run: &[u8]) -> Vec<u32> {
         let mut w = vec![0u32; run.len().div_ceil(4)];
         for (i, &b) in run.iter().enumerate() {
@@ -281,87 +186,58 @@ mod tests {
         w
     }
 
-    fn format(bits: u8) -> DeviceFormat {
+    /// Codes<3, R>::group for group g of a run (R = 16 or 32): the f16 of its 4 codes and
+    /// which codes of the run they are.
+    fn nibbles3_group(
+        w: &[u32],
+        r: usize,
+        g: usize,
+        lo: [u32; 2],
+        hi: [u32; 2],
+    ) -> ([u16; 4], usize) {
+        let units = r / 16;
+        let (j, u) = if units == 2 { (g >> 1, g & 1) } else { (g, 0) };
+        let hw = |j: usize| (w[(units * j + u) / 2] >> (16 * ((units * j + u) % 2))) & 0xffff;
+        let sel = if j < 3 {
+            hw(j) & 0x7777
+        } else {
+            ((hw(0) >> 3) & 0x1111) | ((hw(1) >> 2) & 0x2222) | ((hw(2) >> 1) & 0x4444)
+        };
+        (lookup(sel, lo, hi), 16 * u + 4 * j)
+    }
+
+    /// Codes<4>::group for group g: sign-magnitude nibbles, magnitude tables, sign flip.
+    fn signmag4_group(w: &[u32], g: usize, lo: [u32; 2], hi: [u32; 2]) -> [u16; 4] {
+        let sel = (w[g >> 1] >> (16 * (g & 1))) & 0xffff;
+        let mags = !sel & 0x7777;
+        let l = prmt(lo[0], lo[1], mags);
+        let pos = prmt(sel << 4, sel, 0xd9c8);
+        let h = prmt(hi[0], hi[1], mags) ^ (!pos & 0x8080_8080);
+        let (a, b) = (prmt(l, h, 0x5140), prmt(l, h, 0x7362));
+        [a as u16, (a >> 16) as u16, b as u16, (b >> 16) as u16]
+    }
+
+    fn table(values: &[f32]) -> ([u32; 2], [u32; 2]) {
+        let (mut lo, mut hi) = ([0u32; 2], [0u32; 2]);
+        for (j, v) in values.iter().enumerate() {
+            let bits = f16::from_f32(*v).to_bits();
+            lo[j / 4] |= u32::from(bits & 0xff) << (8 * (j % 4));
+            hi[j / 4] |= u32::from(bits >> 8) << (8 * (j % 4));
+        }
+        (lo, hi)
+    }
+
+    fn centroids(bits: u8) -> Vec<f32> {
         let dtype = format!("tq{bits}").parse().unwrap();
         let codec = LayerCodec::new(dtype, 128, 0, &Default::default()).unwrap();
-        codec.key.device_format().unwrap()
+        match codec.key.device_format() {
+            Some(DeviceFormat::HadamardMse(h)) => h.centroids,
+            _ => panic!("tq{bits} keys have a device format"),
+        }
     }
 
     fn random_record(rng: &mut Rng, bytes: usize) -> Vec<u8> {
         (0..bytes).map(|_| rng.next() as u8).collect()
-    }
-
-    /// The 16-bit values of the four lo / hi byte pairs, as the key MMAs combine them.
-    fn values16(lo: u32, hi: u32) -> [i32; 4] {
-        std::array::from_fn(|j| {
-            let l = (lo >> (8 * j)) & 0xff;
-            let h = (hi >> (8 * j)) & 0xff;
-            i32::from((l | h << 8) as u16 as i16)
-        })
-    }
-
-    /// KeyCodes<B, R>::group (attention.cu) for group g of a run in the pool's layout: the
-    /// lo and hi byte registers, and the run codes (dims) of its four slots.
-    fn key_group(bits: u8, w: &[u32], r: usize, g: usize, t: &[u32; 4]) -> (u32, u32, [usize; 4]) {
-        match bits {
-            3 => {
-                let units = r / 16;
-                let sel = if units == 2 {
-                    let j = g >> 1;
-                    let s = if j < 3 {
-                        w[j] & 0x7777_7777
-                    } else {
-                        ((w[0] >> 3) & 0x1111_1111)
-                            | ((w[1] >> 2) & 0x2222_2222)
-                            | ((w[2] >> 1) & 0x4444_4444)
-                    };
-                    if g & 1 == 1 { s >> 16 } else { s }
-                } else {
-                    match g {
-                        0 => w[0] & 0x7777,
-                        1 => (w[0] >> 16) & 0x7777,
-                        2 => w[1] & 0x7777,
-                        _ => {
-                            ((w[0] >> 3) & 0x1111)
-                                | ((w[0] >> 18) & 0x2222)
-                                | ((w[1] >> 1) & 0x4444)
-                        }
-                    }
-                };
-                let dims = std::array::from_fn(|j| {
-                    if units == 2 {
-                        16 * (g & 1) + 4 * (g >> 1) + j
-                    } else {
-                        4 * g + j
-                    }
-                });
-                (prmt(t[0], t[1], sel), prmt(t[2], t[3], sel), dims)
-            }
-            4 => {
-                let x = w[g >> 1];
-                let mags = if g & 1 == 1 {
-                    (!x >> 16) & 0x7777
-                } else {
-                    !x & 0x7777
-                };
-                let pos = prmt(x << 4, x, if g & 1 == 1 { 0xfbea } else { 0xd9c8 });
-                let lo = prmt(t[0], t[1], mags) ^ !pos;
-                let hi = prmt(t[2], t[3], mags) ^ !pos;
-                (lo, hi, std::array::from_fn(|j| 4 * g + j))
-            }
-            _ => {
-                let sub = g & 3;
-                let s = if sub & 1 == 1 {
-                    (w[g >> 2] >> 2) & 0x3333_3333
-                } else {
-                    w[g >> 2] & 0x3333_3333
-                };
-                let sel = if sub >> 1 == 1 { s >> 16 } else { s };
-                let dims =
-                    std::array::from_fn(|j| 16 * (g >> 2) + 8 * ((g & 3) >> 1) + (g & 1) + 2 * j);
-                (prmt(t[0], t[0], sel), prmt(t[2], t[2], sel), dims)
-            }
-        }
     }
 
     #[test]
@@ -372,15 +248,6 @@ mod tests {
             let mut rec = vec![0u8; 128 * usize::from(bits) / 8];
             layout.to_codec(bits, &mut rec);
             assert!(rec.iter().all(|&b| b == 0), "{layout:?}");
-        }
-        for bits in [2u8, 3, 4, 8] {
-            let mut run = vec![0u8; 16 * 128 * usize::from(bits) / 8];
-            ValueUnits {
-                bits,
-                head_dim: 128,
-            }
-            .to_codec(&mut run);
-            assert!(run.iter().all(|&b| b == 0), "{bits}-bit value units");
         }
     }
 
@@ -404,183 +271,59 @@ mod tests {
     }
 
     #[test]
-    fn value_units_round_trip_and_use_every_bit_once() {
-        let mut rng = Rng(9);
-        for bits in [2u8, 3, 4, 8] {
-            for dims in [64usize, 128] {
-                let units = ValueUnits {
-                    bits,
-                    head_dim: dims,
-                };
-                let b = usize::from(bits);
-                let mut seen = vec![false; 16 * dims * b];
-                for s in 0..16 {
-                    for d in 0..dims {
-                        for k in 0..b {
-                            let p = units.bit(s, d, k);
-                            assert!(!seen[p], "{bits}-bit, {dims} dims: bit {p} twice");
-                            seen[p] = true;
-                        }
-                    }
-                }
-                for _ in 0..20 {
-                    // Two runs (a block of 32 tokens).
-                    let codec = random_record(&mut rng, 32 * dims * b / 8);
-                    let mut block = codec.clone();
-                    units.to_device(&mut block);
-                    units.to_codec(&mut block);
-                    assert_eq!(block, codec, "{bits}-bit, {dims} dims");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn the_key_unpacking_reads_the_codecs_codes() {
+    fn the_kernels_unpacking_reads_the_codecs_codes() {
         let mut rng = Rng(11);
-        for (bits, run) in [(3u8, 32usize), (3, 16), (4, 32), (4, 16), (2, 32), (2, 16)] {
-            let f = format(bits);
-            let DeviceFormat::HadamardMse(h) = &f else {
-                panic!("tq has a device format");
-            };
-            let (t, kfac) = super::super::codes::key_tables(&f);
-            let s = 256.0 / kfac;
-            let layout = RecordLayout::for_role(bits, run);
-            for _ in 0..100 {
-                let n = 1usize << bits;
-                let codes: Vec<u8> = (0..run).map(|_| rng.below(n as u8)).collect();
-                let mut rec = vec![0u8; run * usize::from(bits) / 8];
-                pack(&codes, bits, &mut rec, |c, b| c * usize::from(bits) + b);
-                layout.to_device(bits, &mut rec);
+        let c3 = centroids(3);
+        let (lo3, hi3) = table(&c3);
+        for run in [16usize, 32] {
+            let layout = RecordLayout::for_role(3, run);
+            for _ in 0..200 {
+                let codes: Vec<u8> = (0..run).map(|_| rng.below(8)).collect();
+                let mut rec = vec![0u8; run * 3 / 8];
+                pack(&codes, 3, &mut rec, |c, b| c * 3 + b);
+                layout.to_device(3, &mut rec);
                 let w = words(&rec);
                 for g in 0..run / 4 {
-                    let (lo, hi, dims) = key_group(bits, &w, run, g, &t);
-                    for (j, v) in values16(lo, hi).iter().enumerate() {
-                        let c = h.centroids[usize::from(codes[dims[j]])];
-                        let got = if bits == 4 {
-                            *v as f32 + 0.5
-                        } else {
-                            *v as f32
-                        };
-                        assert!(
-                            (got / s - c).abs() <= 0.51 / s,
-                            "{bits}-bit run {run}, group {g}, slot {j}: {} vs {c}",
-                            got / s
-                        );
+                    let (got, first) = nibbles3_group(&w, run, g, lo3, hi3);
+                    for (slot, bits) in got.iter().enumerate() {
+                        let want = f16::from_f32(c3[usize::from(codes[first + slot])]).to_bits();
+                        assert_eq!(*bits, want, "run {run}, group {g}, slot {slot}");
                     }
+                }
+            }
+        }
+        let c4 = centroids(4);
+        let (lo4, hi4) = table(&c4[8..]);
+        for _ in 0..200 {
+            let codes: Vec<u8> = (0..32).map(|_| rng.below(16)).collect();
+            let mut rec = vec![0u8; 16];
+            pack(&codes, 4, &mut rec, |c, b| c * 4 + b);
+            RecordLayout::SignMagnitude4.to_device(4, &mut rec);
+            let w = words(&rec);
+            for g in 0..8 {
+                for (slot, bits) in signmag4_group(&w, g, lo4, hi4).iter().enumerate() {
+                    let want = f16::from_f32(c4[usize::from(codes[4 * g + slot])]).to_bits();
+                    assert_eq!(*bits, want, "group {g}, slot {slot}");
                 }
             }
         }
     }
 
     #[test]
-    fn the_value_unpacking_reads_the_codecs_codes() {
-        // ValueUnit<B>::decode (attention.cu) of every lane's unit: selector j's byte i is
-        // (lo, hi) of the 16-bit value of dim 64G + q + 8j of token (2c, 2c+1, 8+2c, 9+2c)[i].
-        let mut rng = Rng(13);
-        for bits in [2u8, 3, 4, 8] {
-            let (t, vfac) = match bits {
-                8 => ([0; 8], 1.0 / 65535.0),
-                b => super::super::codes::value_tables(&format(b)),
+    fn four_bit_codebooks_are_symmetric_in_f16() {
+        // SignMagnitude4 decodes c[7 - m] as -c[8 + m]; exact only if the f16 tables agree.
+        for dims in [64usize, 128] {
+            let codec =
+                LayerCodec::new("tq4".parse().unwrap(), dims, 0, &Default::default()).unwrap();
+            let Some(DeviceFormat::HadamardMse(h)) = codec.key.device_format() else {
+                panic!("tq4 has a device format");
             };
-            let centroids = match bits {
-                8 => vec![],
-                b => match format(b) {
-                    DeviceFormat::HadamardMse(h) => h.centroids,
-                    DeviceFormat::Int8 => unreachable!(),
-                },
-            };
-            let s = 256.0 / (65535.0 * vfac);
-            for dims in [64usize, 128] {
-                let units = ValueUnits {
-                    bits,
-                    head_dim: dims,
-                };
-                let b = usize::from(bits);
-                let codes: Vec<Vec<u8>> = (0..16)
-                    .map(|_| {
-                        (0..dims)
-                            .map(|_| {
-                                if b == 8 {
-                                    rng.next() as u8
-                                } else {
-                                    rng.below(1 << b)
-                                }
-                            })
-                            .collect()
-                    })
-                    .collect();
-                let mut run = vec![0u8; 16 * dims * b / 8];
-                for (tok, rec) in codes.iter().enumerate() {
-                    let at = tok * dims * b / 8;
-                    pack(rec, bits, &mut run[at..at + dims * b / 8], |c, k| c * b + k);
-                }
-                units.to_device(&mut run);
-                for group in 0..dims / 64 {
-                    for lane in 0..32usize {
-                        let (q, c) = (lane / 4, lane % 4);
-                        let unit = 32 * group + lane;
-                        let w = words(&run[unit * 4 * b..(unit + 1) * 4 * b]);
-                        let lookup = |sel: u32, t2: bool| {
-                            let (a, h) = if t2 { (2, 3) } else { (0, 1) };
-                            prmt(t[a], t[h], sel)
-                        };
-                        let pair = |sel: u32| (lookup(sel, false), lookup(sel, true));
-                        let regs: [(u32, u32); 8] = match bits {
-                            8 => std::array::from_fn(|j| (0, w[j])),
-                            3 => {
-                                let sp = ((w[0] >> 3) & 0x1111_1111)
-                                    | ((w[1] >> 2) & 0x2222_2222)
-                                    | ((w[2] >> 1) & 0x4444_4444);
-                                std::array::from_fn(|j| {
-                                    let s = if j < 6 { w[j / 2] & 0x7777_7777 } else { sp };
-                                    pair(if j % 2 == 1 { s >> 16 } else { s })
-                                })
-                            }
-                            2 => std::array::from_fn(|j| {
-                                let x = w[j / 4];
-                                let s = if (j % 4) / 2 == 1 {
-                                    (x >> 2) & 0x3333_3333
-                                } else {
-                                    x & 0x3333_3333
-                                };
-                                let sel = if j % 2 == 1 { s >> 16 } else { s };
-                                (prmt(t[0], t[0], sel), prmt(t[2], t[2], sel))
-                            }),
-                            _ => std::array::from_fn(|j| {
-                                let x = w[j / 2];
-                                let m = !x & 0x7777_7777;
-                                let mags = if j % 2 == 1 { m >> 16 } else { m };
-                                let pos = prmt(x << 4, x, if j % 2 == 1 { 0xfbea } else { 0xd9c8 });
-                                let pick = |p: usize, n: usize| {
-                                    (prmt(t[p], t[p + 1], mags) & pos)
-                                        | (prmt(t[n], t[n + 1], mags) & !pos)
-                                };
-                                (pick(0, 4), pick(2, 6))
-                            }),
-                        };
-                        for (j, (lo, hi)) in regs.iter().enumerate() {
-                            for (i, tok) in [2 * c, 2 * c + 1, 8 + 2 * c, 9 + 2 * c]
-                                .into_iter()
-                                .enumerate()
-                            {
-                                let d = 64 * group + q + 8 * j;
-                                let byte = |r: u32| i32::from((r >> (8 * i)) as u8 as i8);
-                                let code = codes[tok][d];
-                                if bits == 8 {
-                                    assert_eq!(byte(*hi), i32::from(code as i8));
-                                } else {
-                                    let got = (256 * byte(*hi) + byte(*lo)) as f32;
-                                    let want = centroids[usize::from(code)];
-                                    assert!(
-                                        (got / s - want).abs() <= 0.51 / s,
-                                        "{bits}-bit {dims} dims lane {lane} j {j} i {i}"
-                                    );
-                                }
-                            }
-                        }
-                    }
-                }
+            for m in 0..8 {
+                assert_eq!(
+                    f16::from_f32(h.centroids[7 - m]).to_bits(),
+                    f16::from_f32(-h.centroids[8 + m]).to_bits(),
+                    "magnitude {m}, {dims} dims"
+                );
             }
         }
     }

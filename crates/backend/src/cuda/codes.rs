@@ -2,43 +2,39 @@
 //! format descriptors the kernels read, and what a coded pool holds beside its bytes.
 //!
 //! A coded pool stores every (physical block, kv head) in the codec's block layout
-//! ([`turbokv_codec::layout`]) with the code bits rearranged where that unpacks faster
-//! ([`RecordLayout`] for keys, [`ValueUnits`] for values); block I/O converts back, so blocks
-//! and snapshots move between the backends unchanged. The encoder (`write_kv_codes`,
-//! write_kv.cu) reproduces the codec's f32 operations in order, so the codes are the CPU's;
-//! attention reads the codes (`attn_imma_*`, attention.cu) on the integer tensor cores, with
-//! fixed-point codebooks ([`key_tables`], [`value_tables`]), the query rotated into the keys'
-//! basis by the encoder launch and the output rotated back by `attn_unrotate` (write_kv.cu).
+//! ([`turbokv_codec::layout`]) with each token's code record rearranged where that unpacks
+//! faster ([`RecordLayout`]); block I/O converts records back, so blocks and snapshots move
+//! between the backends unchanged. The encoder (`write_kv_codes`, write_kv.cu) reproduces the
+//! codec's f32 operations in order, so the codes are the CPU's; attention reads the codes
+//! (`attn_codes_*`, attention.cu) with the query rotated into the keys' basis by the encoder
+//! launch and the output rotated back by `attn_unrotate` (write_kv.cu).
 
 use cudarc::driver::{CudaSlice, CudaStream};
+use half::f16;
 use turbokv_cache::KvLayout;
 use turbokv_codec::{BlockLayout, DeviceFormat, KvDtype, LayerCodec, VectorCodec};
 
-use super::code_layout::{RecordLayout, ValueUnits};
+use super::code_layout::RecordLayout;
 use super::cuda_err;
 use crate::Error;
 
 /// u32 words of one role's format descriptor (write_kv.cu `CODE_DESC_WORDS`).
 pub(crate) const DESC_WORDS: usize = 288;
-/// Keys per staged tile of the coded decode kernels (attention.cu `attn_imma_impl`).
+/// Keys per staged tile of the coded decode kernels (attention.cu `ATTN_CODES`).
 pub(crate) const CODE_TILE: usize = 128;
 /// Warps per block of the coded decode kernels.
 pub(crate) const CODE_WARPS: usize = 4;
-/// Query heads per kv head that one n-tile of the coded kernels covers (the 8 columns of its
-/// MMAs); the `_2` kernels take two, up to 16.
-pub(crate) const CODE_HEADS_PER_TILE: usize = 8;
-/// Query heads per kv head the coded kernels take at most.
-pub(crate) const CODE_MAX_GROUP: usize = 2 * CODE_HEADS_PER_TILE;
+/// The largest GQA group (query heads per kv head) of the keys-as-M coded kernels (the 8
+/// columns of their MMAs); larger groups take the template's kernels.
+pub(crate) const KEYS_AS_M_MAX_GROUP: usize = 8;
 /// Tile bytes a coded kernel keeps in flight (attention.cu `code_stages`).
-const CODE_BYTES_IN_FLIGHT: usize = 36864;
+const CODE_BYTES_IN_FLIGHT: usize = 49152;
 
 /// Pipeline stages of a coded kernel whose tiles are `tile_bytes` (attention.cu
-/// `code_stages`): enough for [`CODE_BYTES_IN_FLIGHT`], 3 to 6 (the software pipeline holds
-/// two tiles while a third loads; int8, unpipelined, 2 to 6). The bytes in flight bound a
+/// `code_stages`): enough for [`CODE_BYTES_IN_FLIGHT`], 2 to 6. The bytes in flight bound a
 /// streaming kernel's bandwidth, and a tile of codes is 2-5× smaller than a 16-bit one.
-fn code_stages(tile_bytes: usize, pipelined: bool) -> usize {
-    let least = if pipelined { 3 } else { 2 };
-    CODE_BYTES_IN_FLIGHT.div_ceil(tile_bytes).clamp(least, 6)
+fn code_stages(tile_bytes: usize) -> usize {
+    CODE_BYTES_IN_FLIGHT.div_ceil(tile_bytes).clamp(2, 6)
 }
 
 /// Head dims with coded kernels.
@@ -58,50 +54,41 @@ const CODE_WIDTHS: [(u8, u8); 10] = [
     (2, 2),
 ];
 
-/// One coded decode kernel: head dim, key bits, value bits (8 = int8), n-tiles of 8 query
-/// heads (1 or 2).
+/// One coded decode kernel: head dim, key bits, value bits (8 = int8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct CodeVariant {
     pub head_dim: usize,
     pub key_bits: u8,
     pub value_bits: u8,
-    pub head_tiles: usize,
 }
 
 impl CodeVariant {
-    /// Every instantiated kernel, in a fixed order (the index of [`Kernels::attn_imma`]).
+    /// Every instantiated kernel, in a fixed order (the index of [`Kernels::attn_codes`]).
     pub(crate) fn all() -> Vec<CodeVariant> {
-        let mut all = Vec::new();
-        for head_dim in CODE_HEAD_DIMS {
-            for (key_bits, value_bits) in CODE_WIDTHS {
-                for head_tiles in [1, 2] {
-                    all.push(CodeVariant {
+        CODE_HEAD_DIMS
+            .iter()
+            .flat_map(|&head_dim| {
+                CODE_WIDTHS
+                    .iter()
+                    .map(move |&(key_bits, value_bits)| CodeVariant {
                         head_dim,
                         key_bits,
                         value_bits,
-                        head_tiles,
-                    });
-                }
-            }
-        }
-        all
+                    })
+            })
+            .collect()
     }
 
-    /// The kernel for a pool's widths and a GQA group of `group` query heads per kv head.
-    pub(crate) fn for_group(head_dim: usize, key_bits: u8, value_bits: u8, group: usize) -> Self {
-        CodeVariant {
-            head_dim,
-            key_bits,
-            value_bits,
-            head_tiles: group.div_ceil(CODE_HEADS_PER_TILE).clamp(1, 2),
-        }
-    }
-
-    /// The kernel's name in attention.cu.
-    pub(crate) fn kernel_name(&self) -> String {
+    /// The kernel's name in attention.cu: the template's (`attn_codes_*`, any GQA group up
+    /// to 16) or, with `keys_as_m`, the kernel with the keys as the MMAs' rows
+    /// (`attn_codes_m_*`, groups up to [`KEYS_AS_M_MAX_GROUP`]).
+    pub(crate) fn kernel_name(&self, keys_as_m: bool) -> String {
         format!(
-            "attn_imma_{}_{}_{}_{}",
-            self.head_dim, self.key_bits, self.value_bits, self.head_tiles
+            "attn_codes_{}{}_{}_{}",
+            if keys_as_m { "m_" } else { "" },
+            self.head_dim,
+            self.key_bits,
+            self.value_bits
         )
     }
 
@@ -110,27 +97,12 @@ impl CodeVariant {
         32 * CODE_WARPS
     }
 
-    /// Dynamic shared memory: the pipeline's K and V tiles (code records and scales), the
-    /// weights' fragments, the maxima, one mbarrier per stage and the warps' f32 output totals
-    /// (the final sums reuse the tiles; the merge's is added by the launch).
+    /// Dynamic shared memory: the pipeline's K and V tiles (code records and scales), or the
+    /// warps' final states, whichever is larger (the merge's is added by the launch).
     pub(crate) fn smem_bytes(&self) -> usize {
         let row = |bits: u8| self.head_dim * usize::from(bits) / 8 + 2;
         let tile = CODE_TILE * (row(self.key_bits) + row(self.value_bits));
-        let heads = CODE_HEADS_PER_TILE * self.head_tiles;
-        // Two buffers of the weights' fragments (hi and lo bytes per run, per lane).
-        let weights = 2 * self.head_tiles * 2 * (CODE_TILE / 16) * 32 * 4;
-        // int8 runs unpipelined, with its f32 output totals in registers (attention.cu).
-        let pipelined = self.key_bits != 8;
-        let stages = code_stages(tile, pipelined);
-        let maxima = CODE_WARPS * (heads + 1) * 4 + 8 * stages;
-        // The warps' f32 output totals, lane-minor.
-        let totals = if pipelined {
-            CODE_WARPS * self.head_tiles * 16 * 32 * 4
-        } else {
-            0
-        };
-        let sums = (CODE_WARPS * (heads + heads * 64) + heads) * 4;
-        (stages * tile + weights + maxima + totals).max(sums)
+        (code_stages(tile) * tile).max(CODE_WARPS * 16 * (self.head_dim + 2) * 4)
     }
 }
 
@@ -141,9 +113,9 @@ pub(crate) struct PoolCodes {
     pub variant: CodeVariant,
     /// Whether values are TurboQuant (the output is rotated back).
     pub values_rotated: bool,
-    /// How key records and value runs are arranged.
+    /// How key and value code records are arranged (the codec's layout or a GPU one).
     pub k_records: RecordLayout,
-    pub v_units: ValueUnits,
+    pub v_records: RecordLayout,
     /// Block layouts of keys and values (bytes per (block, kv head)).
     pub k_layout: BlockLayout,
     pub v_layout: BlockLayout,
@@ -154,25 +126,22 @@ pub(crate) struct PoolCodes {
 }
 
 impl PoolCodes {
-    /// Rewrites the codes of one (block, kv head)'s key and value blocks (the codec's block
-    /// layout) from the GPU layouts into the codec's (`to_codec`) or back.
+    /// Rewrites the code records of one (block, kv head)'s key and value blocks (the codec's
+    /// block layout) from the GPU record layouts into the codec's (`to_codec`) or back.
     pub(crate) fn convert_records(&self, k: &mut [u8], v: &mut [u8], to_codec: bool) {
-        let l = &self.k_layout;
-        let bits = self.variant.key_bits;
-        for rec in
-            k[..l.block_size * l.code_bytes_per_token].chunks_exact_mut(l.code_bytes_per_token)
-        {
-            if to_codec {
-                self.k_records.to_codec(bits, rec);
-            } else {
-                self.k_records.to_device(bits, rec);
+        let roles = [
+            (k, self.k_records, &self.k_layout, self.variant.key_bits),
+            (v, self.v_records, &self.v_layout, self.variant.value_bits),
+        ];
+        for (block, records, layout, bits) in roles {
+            let end = layout.block_size * layout.code_bytes_per_token;
+            for rec in block[..end].chunks_exact_mut(layout.code_bytes_per_token) {
+                if to_codec {
+                    records.to_codec(bits, rec);
+                } else {
+                    records.to_device(bits, rec);
+                }
             }
-        }
-        let codes = &mut v[..self.v_layout.block_size * self.v_layout.code_bytes_per_token];
-        if to_codec {
-            self.v_units.to_codec(codes);
-        } else {
-            self.v_units.to_device(codes);
         }
     }
 }
@@ -185,93 +154,23 @@ fn width(f: &DeviceFormat) -> u8 {
     }
 }
 
-/// Codes per kernel lane run of a key record (the unit of [`RecordLayout`]): keys are read in
-/// runs of `head_dim / 4` codes (attention.cu `KeyCodes`).
-pub(crate) fn key_run(head_dim: usize) -> usize {
-    head_dim / 4
+/// Codes per kernel lane run of each role (the unit of [`RecordLayout`]): keys are read in
+/// runs of `head_dim / 4` codes, values in runs of `head_dim / 8` (attention.cu `KvCodes`).
+pub(crate) fn runs(head_dim: usize) -> (usize, usize) {
+    (head_dim / 4, head_dim / 8)
 }
 
-/// The record layout of the keys in a GPU pool.
+/// The record layout of one role in a GPU pool.
 pub(crate) fn record_layout(f: &DeviceFormat, run: usize) -> RecordLayout {
     RecordLayout::for_role(width(f), run)
 }
 
-/// Which role a descriptor describes: the two are arranged and read differently.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Role {
-    Keys,
-    Values,
-}
-
-/// The key codebook as the kernel reads it (attention.cu `KeyCodes`): byte tables of the
-/// 16-bit fixed-point centroids `round(c · s)` with `s = 32767 / max |c|` — words 0-1 the low
-/// bytes (u8), 2-3 the high bytes (s8) of entries 0-7 — and the factor that turns the
-/// kernel's integer dot products (÷ 256) back into `q · c`, `256 / s`. Sign-magnitude
-/// (4-bit) records hold the magnitudes `m` as `x = ⌊c[8 + m] · s⌋`, the value being
-/// `x + ½` and a negative code `¬x`. int8 keys are their own bytes (no table, factor 1).
-pub(crate) fn key_tables(f: &DeviceFormat) -> ([u32; 4], f32) {
-    let DeviceFormat::HadamardMse(h) = f else {
-        return ([0; 4], 1.0);
-    };
-    let s = 32767.0 / h.centroids.iter().fold(0f32, |m, c| m.max(c.abs()));
-    let values: Vec<i32> = if h.bits == 4 {
-        h.centroids[8..]
-            .iter()
-            .map(|c| (c * s).floor() as i32)
-            .collect()
-    } else {
-        h.centroids.iter().map(|c| (c * s).round() as i32).collect()
-    };
-    let mut t = [0u32; 4];
-    for (j, v) in values.iter().enumerate() {
-        let v = *v as u16;
-        t[j / 4] |= u32::from(v & 0xff) << (8 * (j % 4));
-        t[2 + j / 4] |= u32::from(v >> 8) << (8 * (j % 4));
-    }
-    (t, 256.0 / s)
-}
-
-/// The value codebook as the kernel reads it (attention.cu `ValueUnit`): the 16-bit
-/// fixed-point centroids `v = round(c · s)` with `s = 32639 / max |c|`, split as
-/// `v = 256·hi + lo` with `lo` in [-128, 127] (so `hi` stays within s8) — words 0-1 the low
-/// bytes, 2-3 the high bytes; 4-bit: those of the 8 positive magnitudes, and of their
-/// negations in words 4-7 — and `256 / (65535 · s)`, the factor of the kernel's sums
-/// (16-bit weights × 16-bit values ÷ 256). An 8-bit codebook would save a byte permute per
-/// four codes but puts the GPU up to `max |c| / 254` off the CPU's values, beyond the
-/// attention tolerance (BENCHMARKS.md). int8 values are their own (high) bytes: factor
-/// `1 / 65535`.
-pub(crate) fn value_tables(f: &DeviceFormat) -> ([u32; 8], f32) {
-    let DeviceFormat::HadamardMse(h) = f else {
-        return ([0; 8], 1.0 / 65535.0);
-    };
-    let s = 32639.0 / h.centroids.iter().fold(0f32, |m, c| m.max(c.abs()));
-    let mut t = [0u32; 8];
-    let mut put = |base: usize, j: usize, c: f32| {
-        let v = (c * s).round() as i32;
-        let hi = (v + 128) >> 8;
-        let lo = v - 256 * hi;
-        t[base + j / 4] |= (lo as u8 as u32) << (8 * (j % 4));
-        t[base + 2 + j / 4] |= (hi as u8 as u32) << (8 * (j % 4));
-    };
-    if h.bits == 4 {
-        for (m, c) in h.centroids[8..].iter().enumerate() {
-            put(0, m, *c);
-            put(4, m, -*c);
-        }
-    } else {
-        for (j, c) in h.centroids.iter().enumerate() {
-            put(0, j, *c);
-        }
-    }
-    (t, 256.0 / (65535.0 * s))
-}
-
-/// The descriptor words of one role (write_kv.cu documents them) at `head_dim`.
+/// The descriptor words of one role (write_kv.cu documents them), whose codes are read in
+/// runs of `run`.
 pub(crate) fn descriptor(
     f: &DeviceFormat,
     layout: &BlockLayout,
-    role: Role,
-    head_dim: usize,
+    run: usize,
 ) -> Result<Vec<u32>, Error> {
     let mut w = vec![0u32; DESC_WORDS];
     let too_large = || Error::Cuda {
@@ -281,21 +180,8 @@ pub(crate) fn descriptor(
     w[2] = u32::try_from(layout.code_bytes_per_token).map_err(|_| too_large())?;
     w[3] = u32::try_from(layout.total_bytes).map_err(|_| too_large())?;
     w[4] = u32::try_from(layout.scalars_offset).map_err(|_| too_large())?;
-    let factor = match role {
-        Role::Keys => {
-            w[5] = record_layout(f, key_run(head_dim)).descriptor_word();
-            let (t, factor) = key_tables(f);
-            w[24..28].copy_from_slice(&t);
-            factor
-        }
-        Role::Values => {
-            w[5] = ValueUnits::DESCRIPTOR_WORD;
-            let (t, factor) = value_tables(f);
-            w[24..32].copy_from_slice(&t);
-            factor
-        }
-    };
-    w[23] = factor.to_bits();
+    let record = record_layout(f, run);
+    w[5] = record.descriptor_word();
     match f {
         DeviceFormat::Int8 => {
             w[0] = 0;
@@ -318,6 +204,17 @@ pub(crate) fn descriptor(
             w[7] = h.scale.to_bits();
             for (k, b) in h.boundaries.iter().enumerate() {
                 w[8 + k] = b.to_bits();
+            }
+            // Centroid j as f16: low byte j of the table at word 24, high byte at word 28
+            // (sign-magnitude records: the 8 positive centroids, magnitude m at j = m).
+            let table = match record {
+                RecordLayout::SignMagnitude4 => &h.centroids[8..],
+                _ => &h.centroids[..],
+            };
+            for (j, c) in table.iter().enumerate() {
+                let bits = f16::from_f32(*c).to_bits();
+                w[24 + j / 4] |= u32::from(bits & 0xff) << (8 * (j % 4));
+                w[28 + j / 4] |= u32::from(bits >> 8) << (8 * (j % 4));
             }
             w[32..32 + h.sign_masks.len()].copy_from_slice(&h.sign_masks);
         }
@@ -398,13 +295,17 @@ pub(crate) fn pool_codes(
             )));
         }
     }
-    let variant = CodeVariant::for_group(layout.head_dim, width(&kf), width(&vf), 1);
+    let variant = CodeVariant {
+        head_dim: layout.head_dim,
+        key_bits: width(&kf),
+        value_bits: width(&vf),
+    };
     if !CodeVariant::all().contains(&variant) {
         return Err(refuse("int8 keys pair only with int8 values".into()));
     }
-    let hd = layout.head_dim;
-    let mut words = descriptor(&kf, &k_layout, Role::Keys, hd)?;
-    words.extend(descriptor(&vf, &v_layout, Role::Values, hd)?);
+    let (k_run, v_run) = runs(layout.head_dim);
+    let mut words = descriptor(&kf, &k_layout, k_run)?;
+    words.extend(descriptor(&vf, &v_layout, v_run)?);
     let desc = stream.clone_htod(&words).map_err(cuda_err("upload"))?;
     let centers = match &layout.centers {
         None => None,
@@ -421,11 +322,8 @@ pub(crate) fn pool_codes(
     Ok(PoolCodes {
         variant,
         values_rotated: matches!(vf, DeviceFormat::HadamardMse(_)),
-        k_records: record_layout(&kf, key_run(hd)),
-        v_units: ValueUnits {
-            bits: width(&vf),
-            head_dim: hd,
-        },
+        k_records: record_layout(&kf, k_run),
+        v_records: record_layout(&vf, v_run),
         k_layout,
         v_layout,
         desc,
@@ -442,76 +340,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_width_pair_has_one_kernel_per_head_dim_and_head_tiles() {
+    fn every_width_pair_has_one_kernel_per_head_dim() {
         let all = CodeVariant::all();
-        assert_eq!(all.len(), CODE_HEAD_DIMS.len() * CODE_WIDTHS.len() * 2);
+        assert_eq!(all.len(), CODE_HEAD_DIMS.len() * CODE_WIDTHS.len());
         for v in &all {
-            assert!(v.kernel_name().starts_with("attn_imma_"));
-            // Two blocks per SM of every one-tile kernel fit an H200's 228 KiB, one of the rest.
-            let most = if v.head_tiles == 1 { 113 } else { 227 };
-            assert!(v.smem_bytes() <= most * 1024, "{v:?}");
+            assert!(v.kernel_name(false).starts_with("attn_codes_"));
+            assert!(v.kernel_name(true).starts_with("attn_codes_m_"));
+            // Three blocks per SM fit an H200's 228 KiB.
+            assert!(v.smem_bytes() <= 72 * 1024, "{v:?}");
         }
-        assert_eq!(CodeVariant::for_group(128, 3, 3, 4).head_tiles, 1);
-        assert_eq!(CodeVariant::for_group(128, 3, 3, 8).head_tiles, 1);
-        assert_eq!(CodeVariant::for_group(128, 3, 3, 9).head_tiles, 2);
-        assert_eq!(CodeVariant::for_group(128, 3, 3, 16).head_tiles, 2);
-    }
-
-    /// A table entry as a signed value: bytes j of words (lo, hi).
-    fn entry16(t: &[u32; 4], j: usize) -> i32 {
-        let lo = (t[j / 4] >> (8 * (j % 4))) & 0xff;
-        let hi = (t[2 + j / 4] >> (8 * (j % 4))) & 0xff;
-        i32::from((lo | hi << 8) as u16 as i16)
-    }
-
-    #[test]
-    fn integer_codebooks_hold_the_centroids() {
-        for bits in [2u8, 3, 4] {
-            for dims in [64usize, 128] {
-                let dtype = format!("tq{bits}").parse().unwrap();
-                let codec = LayerCodec::new(dtype, dims, 0, &Default::default()).unwrap();
-                let f = codec.key.device_format().unwrap();
-                let DeviceFormat::HadamardMse(h) = &f else {
-                    panic!("tq has a device format");
-                };
-                let cmax = h.centroids.iter().fold(0f32, |m, c| m.max(c.abs()));
-                // Keys: 16-bit values within half a step of c · s; 4-bit: x + ½ and ¬x + ½.
-                let (t, kfac) = key_tables(&f);
-                let s = 256.0 / kfac;
-                for (j, c) in h.centroids.iter().enumerate() {
-                    let got = if bits == 4 {
-                        let x = entry16(&t, if j >= 8 { j - 8 } else { 7 - j }) as f32 + 0.5;
-                        if j >= 8 { x } else { -x }
-                    } else {
-                        entry16(&t, j) as f32
-                    };
-                    assert!(
-                        (got / s - c).abs() <= 0.51 / s,
-                        "tq{bits} key {j}: {} vs {c} (s {s})",
-                        got / s
-                    );
-                }
-                // Values: 16-bit values (256·hi + lo, lo signed) within half a step.
-                let (t, vfac) = value_tables(&f);
-                let s = 256.0 / (65535.0 * vfac);
-                let v16 = |t: &[u32], j: usize| {
-                    let b = |w: u32| i32::from(((w >> (8 * (j % 4))) & 0xff) as u8 as i8);
-                    256 * b(t[2 + j / 4]) + b(t[j / 4])
-                };
-                for (j, c) in h.centroids.iter().enumerate() {
-                    let got = if bits == 4 {
-                        let m = if j >= 8 { j - 8 } else { 7 - j };
-                        v16(&t[if j >= 8 { 0 } else { 4 }..], m)
-                    } else {
-                        v16(&t, j)
-                    };
-                    assert!((got as f32 / s - c).abs() <= 0.51 / s, "tq{bits} value {j}");
-                    assert!(0.5 / s <= cmax / 65000.0);
-                }
-            }
-        }
-        let (t, kfac) = key_tables(&DeviceFormat::Int8);
-        assert_eq!((t, kfac), ([0; 4], 1.0));
     }
 
     #[test]
@@ -519,23 +356,22 @@ mod tests {
         let codec = LayerCodec::new("k4v2".parse().unwrap(), 128, 1, &Default::default()).unwrap();
         let kf = codec.key.device_format().unwrap();
         let kl = codec.key.block_layout(16).unwrap();
-        let w = descriptor(&kf, &kl, Role::Keys, 128).unwrap();
-        let DeviceFormat::HadamardMse(h) = &kf else {
+        let w = descriptor(&kf, &kl, 32).unwrap();
+        let DeviceFormat::HadamardMse(h) = kf else {
             panic!("tq keys");
         };
         assert_eq!((w[0], w[1], w[2]), (1, 4, 64));
         assert_eq!(w[3] as usize, kl.total_bytes);
         assert_eq!(w[4] as usize, kl.scalars_offset);
         assert_eq!(f32::from_bits(w[6]), h.sigma);
-        // 4-bit key records are sign-magnitude.
+        // 4-bit records are sign-magnitude: the table holds the 8 positive centroids.
         assert_eq!(w[5], RecordLayout::SignMagnitude4.descriptor_word());
-        let (t, kfac) = key_tables(&kf);
-        assert_eq!((&w[24..28], f32::from_bits(w[23])), (&t[..], kfac));
+        for (j, c) in h.centroids[8..].iter().enumerate() {
+            let lo = (w[24 + j / 4] >> (8 * (j % 4))) & 0xff;
+            let hi = (w[28 + j / 4] >> (8 * (j % 4))) & 0xff;
+            assert_eq!(f16::from_bits((lo | hi << 8) as u16), f16::from_f32(*c));
+        }
         assert_eq!(&w[32..160], &h.sign_masks[..]);
-        let vf = codec.value.device_format().unwrap();
-        let vl = codec.value.block_layout(16).unwrap();
-        let w = descriptor(&vf, &vl, Role::Values, 128).unwrap();
-        assert_eq!((w[1], w[5]), (2, ValueUnits::DESCRIPTOR_WORD));
         assert!(unsupported_reason("tq3".parse().unwrap(), 128).is_none());
         assert!(unsupported_reason("int8".parse().unwrap(), 64).is_none());
         assert!(unsupported_reason("tq2.5".parse().unwrap(), 128).is_some());

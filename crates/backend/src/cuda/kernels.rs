@@ -38,9 +38,10 @@ pub(crate) struct Kernels {
     /// (write_kv.cu).
     pub write_kv_codes: [CudaFunction; 2],
     pub attn_unrotate: [CudaFunction; 2],
-    /// Decode attention on coded K/V (integer tensor cores), one per
-    /// `codes::CodeVariant::all()` entry.
-    pub attn_imma: Vec<CudaFunction>,
+    /// The decode template on coded K/V, one per `codes::CodeVariant::all()` entry.
+    pub attn_codes: Vec<CudaFunction>,
+    /// The keys-as-M coded decode kernels (GQA groups up to 8), in the same order.
+    pub attn_codes_m: Vec<CudaFunction>,
     /// Attention partials for head_dim 64, 128, 256 (compile-time) and any other.
     pub attn_partial: [CudaFunction; 4],
     /// Row-parallel attention for head_dim 64/128/256 × up to 4/8 query heads per kv head ×
@@ -358,9 +359,13 @@ impl Kernels {
             write_kv: f(&kv, "write_kv")?,
             write_kv_codes: [f(&kv, "write_kv_codes_64")?, f(&kv, "write_kv_codes_128")?],
             attn_unrotate: [f(&kv, "attn_unrotate_64")?, f(&kv, "attn_unrotate_128")?],
-            attn_imma: super::codes::CodeVariant::all()
+            attn_codes: super::codes::CodeVariant::all()
                 .iter()
-                .map(|v| f(&at, &v.kernel_name()))
+                .map(|v| f(&at, &v.kernel_name(false)))
+                .collect::<Result<_, _>>()?,
+            attn_codes_m: super::codes::CodeVariant::all()
+                .iter()
+                .map(|v| f(&at, &v.kernel_name(true)))
                 .collect::<Result<_, _>>()?,
             topk_rows: f(&sm, "topk_rows")?,
             argmax_rows: f(&sm, "argmax_rows")?,

@@ -298,6 +298,8 @@ pub struct CudaBackend {
     decode_slots: Vec<usize>,
     /// The same for the coded decode kernels (`codes::CodeVariant::all()` order).
     code_slots: Vec<usize>,
+    /// The same for the keys-as-M coded kernels.
+    code_m_slots: Vec<usize>,
     state: Mutex<State>,
     /// cuBLAS workspace set on the handle (so that captured GEMMs allocate nothing).
     _blas_workspace: CudaSlice<u8>,
@@ -429,7 +431,8 @@ impl CudaBackend {
             .chain(&k.attn_mma)
             .chain(&k.attn_mma8)
             .chain(&k.attn_dec)
-            .chain(&k.attn_imma)
+            .chain(&k.attn_codes)
+            .chain(&k.attn_codes_m)
         {
             // The opt-in limit covers static and dynamic shared memory together.
             let fixed = f
@@ -454,7 +457,12 @@ impl CudaBackend {
             .collect::<Result<Vec<_>, _>>()?;
         let code_slots = codes::CodeVariant::all()
             .iter()
-            .zip(&k.attn_imma)
+            .zip(&k.attn_codes)
+            .map(|(v, f)| resident(f, v.threads(), v.smem_bytes()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let code_m_slots = codes::CodeVariant::all()
+            .iter()
+            .zip(&k.attn_codes_m)
             .map(|(v, f)| resident(f, v.threads(), v.smem_bytes()))
             .collect::<Result<Vec<_>, _>>()?;
         if let Some(v) = opts.decode_variant
@@ -496,6 +504,7 @@ impl CudaBackend {
             prefill_warps: opts.prefill_warps,
             decode_slots,
             code_slots,
+            code_m_slots,
             state: Mutex::new(State::default()),
             _blas_workspace: blas_workspace,
         })

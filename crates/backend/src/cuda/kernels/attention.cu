@@ -1266,67 +1266,42 @@ ATTN_DEC16(128, 32, 2, 2)
 
 // ---- Coded formats: int8 and TurboQuant-MSE, attended over on their codes --------------
 // Pool layout (the codec's block layout, crates/codec/src/layout.rs): per (physical block,
-// kv head) one block of `total` bytes, the code records of its tokens (bits arranged per
-// cuda/code_layout.rs: keys per token, values interleaved per run of 16 tokens), then at
-// `soff` one f16 scale per token. Format words `fmt` (one 288-word descriptor for keys, then
-// one for values; see cuda/codes.rs): [3] total bytes, [4] scale offset, [23] the factor that
-// turns the integer sums into f32, [24..32) the integer codebook tables.
+// kv head) one block of `total` bytes, the code records of its tokens back to back (ROW bytes
+// each, bits arranged per cuda/code_layout.rs), then at `soff` one f16 scale per token. Format words `fmt` (one 288-word descriptor
+// for keys, then one for values; see CodeDesc in cuda/codes.rs): [3] total bytes, [4] scale
+// offset, [24..28) / [28..32) the low / high bytes of the centroids as f16 (TurboQuant; the 8
+// magnitudes for 4-bit sign-magnitude records).
 //
-// Both products run on the integer tensor cores (mma m16n8k32, s8/u8 × s8/u8 → s32). A code
-// becomes one byte of an MMA fragment through one byte permute (`prmt`: four 3-bit indices
-// into an 8-byte table held in registers), so unpacking costs about one instruction per four
-// codes instead of one per code with 16-bit fragments — the integer work, not the bytes, bound
-// the f16 kernels this one replaced (BENCHMARKS.md).
-//   scores: Sᵀ = K·Qᵀ with the 16 keys of a step as the rows. Keys are 16-bit fixed-point
-//     codebook values split into a high (s8) and a low (u8) byte, the query is rounded to
-//     16 bits per head (x = 256·hi + lo, both s8), and hi·hi + (hi·lo + lo·hi)/256 is summed
-//     exactly in s32 (lo·lo, below 2⁻¹⁶ of the sum, is left out): at least f16's precision.
-//   values: Oᵀ = Vᵀ·Pᵀ with 16 dims as the rows. Values are 16-bit fixed-point codebook values
-//     split as the keys (lo signed here); the weights P·(value scale) are 16-bit fixed point
-//     in [0, 1] relative to a reference (max score, max value scale) shared by the whole
-//     block, split into high and low bytes (u8). The s32 sums are only converted to f32 when
-//     that reference moves (rare after the first tiles) and at the end, so there is no
-//     per-tile rescaling of the output.
+// A tile stages whole runs of 16 keys (block sizes are multiples of 16): their code records,
+// then their scales, so keys past the end of a sequence inside a live run hold stale but
+// finite codes (masked by the template) and possibly non-finite scales (never multiplied into
+// a live weight: see `accumulate`).
+//
+// MMAs are m16n8k16 in f16 (queries and weights rounded to f16). The dims of an MMA's k (for
+// scores) and n (for values) are permuted so that each lane's codes are one contiguous run:
+// for scores lane c = lane%4 owns the D/4 dims from c·D/4, for values lane g = lane/4 the D/8
+// dims from g·D/8; Codes<B, R>::dim(group, j) is the dim of slot j of a run's group of 4 codes,
+// and the query (init_query) and the output (out_dim) use the same map. Codes become f16
+// pairs with byte permutes: a TurboQuant code selects the low and the high byte of its
+// centroid from tables held in registers (`prmt`, 8 entries per pair of registers); an int8
+// code c becomes the f16 1024 + (c + 128) by placing it under the exponent byte 0x64, then 1152
+// is subtracted (exact).
+
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     u32 d;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
     return d;
 }
-// The eight prmt selectors of a 3-bit nibble unit of 32 codes (three words, cuda/code_layout.rs):
-// sel[2k], sel[2k+1] the low and high halves of word k's nibbles (bits 0-2), sel[6], sel[7]
-// the spare codes, bit b of each in bit 3 of the nibbles of word b. (prmt reads only a
-// selector's low 16 bits. Hand-pinned masks and a carry-free gather by 64-bit multiply-adds
-// measured slower: BENCHMARKS.md.)
-__device__ __forceinline__ void nibble3_selectors(const u32* w, u32 (&sel)[8]) {
-#pragma unroll
-    for (int k = 0; k < 3; k++) {
-        const u32 t = w[k] & 0x77777777u;
-        sel[2 * k] = t;
-        sel[2 * k + 1] = t >> 16;
-    }
-    const u32 x = ((w[0] >> 3) & 0x11111111u) | ((w[1] >> 2) & 0x22222222u) |
-                  ((w[2] >> 1) & 0x44444444u);
-    sel[6] = x;
-    sel[7] = x >> 16;
-}
-__device__ __forceinline__ u32 movmatrix_trans(u32 x) {
+__device__ __forceinline__ u32 sub_f16x2(u32 a, u32 b) {
     u32 d;
-    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(x));
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
     return d;
 }
-// c += a·b on the integer tensor cores (m16n8k32; A row-major 16×32, B column-major 32×8):
-// a0 = row lane/4, k 4(lane%4)..+3; a1 = row lane/4 + 8, same k; a2 / a3: k + 16. b0 = column
-// lane/4, k 4(lane%4)..+3; b1: k + 16. c0, c1 = row lane/4, columns 2(lane%4), +1; c2, c3 = row + 8.
-#define IMMA(NAME, AT, BT) \
-    __device__ __forceinline__ void NAME(int* c, const u32* a, u32 b0, u32 b1) { \
-        asm volatile("mma.sync.aligned.m16n8k32.row.col.s32." AT "." BT ".s32 " \
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n" \
-                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3]) \
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1)); \
-    }
-IMMA(imma_s8s8, "s8", "s8")
-IMMA(imma_u8s8, "u8", "s8")
-IMMA(imma_s8u8, "s8", "u8")
+__device__ __forceinline__ u32 shf_r(u32 lo, u32 hi, u32 n) {
+    u32 d;
+    asm("shf.r.clamp.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "r"(hi), "r"(n));
+    return d;
+}
 
 // The RB bytes of a lane's run of codes at p (2- or 4-byte aligned when RB is even / a multiple
 // of 4) as little-endian 32-bit words.
@@ -1335,214 +1310,303 @@ __device__ __forceinline__ void load_run(const unsigned char* p, u32 (&w)[(RB + 
     if constexpr (RB % 4 == 0) {
 #pragma unroll
         for (int i = 0; i < RB / 4; i++) w[i] = ((const u32*)p)[i];
-    } else {
+    } else if constexpr (RB % 2 == 0) {
 #pragma unroll
         for (int i = 0; i < (RB + 3) / 4; i++) w[i] = 0u;
 #pragma unroll
         for (int i = 0; i < RB / 2; i++) w[i >> 1] |= (u32)((const u16*)p)[i] << (16 * (i & 1));
+    } else {
+#pragma unroll
+        for (int i = 0; i < (RB + 3) / 4; i++) w[i] = 0u;
+#pragma unroll
+        for (int i = 0; i < RB; i++) w[i >> 2] |= (u32)p[i] << (8 * (i & 3));
     }
 }
 
-// ---- Keys: a lane reads one run of R = D/4 codes of each key's record (cuda/code_layout.rs),
-// in groups of 4 codes; group g is one fragment register (k-step g/2, k offset 16·(g%2)).
-// `dim(g, j)` is the run dim of slot j of group g (the query uses the same map). `group`
-// gives the group's codebook bytes: lo (u8) and hi (s8) of the 16-bit values, from the
-// tables t[0..2) (lo) and t[2..4) (hi); 8-bit keys are their own bytes (hi only).
-template <int B, int R> struct KeyCodes;
-template <int R> struct KeyCodes<8, R> {   // int8: the codes themselves
+// Group `g` (4 codes) of a lane's run of R codes as two f16 pairs (slots 0-1, 2-3); `lo` /
+// `hi`: the centroid byte tables (TurboQuant). The runs are in the pool's record layout
+// (cuda/code_layout.rs), chosen so that a prmt selector (one 3-bit index per nibble, bit 3
+// clear) costs about one mask.
+template <int B, int R> struct Codes;
+template <int R> struct Codes<8, R> {   // int8
     __device__ static constexpr int dim(int g, int j) { return 4 * g + j; }
-    __device__ static __forceinline__ void group(const u32* w, int g, const u32*, u32& lo, u32& hi) {
-        lo = 0u;
-        hi = w[g];
+    __device__ static __forceinline__ void group(const u32* w, int g, const u32*, const u32*,
+                                                 u32& a, u32& b) {
+        const u32 x = w[g] ^ 0x80808080u;
+        a = sub_f16x2(prmt(x, 0x64646464u, 0x5140u), 0x64806480u);
+        b = sub_f16x2(prmt(x, 0x64646464u, 0x7362u), 0x64806480u);
+    }
+};
+// The f16 pairs of the 4 codes of a 16-bit selector, from 8-entry byte tables.
+__device__ __forceinline__ void lookup8(u32 sel, const u32* lo, const u32* hi, u32& a, u32& b) {
+    const u32 l = prmt(lo[0], lo[1], sel), h = prmt(hi[0], hi[1], sel);
+    a = prmt(l, h, 0x5140u);
+    b = prmt(l, h, 0x7362u);
+}
+// Sign-magnitude nibbles (the complement of a nibble is 8·neg | m): magnitude tables, then
+// the sign bit of each high byte flipped where the nibble's bit 3 is clear (prmt's
+// sign-replicate mode reads bit 3 of each nibble as the top bit of a byte of sel << 4 or sel).
+template <int R> struct Codes<4, R> {
+    __device__ static constexpr int dim(int g, int j) { return 4 * g + j; }
+    __device__ static __forceinline__ void group(const u32* w, int g, const u32* lo, const u32* hi,
+                                                 u32& a, u32& b) {
+        const u32 sel = w[g >> 1] >> (16 * (g & 1));
+        const u32 mags = ~sel & 0x7777u;
+        const u32 l = prmt(lo[0], lo[1], mags);
+        const u32 pos = prmt(sel << 4, sel, 0xd9c8u);
+        const u32 h = prmt(hi[0], hi[1], mags) ^ (~pos & 0x80808080u);
+        a = prmt(l, h, 0x5140u);
+        b = prmt(l, h, 0x7362u);
     }
 };
 // 3-bit nibble units (R a multiple of 16: U = R / 16 units of three halfwords, halfword
-// U·j + u): group g is j = g / U, unit u = g % U; j < 3 is the halfword's nibbles (bits 0-2),
-// j = 3 the unit's spare codes gathered from bit 3 of its three halfwords. prmt reads only a
-// selector's low 16 bits, so the high halves need no mask.
-template <int R> struct KeyCodes3 {
+// U·j + u): group g is j = g / U, unit u = g % U; j < 3 is the halfword's nibbles, j = 3 the
+// unit's spare codes gathered from bit 3 of its three halfwords.
+template <int R> struct Codes3Units {
     static constexpr int U = R / 16;
     static_assert(U == 1 || U == 2, "runs of 16 or 32 codes");
     __device__ static constexpr int dim(int g, int j) {
         return U == 2 ? 16 * (g & 1) + 4 * (g >> 1) + j : 4 * g + j;
     }
-    // Unit order: group g = 2j + u is selector 2j + u of nibble3_selectors for j < 3 (word j,
-    // halves u), and the spare selectors for j = 3.
-    __device__ static __forceinline__ u32 selector(const u32* w, int g) {
+    __device__ static __forceinline__ void group(const u32* w, int g, const u32* lo, const u32* hi,
+                                                 u32& a, u32& b) {
+        u32 sel;
         if constexpr (U == 2) {
-            u32 sel[8];
-            nibble3_selectors(w, sel);
-            return sel[g];
+            const int j = g >> 1;
+            const u32 s = j < 3 ? w[j] & 0x77777777u
+                                : ((w[0] >> 3) & 0x11111111u) | ((w[1] >> 2) & 0x22222222u) |
+                                      ((w[2] >> 1) & 0x44444444u);
+            sel = (g & 1) ? s >> 16 : s;
         } else {
-            return g == 0 ? w[0] & 0x7777u
-                 : g == 1 ? (w[0] >> 16) & 0x7777u
-                 : g == 2 ? w[1] & 0x7777u
-                          : ((w[0] >> 3) & 0x1111u) | ((w[0] >> 18) & 0x2222u) | ((w[1] >> 1) & 0x4444u);
+            sel = g == 0 ? w[0] & 0x7777u
+                : g == 1 ? (w[0] >> 16) & 0x7777u
+                : g == 2 ? w[1] & 0x7777u
+                         : ((w[0] >> 3) & 0x1111u) | ((w[0] >> 18) & 0x2222u) | ((w[1] >> 1) & 0x4444u);
         }
-    }
-    __device__ static __forceinline__ void group(const u32* w, int g, const u32* t, u32& lo, u32& hi) {
-        const u32 sel = selector(w, g);
-        lo = prmt(t[0], t[1], sel);
-        hi = prmt(t[2], t[3], sel);
+        lookup8(sel, lo, hi, a, b);
     }
 };
-template <int R> struct KeyCodes<3, R> : KeyCodes3<R> {};
-// 2-bit codes in the codec's packing: a word's even codes (w & 0x3333…), then its odd ones.
-template <int R> struct KeyCodes<2, R> {
+// 3-bit codes in the codec's packing (runs of 8): 3-bit fields spread into nibbles.
+struct Codes3Packed {
+    __device__ static constexpr int dim(int g, int j) { return 4 * g + j; }
+    __device__ static __forceinline__ void group(const u32* w, int g, const u32* lo, const u32* hi,
+                                                 u32& a, u32& b) {
+        const int bit = 12 * g, wi = bit >> 5, sh = bit & 31;
+        const u32 f = sh <= 20 ? w[wi] >> sh : shf_r(w[wi], w[wi + 1], sh);
+        const u32 sel = (f & 7u) | ((f << 1) & 0x70u) | ((f << 2) & 0x700u) | ((f << 3) & 0x7000u);
+        lookup8(sel, lo, hi, a, b);
+    }
+};
+template <bool C, class A, class B> struct Pick { using type = A; };
+template <class A, class B> struct Pick<false, A, B> { using type = B; };
+template <int R> struct Codes<3, R> : Pick<R % 16 == 0, Codes3Units<R>, Codes3Packed>::type {};
+template <int R> struct Codes<2, R> {   // 4 centroids; a word's even codes, then its odd ones
     __device__ static constexpr int dim(int g, int j) {
         return 16 * (g >> 2) + 8 * ((g & 3) >> 1) + (g & 1) + 2 * j;
     }
-    __device__ static __forceinline__ void group(const u32* w, int g, const u32* t, u32& lo, u32& hi) {
+    __device__ static __forceinline__ void group(const u32* w, int g, const u32* lo, const u32* hi,
+                                                 u32& a, u32& b) {
         const int sub = g & 3;
-        const u32 s = (sub & 1) ? (w[g >> 2] >> 2) & 0x33333333u : w[g >> 2] & 0x33333333u;
-        const u32 sel = (sub >> 1) ? s >> 16 : s;
-        lo = prmt(t[0], t[0], sel);
-        hi = prmt(t[2], t[2], sel);
-    }
-};
-// 4-bit sign-magnitude nibbles (cuda/code_layout.rs `SignMagnitude4`: the complement of a
-// nibble is 8·neg | m): the tables hold the 16-bit values x[m] of the magnitudes, the value
-// being x + ½; a negative code is ~x (= −x − 1, so −(x + ½)), both bytes complemented where
-// the nibble's bit 3 is clear (prmt's sign-replicate mode reads bit 3 of each nibble as the
-// top bit of a byte of sel << 4 or sel). The ½ offsets sum to ½·Σq per head (`KEY_HALF`).
-template <int R> struct KeyCodes<4, R> {
-    __device__ static constexpr int dim(int g, int j) { return 4 * g + j; }
-    __device__ static __forceinline__ void group(const u32* w, int g, const u32* t, u32& lo, u32& hi) {
-        const u32 x = w[g >> 1];
-        const u32 mags = (g & 1) ? (~x >> 16) & 0x7777u : ~x & 0x7777u;
-        const u32 pos = prmt(x << 4, x, (g & 1) ? 0xfbeau : 0xd9c8u);
-        lo = prmt(t[0], t[1], mags) ^ ~pos;
-        hi = prmt(t[2], t[3], mags) ^ ~pos;
+        const u32 sel = ((w[g >> 2] >> (2 * (sub & 1))) >> (16 * (sub >> 1))) & 0x3333u;
+        const u32 l = prmt(lo[0], hi[0], sel), h = prmt(lo[0], hi[0], sel | 0x4444u);
+        a = prmt(l, h, 0x5140u);
+        b = prmt(l, h, 0x7362u);
     }
 };
 
-// ---- Values: per run of 16 tokens, lane L = 4q + c of dim group G (64 dims) reads one unit
-// of 32 codes: dims 64G + q + 8j (j < 8) × the keys 2c, 2c+1, 8+2c, 9+2c of the run (in that
-// order: the value MMAs' k order, matching the weights' transposed fragments). Selector j is
-// one fragment register pair: dim j's four keys as the low (s8) and high (s8) bytes of 16-bit
-// codebook values, x = 256·hi + lo with lo in [-128, 127] (cuda/code_layout.rs `ValueUnits`
-// has the bit positions). Tables t[0..2) lo, t[2..4) hi of the 8 values; 4-bit: of the
-// positive magnitudes there and of the negated ones in t[4..8). int8 values are their own
-// (high) bytes. (8-bit codebooks were faster but off the CPU by up to 1/254 of the largest
-// centroid: BENCHMARKS.md.)
-template <int B> struct ValueUnit;
-template <> struct ValueUnit<8> {
-    __device__ static __forceinline__ void decode(const u32* w, const u32*, u32 (&lo)[8], u32 (&hi)[8]) {
+// Requests the code records and scales of the G runs of 16 keys from t0 (< k1) into a tile:
+// codes of run j at 16·j·ROW, the scales from G·16·ROW (2 bytes per key); runs from k1 on
+// are zeros. Threads scale0 .. scale0 + 2G - 1 copy the scales (keys and values use
+// different warps). Branch-free with a compile-time trip count, so each thread's block-table
+// reads and copies issue back to back (a runtime loop with 64-bit index math here cost a
+// third of the kernel's instructions); a dead run copies zero bytes from a live address.
+template <int G, int ROW, int NTH>
+__device__ __forceinline__ void stage_codes(unsigned char* tile, int t0, int k1, const PagedKv& kv,
+    const unsigned char* pool, int total, int soff, int tid, int scale0)
+{
+    // Coded pools have power-of-two block sizes of 16 or more (checked by the host), so a run
+    // of 16 keys from a multiple of 16 lies in one block, at slot p & (block_size - 1).
+    // Byte offsets within a pool fit 32 bits per block index (the host checks the total).
+    const int mask = kv.block_size - 1;
+    const u32 stride = (u32)(kv.n_kv * total), head = (u32)(kv.kh * total);
+    auto at = [&](int p, u32 off) {   // byte `off` of position p's (block, kv head) block
+        return pool + (u64)kv.tbl[p >> kv.bs_log] * stride + (head + off);
+    };
+    constexpr int CH = G * ROW, N = (CH + NTH - 1) / NTH;   // 16-byte code chunks
 #pragma unroll
-        for (int j = 0; j < 8; j++) { lo[j] = 0u; hi[j] = w[j]; }
-    }
-};
-template <> struct ValueUnit<3> {
-    __device__ static __forceinline__ void decode(const u32* w, const u32* t, u32 (&lo)[8], u32 (&hi)[8]) {
-        u32 sel[8];
-        nibble3_selectors(w, sel);
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            lo[j] = prmt(t[0], t[1], sel[j]);
-            hi[j] = prmt(t[2], t[3], sel[j]);
+    for (int n = 0; n < N; n++) {
+        const int i = tid + n * NTH;
+        if (CH % NTH == 0 || i < CH) {
+            const int j = i / ROW, p = t0 + 16 * j;
+            const bool live = p < k1;
+            const int pc = live ? p : t0;
+            const unsigned char* src = at(pc, (u32)((pc & mask) * ROW + (i - j * ROW) * 16));
+            cp_async16(smem_addr(tile + 16 * i), src, live ? 16 : 0);
         }
     }
-};
-template <> struct ValueUnit<2> {
-    __device__ static __forceinline__ void decode(const u32* w, const u32* t, u32 (&lo)[8], u32 (&hi)[8]) {
+    const int si = tid - scale0;   // 32 bytes of scales per run
+    if (si >= 0 && si < 2 * G) {
+        const int p = t0 + 16 * (si >> 1);
+        const bool live = p < k1;
+        const int pc = live ? p : t0;
+        const unsigned char* src = at(pc, (u32)(soff + (pc & mask) * 2 + (si & 1) * 16));
+        cp_async16(smem_addr(tile + G * 16 * ROW + 16 * si), src, live ? 16 : 0);
+    }
+}
+
+template <int D, int KB, int VB>
+struct KvCodes {
+    static constexpr bool PREFETCH = false;
+    static constexpr bool DIMS_IN_ORDER = false;
+    static constexpr int KROW = D * KB / 8, VROW = D * VB / 8;   // code bytes per key
+    static constexpr int KR = D / 4, VR = D / 8;                 // codes per lane run
+    static constexpr int KRB = KR * KB / 8, VRB = VR * VB / 8;   // bytes per lane run
+    static_assert(D % 64 == 0, "runs of whole 4-code groups and 2-byte alignment");
+    template <int TK> static constexpr int k_tile_bytes() { return TK * (KROW + 2); }
+    template <int TK> static constexpr int v_tile_bytes() { return TK * (VROW + 2); }
+    struct Query { u32 qa[D / 16][4]; };
+    u32 klo[4], khi[4], vlo[4], vhi[4];
+    int ktot, ksoff, vtot, vsoff;
+
+    __device__ __forceinline__ explicit KvCodes(const u32* fmt) {
 #pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const u32 a = w[k] & 0x33333333u, b = (w[k] >> 2) & 0x33333333u;
-            const u32 sel[4] = {a, a >> 16, b, b >> 16};
+        for (int i = 0; i < 4; i++) {
+            klo[i] = fmt[24 + i]; khi[i] = fmt[28 + i];
+            vlo[i] = fmt[288 + 24 + i]; vhi[i] = fmt[288 + 28 + i];
+        }
+        ktot = (int)fmt[3]; ksoff = (int)fmt[4];
+        vtot = (int)fmt[288 + 3]; vsoff = (int)fmt[288 + 4];
+    }
+    __device__ static __forceinline__ int out_dim(int nd, int c, int e) {
+        return (2 * c + e) * VR + Codes<VB, VR>::dim(nd >> 2, nd & 3);
+    }
+
+    template <int TK, int NTH>
+    __device__ __forceinline__ void stage(unsigned char* ks, unsigned char* vs, int t0, int k1,
+        int, const PagedKv& kv, const void* kc, const void* vc, int tid) const {
+        stage_codes<TK / 16, KROW, NTH>(ks, t0, k1, kv, (const unsigned char*)kc, ktot, ksoff, tid, 0);
+        stage_codes<TK / 16, VROW, NTH>(vs, t0, k1, kv, (const unsigned char*)vc, vtot, vsoff, tid,
+                                        NTH > 32 ? 32 : 0);
+    }
+    template <int NTH>
+    __device__ __forceinline__ void fill_row(unsigned char*, unsigned char*, int, int,
+        const PagedKv&, const void*, const void*, int) const {}
+
+    // q0 / q1: the (rotated, for TurboQuant keys) f32 queries of this lane's two MMA rows.
+    __device__ __forceinline__ void init_query(Query& q, const float* q0, const float* q1,
+                                               float qs, int lane) const {
+        const int c = lane & 3;
 #pragma unroll
-            for (int x = 0; x < 4; x++) {
-                lo[4 * k + x] = prmt(t[0], t[0], sel[x]);
-                hi[4 * k + x] = prmt(t[2], t[2], sel[x]);
+        for (int kk = 0; kk < D / 16; kk++) {
+            float x0[4], x1[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int dim = c * KR + Codes<KB, KR>::dim(kk, j);
+                x0[j] = q0 ? q0[dim] * qs : 0.f;
+                x1[j] = q1 ? q1[dim] * qs : 0.f;
             }
+            q.qa[kk][0] = pack_f16(x0[0], x0[1]);
+            q.qa[kk][1] = pack_f16(x1[0], x1[1]);
+            q.qa[kk][2] = pack_f16(x0[2], x0[3]);
+            q.qa[kk][3] = pack_f16(x1[2], x1[3]);
         }
     }
-};
-template <> struct ValueUnit<4> {   // sign-magnitude nibbles, as the 4-bit keys
-    __device__ static __forceinline__ void decode(const u32* w, const u32* t, u32 (&lo)[8], u32 (&hi)[8]) {
+
+    template <int TK, int NK>
+    __device__ __forceinline__ void scores(float (&s)[NK][4], const Query& q,
+                                           const unsigned char* tile, int key0, int lane) const {
+        const int c = lane & 3;
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const u32 x = w[k], m = ~x & 0x77777777u, x4 = x << 4;
+        for (int nt = 0; nt < NK; nt++) {
+            s[nt][0] = 0.f; s[nt][1] = 0.f; s[nt][2] = 0.f; s[nt][3] = 0.f;
+            u32 w[(KRB + 3) / 4];
+            load_run<KRB>(tile + (key0 + nt * 8 + (lane >> 2)) * KROW + c * KRB, w);
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                u32 b0, b1;
+                Codes<KB, KR>::group(w, kk, klo, khi, b0, b1);
+                mma_f16(s[nt], q.qa[kk], b0, b1);
+            }
+            const u32 sc = *(const u32*)(tile + TK * KROW + (key0 + nt * 8 + 2 * c) * 2);
+            const float s0 = f16_to_f32((u16)(sc & 0xffffu)), s1 = f16_to_f32((u16)(sc >> 16));
+            s[nt][0] *= s0; s[nt][1] *= s1; s[nt][2] *= s0; s[nt][3] *= s1;
+        }
+    }
+
+    template <int TK, int NK>
+    __device__ __forceinline__ void accumulate(float (&o)[D / 8][4], const float (&p)[NK][4],
+                                               const unsigned char* tile, int key0, int lane) const {
+        const int c = lane & 3, g = lane >> 2;
+        const unsigned char* scales = tile + TK * VROW;
+#pragma unroll
+        for (int k = 0; k < NK / 2; k++) {
+            // Weights × the keys' value scales, as A fragments (a weight of exactly 0 — a
+            // masked key — stays 0 whatever its stale scale).
+            u32 pa[4];
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const u32 mags = h ? m >> 16 : m;
-                const u32 pos = prmt(x4, x, h ? 0xfbeau : 0xd9c8u);
-                lo[2 * k + h] = (prmt(t[0], t[1], mags) & pos) | (prmt(t[4], t[5], mags) & ~pos);
-                hi[2 * k + h] = (prmt(t[2], t[3], mags) & pos) | (prmt(t[6], t[7], mags) & ~pos);
+                const int nt = 2 * k + h;
+                const u32 sc = *(const u32*)(scales + (key0 + nt * 8 + 2 * c) * 2);
+                const float s0 = f16_to_f32((u16)(sc & 0xffffu)), s1 = f16_to_f32((u16)(sc >> 16));
+                auto w = [](float pv, float sv) { return pv > 0.f ? pv * sv : 0.f; };
+                pa[2 * h] = pack_f16(w(p[nt][0], s0), w(p[nt][1], s1));
+                pa[2 * h + 1] = pack_f16(w(p[nt][2], s0), w(p[nt][3], s1));
+            }
+            // The runs of this lane's value dims of keys 2c, 2c+1, 2c+8, 2c+9 of the step.
+            u32 w[4][(VRB + 3) / 4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int key = key0 + 16 * k + 2 * c + (i & 1) + 8 * (i >> 1);
+                load_run<VRB>(tile + key * VROW + g * VRB, w[i]);
+            }
+#pragma unroll
+            for (int vg = 0; vg < VR / 4; vg++) {
+                u32 x[4][2];
+#pragma unroll
+                for (int i = 0; i < 4; i++) Codes<VB, VR>::group(w[i], vg, vlo, vhi, x[i][0], x[i][1]);
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const u32 sel = (j & 1) ? 0x7632u : 0x5410u;
+                    const u32 b0 = prmt(x[0][j >> 1], x[1][j >> 1], sel);
+                    const u32 b1 = prmt(x[2][j >> 1], x[3][j >> 1], sel);
+                    mma_f16(o[4 * vg + j], pa, b0, b1);
+                }
             }
         }
     }
 };
 
-// Hopper's bulk copies (global → shared, completion counted in bytes on an mbarrier): one
-// lane per run and kind stages a whole tile, instead of every thread computing the paged
-// address of each 16-byte chunk (which cost a sixth of the kernel's instructions).
-__device__ __forceinline__ void mbar_init(u32 bar, u32 count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_inval(u32 bar) {
-    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(u32 bar, u32 parity) {
-    asm volatile("{\n\t.reg .pred p;\n"
-                 "WAIT:\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "\t@!p bra WAIT;\n}" :: "r"(bar), "r"(parity) : "memory");
-}
-__device__ __forceinline__ void bulk_copy(u32 dst, const void* src, u32 bytes, u32 bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+// ---- Coded decode attention with the keys as the MMAs' M (GQA groups of at most 8) -------
+// The template above puts the g query heads in the 16 rows of every MMA, so for g = 4 three
+// quarters of the score fragments, softmax work and accumulator rescales are padding. Here the
+// 16 keys of a step are the rows instead: scores are Sᵀ = K·Qᵀ (K codes as the A fragment,
+// the queries as an 8-column B), and the output is Oᵀ = Vᵀ·Pᵀ (value codes as the A
+// fragment, the weights transposed into a B fragment with `movmatrix`). Per 16 keys that is
+// D/16 + D/16 MMAs instead of D/8 + D/8, and each lane's softmax state covers two heads.
+//
+// Lane (c = lane % 4, q = lane / 4): scores of keys q and q + 8 of each step for heads 2c and
+// 2c + 1; it unpacks run c (D/4 dims) of those keys' key records — the k columns 2c, 2c + 1,
+// 2c + 8, 2c + 9 of each MMA — and run q (D/8 dims) of keys 2c, 2c + 1, 2c + 8, 2c + 9's value
+// records, which are the M rows q and q + 8 of the value MMAs. Its B fragment holds head q's
+// query at the dims of run c. Same grid, tiles, splits and merge as the template; requires
+// g <= 8.
+__device__ __forceinline__ u32 movmatrix_trans(u32 x) {
+    u32 d;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(x));
+    return d;
 }
 
-// Pipeline stages of a coded kernel: enough that about 36 KiB of tiles are in flight per
-// block (a tile of compressed keys is small, and the bytes in flight bound the bandwidth),
-// 3 to 6 (the software pipeline holds two tiles while a third loads; int8, which runs
-// unpipelined, 2 to 6). Must match `code_stages` in cuda/codes.rs.
-constexpr int code_stages(int d, int kb, int vb, int tk) {
-    const int tile = tk * (d * kb / 8 + 2 + d * vb / 8 + 2);
-    const int s = (36864 + tile - 1) / tile, least = kb == 8 ? 2 : 3;
-    return s < least ? least : (s > 6 ? 6 : s);
-}
-
-// 16-bit fixed point of w ∈ [0, 1] in the low half of the result's bits (2²³ + 2²² pins
-// the exponent, so the low mantissa bits are round(w · 65535)).
-__device__ __forceinline__ u32 fixed16(float w) { return __float_as_uint(fmaf(w, 65535.0f, 12582912.0f)); }
-
-// Coded decode attention: grid = (rows, n_kv, n_splits), 4 warps; one block attends the
-// g <= 8·NNT query heads of one row's kv head over one split of the row's coded keys
-// (coded_range; a windowed pool's last split is `attn_exact_split`), tiles of TK = 128 keys
-// through a cp.async pipeline, then the fused merge, as the 16-bit template. Per tile:
-//   A. warp w scores keys 32w .. 32w+31 (two steps of 16; lane (q, c) = (lane/4, lane%4)
-//      holds keys q and q+8 × heads 2c, 2c+1 (+8 per n-tile)), then its maxima of the
-//      scores per head and of the value scales go to shared memory;
-//   B. every thread takes the block's new reference (m per head: the running max score;
-//      vr: the running max value scale); a lane whose heads' reference moved converts its
-//      integer output sums to f32 and rescales them; then the weights
-//      w = 2^(s - m) · scale / vr as 16-bit fixed point, transposed (movmatrix) into the
-//      value MMAs' B fragments and split into high and low bytes, go to shared memory;
-//   C. warp w accumulates dims 64·(w % NG) .. +63 (NG = D / 64) over its share of the tile's
-//      keys: Oᵀ += Vᵀ·(Pᵀ_hi·256 + Pᵀ_lo) in s32.
-// At the end each warp converts its sums, the key-share warps add up through shared memory,
-// and the split's partial (m in natural-log units, l, unnormalised output) is written.
-// Iteration t of the main loop runs A for tile t beside C for tile t-1 (software pipeline,
-// two block barriers per tile); the weights are double-buffered.
-// dynamic smem: STAGES · (K tile + V tile) + NNT · 4 KiB of weights + NW · (8·NNT + 1) floats
-// + STAGES mbarriers + NW · NNT · 2 KiB of f32 output totals (the final sums reuse the stages),
-// and the merge's g·(2·n_splits + 1) floats.
-template <int D, int KB, int VB, int NNT, int STAGES>
-__device__ __forceinline__ void attn_imma_impl(float* sh, ATTN_PARAMS, const u32* fmt,
-                                               const ExactArgs& xa)
+template <int D, int KB, int VB, int TK, int STAGES, int NW>
+__device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const u32* fmt,
+                                                  const ExactArgs& xa)
 {
-    constexpr int NW = 4, NTH = NW * 32, TK = 128, KPW = TK / NW, NS = KPW / 16;
-    constexpr int KROW = D * KB / 8, VROW = D * VB / 8;        // code bytes per key
-    constexpr int KR = D / 4, KRB = KR * KB / 8;                // a lane's key run
-    constexpr int NG = D / 64, KG = NW / NG, VKS = TK / KG / 32; // value dim groups, key shares
-    constexpr int UB = 4 * VB, RUNS = TK / 16;                  // value unit bytes
-    constexpr int KT = TK * (KROW + 2), VT = TK * (VROW + 2), STAGE_BYTES = KT + VT;
-    constexpr int NH = 8 * NNT;                                  // MMA columns (heads)
-    static_assert(D == 64 || D == 128, "head dims of whole 64-dim value groups");
-    using KC = KeyCodes<KB, KR>;
+    constexpr int NTH = NW * 32, KPW = TK / NW, NS = KPW / 16;   // 16-key steps per warp
+    static_assert(KPW % 16 == 0, "a warp's keys are whole 16-key steps");
+    using KC = KvCodes<D, KB, VB>;
+    constexpr int KROW = KC::KROW, VROW = KC::VROW, KR = KC::KR, VR = KC::VR;
+    constexpr int KRB = KC::KRB, VRB = KC::VRB;
+    constexpr int KT = KC::template k_tile_bytes<TK>(), VT = KC::template v_tile_bytes<TK>();
+    constexpr int STAGE_BYTES = KT + VT;
     const int g = n_heads / n_kv;
     const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5, c = lane & 3, q = lane >> 2;
@@ -1563,394 +1627,202 @@ __device__ __forceinline__ void attn_imma_impl(float* sh, ATTN_PARAMS, const u32
     const int k1 = min(k0 + chunk, kend);
     const int ntiles = k1 > k0 ? (k1 - k0 + TK - 1) / TK : 0;
     const PagedKv kv(tables + seq_tbl[tok_seq[r]], n_kv, kh, block_size);
-    const int ktot = (int)fmt[3], ksoff = (int)fmt[4];
-    const int vtot = (int)fmt[288 + 3], vsoff = (int)fmt[288 + 4];
-    unsigned char* stage = (unsigned char*)sh;              // [STAGES][K tile, V tile]
-    u32* pw = (u32*)(stage + STAGES * STAGE_BYTES);         // [2][NNT][hi, lo][RUNS][32]
-    float* red = (float*)(pw + 2 * NNT * 2 * RUNS * 32);    // [NW][NH + 1]
-    const u32 bars = smem_addr(red + NW * (NH + 1));        // [STAGES] mbarriers (8-aligned)
-    const unsigned char* kc = (const unsigned char*)k_cache;
-    const unsigned char* vc = (const unsigned char*)v_cache;
-    const int bmask = block_size - 1;
-    // Warp 0 stages tile t: lane 4·run + kind copies one run's key codes, key scales, value
-    // codes or value scales (runs from k1 on are left stale: their keys are masked). Coded
-    // pools have power-of-two block sizes of 16 or more (checked by the host), so a run of
-    // 16 keys from a multiple of 16 lies in one block; its bytes are contiguous there.
+    const KC f(fmt);
+    unsigned char* stage = (unsigned char*)sh;   // [STAGES][K tile, V tile]
     auto issue = [&](int t) {
-        if (warp != 0 || t >= ntiles) return;
-        const u32 bar = bars + 8 * (t % STAGES);
-        unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
-        const int t0 = k0 + t * TK;
-        const int live = min(RUNS, (k1 - t0 + 15) >> 4);
-        if (lane == 0) mbar_expect_tx(bar, (u32)(live * (16 * KROW + 16 * VROW + 64)));
-        __syncwarp();
-        const int run = lane >> 2, kind = lane & 3;
-        if (run < live) {
-            const int p = t0 + 16 * run;
-            const bool isv = kind >= 2, isscale = kind & 1;
-            const int row = isv ? VROW : KROW, total = isv ? vtot : ktot;
-            const u32 off = isscale ? (u32)((isv ? vsoff : ksoff) + (p & bmask) * 2) : (u32)((p & bmask) * row);
-            const unsigned char* src =
-                (isv ? vc : kc) + ((u64)kv.tbl[p >> kv.bs_log] * n_kv + kh) * total + off;
-            unsigned char* dst = (isv ? ks + KT : ks) + (isscale ? TK * row + 32 * run : 16 * row * run);
-            bulk_copy(smem_addr(dst), src, isscale ? 32u : (u32)(16 * row), bar);
+        if (t < ntiles) {
+            unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
+            f.template stage<TK, NTH>(ks, ks + KT, k0 + t * TK, k1, -1, kv, k_cache, v_cache, tid);
         }
+        cp_async_commit();
     };
-    if (tid == 0) {
-#pragma unroll
-        for (int s = 0; s < STAGES; s++) mbar_init(bars + 8 * s, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
     pdl_wait();
 #pragma unroll
     for (int t = 0; t < STAGES - 1; t++) issue(t);
 
-    u32 kt[4], vt[8];
-#pragma unroll
-    for (int i = 0; i < 4; i++) kt[i] = fmt[24 + i];
-#pragma unroll
-    for (int i = 0; i < 8; i++) vt[i] = fmt[288 + 24 + i];
-    const float kfac = __uint_as_float(fmt[23]), vfac = __uint_as_float(fmt[288 + 23]);
-
-    // The query of head q (+8 per n-tile) at run c's dims as 16-bit integers (per-head scale
-    // 32512 / max |q|), split into B fragments: hi = round(x / 256), lo = x - 256·hi.
-    u32 qhi[NNT][D / 32][2], qlo[NNT][D / 32][2];
-    float qf[NNT][2], qhalf[NNT][2];   // heads 2c, 2c + 1: 1 / scale; ½·Σx / 256 (4-bit keys)
+    // Head q's query at run c's dims, as B fragments (zero for heads past g).
+    u32 qb[D / 16][2];
     {
+        const float* qh = q < g ? qkv + (u64)r * width + (u64)(kh * g + q) * D : nullptr;
         const float qs = scale * 1.4426950408889634f;
 #pragma unroll
-        for (int nt = 0; nt < NNT; nt++) {
-            const int h = q + 8 * nt;
-            const float* qh = h < g ? qkv + (u64)r * width + (u64)(kh * g + h) * D + c * KR : nullptr;
-            float x[KR];
-            float am = 0.f;
+        for (int kk = 0; kk < D / 16; kk++) {
+            float x[4];
 #pragma unroll
-            for (int gg = 0; gg < KR / 4; gg++) {
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    x[4 * gg + j] = qh ? qh[KC::dim(gg, j)] * qs : 0.f;
-                    am = fmaxf(am, fabsf(x[4 * gg + j]));
-                }
-            }
-            am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 1));
-            am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 2));
-            const float sq = am > 0.f ? 32512.0f / am : 1.0f;
-            int sum = 0;
-#pragma unroll
-            for (int gg = 0; gg < KR / 4; gg++) {
-                u32 hb = 0u, lb = 0u;
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int v = __float2int_rn(x[4 * gg + j] * sq);
-                    const int hi = (v + 128) >> 8;
-                    sum += v;
-                    hb |= ((u32)hi & 0xffu) << (8 * j);
-                    lb |= ((u32)(v - 256 * hi) & 0xffu) << (8 * j);
-                }
-                qhi[nt][gg >> 1][gg & 1] = hb;
-                qlo[nt][gg >> 1][gg & 1] = lb;
-            }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            const float inv = 1.0f / sq, half = 0.5f * (float)sum / 256.0f;
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                qf[nt][e] = __shfl_sync(0xffffffffu, inv, 4 * (2 * c + e));
-                qhalf[nt][e] = KB == 4 ? __shfl_sync(0xffffffffu, half, 4 * (2 * c + e)) : 0.f;
-            }
+            for (int j = 0; j < 4; j++) x[j] = qh ? qh[c * KR + Codes<KB, KR>::dim(kk, j)] * qs : 0.f;
+            qb[kk][0] = pack_f16(x[0], x[1]);
+            qb[kk][1] = pack_f16(x[2], x[3]);
         }
     }
-    // Output sums: [n-tile][m-tile][C element] of dims 64G + 16mt + q (+8) × heads 2c, 2c+1,
-    // in s32 registers; their f32 totals (touched only when the reference moves) in shared
-    // memory, lane-minor: ofs[(nt·16 + 4mt + e)·32 + lane] of this warp.
-    // int8 (memory-bound, fewer integer ops) runs unpipelined with its totals in registers,
-    // so that three blocks of its larger tiles fit an SM.
-    constexpr bool PIPE = KB != 8;
-    int oh[NNT][4][4], ol[NNT][4][4];
-    float ofr[NNT][4][4];
-    float* ofs = red + NW * (NH + 1) + 2 * STAGES + warp * NNT * 16 * 32;
-    auto total = [&](int nt, int mt, int e) -> float& {
-        if constexpr (PIPE) return ofs[(nt * 16 + 4 * mt + e) * 32 + lane];
-        else return ofr[nt][mt][e];
-    };
+    // o[nd]: Oᵀ rows q, q + 8 of value MMA nd (dims out_dim(nd, 0 / 1)), heads 2c, 2c + 1.
+    float o[D / 16][4];
 #pragma unroll
-    for (int nt = 0; nt < NNT; nt++)
-#pragma unroll
-        for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                oh[nt][mt][e] = 0;
-                ol[nt][mt][e] = 0;
-                total(nt, mt, e) = 0.f;
-            }
-    float mref[NNT][2], lsum[NNT][2];
-#pragma unroll
-    for (int nt = 0; nt < NNT; nt++) { mref[nt][0] = mref[nt][1] = -1e30f; lsum[nt][0] = lsum[nt][1] = 0.f; }
-    float vref = 0.f;
-    int since = 0;   // tiles summed since the last conversion (s32 headroom: see below)
-    // Converts the output sums of head e of n-tile nt to f32 (at reference vref) and scales
-    // them and the head's l by a.
-    auto flush = [&](int nt, int e, float a) {
-        const float f = vref * vfac;
-#pragma unroll
-        for (int mt = 0; mt < 4; mt++) {
-#pragma unroll
-            for (int rr = 0; rr < 2; rr++) {
-                const int i = e + 2 * rr;
-                const float x = fmaf((float)oh[nt][mt][i], 256.0f, (float)ol[nt][mt][i]);
-                float& o = total(nt, mt, i);
-                o = fmaf(x, f, o) * a;
-                oh[nt][mt][i] = 0;
-                ol[nt][mt][i] = 0;
-            }
-        }
-        lsum[nt][e] *= a;
-    };
-    const int G = warp % NG, H = warp / NG;   // the value phase's dim group and key share
-    // C. values of tile u (weights in P buffer u & 1): this warp's 64 dims over its share of
-    // the tile's keys.
-    auto values = [&](int u) {
-        const unsigned char* vs = stage + (u64)(u % STAGES) * STAGE_BYTES + KT;
-        const u32* pb = pw + (u & 1) * NNT * 2 * RUNS * 32;
-#pragma unroll
-        for (int ksb = 0; ksb < VKS; ksb++) {
-            const int ra = 2 * (H * VKS + ksb), rb = ra + 1;
-            u32 ua[UB / 4], ub[UB / 4];
-#pragma unroll
-            for (int i = 0; i < UB / 4; i++) {
-                ua[i] = ((const u32*)(vs + ra * 16 * VROW + (G * 32 + lane) * UB))[i];
-                ub[i] = ((const u32*)(vs + rb * 16 * VROW + (G * 32 + lane) * UB))[i];
-            }
-            u32 val[8], vah[8], vbl[8], vbh[8];
-            ValueUnit<VB>::decode(ua, vt, val, vah);
-            ValueUnit<VB>::decode(ub, vt, vbl, vbh);
-#pragma unroll
-            for (int nt = 0; nt < NNT; nt++) {
-                const u32 bh0 = pb[((nt * 2 + 0) * RUNS + ra) * 32 + lane];
-                const u32 bh1 = pb[((nt * 2 + 0) * RUNS + rb) * 32 + lane];
-                const u32 bl0 = pb[((nt * 2 + 1) * RUNS + ra) * 32 + lane];
-                const u32 bl1 = pb[((nt * 2 + 1) * RUNS + rb) * 32 + lane];
-#pragma unroll
-                for (int mt = 0; mt < 4; mt++) {
-                    // x·w = 256·(hi·w_hi) + hi·w_lo + lo·w_hi (lo·w_lo, below 2⁻¹⁶, left out).
-                    const u32 a[4] = {vah[2 * mt], vah[2 * mt + 1], vbh[2 * mt], vbh[2 * mt + 1]};
-                    imma_s8u8(oh[nt][mt], a, bh0, bh1);
-                    imma_s8u8(ol[nt][mt], a, bl0, bl1);
-                    if constexpr (VB != 8) {   // the low bytes of 16-bit values
-                        const u32 b[4] = {val[2 * mt], val[2 * mt + 1], vbl[2 * mt], vbl[2 * mt + 1]};
-                        imma_s8u8(ol[nt][mt], b, bh0, bh1);
-                    }
-                }
-            }
-        }
-    };
-
-    // Software pipeline: iteration t scores tile t (A) beside the values of tile t-1 (C),
-    // then takes the reference and writes tile t's weights (B) into P buffer t & 1; two block
-    // barriers per tile, and the two heavy phases overlap across warps.
-    // (int8: A, B and C of tile t in turn, three barriers.)
-    for (int t = 0; t <= ntiles; t++) {
-        if (t < ntiles) mbar_wait(bars + 8 * (t % STAGES), (u32)(t / STAGES) & 1u);
-        __syncthreads();          // tile t landed; the weights of tile t-1 are written
-        if (PIPE && t > 0) values(t - 1);
-        if (t == ntiles) break;
-        if (!PIPE) issue(t + STAGES - 1);   // into tile t-1's stage, whose values are done
+    for (int nd = 0; nd < D / 16; nd++) { o[nd][0] = 0.f; o[nd][1] = 0.f; o[nd][2] = 0.f; o[nd][3] = 0.f; }
+    float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;   // heads 2c, 2c + 1 (log2 units)
+    for (int t = 0; t < ntiles; t++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();          // tile t landed for all; tile t-1's stage is free
+        issue(t + STAGES - 1);
         const unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
         const unsigned char* vs = ks + KT;
-        const u16* ksc = (const u16*)(ks + TK * KROW);
-        const u16* vsc = (const u16*)(vs + TK * VROW);
-        const int kw = warp * KPW;
+        const int kw = warp * KPW;                 // the warp's first key in the tile
         const int key0 = k0 + t * TK + kw;
-        // A. scores (log2 units, masked), value scales of this lane's keys.
-        float s[NS][NNT][4], vk[NS][2];
-        float mx[NNT][2], vmx = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < NNT; nt++) { mx[nt][0] = mx[nt][1] = -INFINITY; }
+        float s[NS][4];
 #pragma unroll
         for (int st = 0; st < NS; st++) {
-            const int ka = kw + 16 * st + q, kb = ka + 8;   // this lane's keys (tile rows)
+            const int ka = kw + 16 * st + q, kb = ka + 8;   // this lane's two keys (tile rows)
             u32 wa[(KRB + 3) / 4], wb[(KRB + 3) / 4];
             load_run<KRB>(ks + ka * KROW + c * KRB, wa);
             load_run<KRB>(ks + kb * KROW + c * KRB, wb);
-            int hh[NNT][4], mm[NNT][4];
+            s[st][0] = 0.f; s[st][1] = 0.f; s[st][2] = 0.f; s[st][3] = 0.f;
 #pragma unroll
-            for (int nt = 0; nt < NNT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) { hh[nt][e] = 0; mm[nt][e] = 0; }
-#pragma unroll
-            for (int kk = 0; kk < D / 32; kk++) {
-                u32 lo[4], hi[4];
-                KC::group(wa, 2 * kk, kt, lo[0], hi[0]);
-                KC::group(wb, 2 * kk, kt, lo[1], hi[1]);
-                KC::group(wa, 2 * kk + 1, kt, lo[2], hi[2]);
-                KC::group(wb, 2 * kk + 1, kt, lo[3], hi[3]);
-#pragma unroll
-                for (int nt = 0; nt < NNT; nt++) {
-                    imma_s8s8(hh[nt], hi, qhi[nt][kk][0], qhi[nt][kk][1]);
-                    imma_s8s8(mm[nt], hi, qlo[nt][kk][0], qlo[nt][kk][1]);
-                    if constexpr (KB != 8) imma_u8s8(mm[nt], lo, qhi[nt][kk][0], qhi[nt][kk][1]);
-                }
+            for (int kk = 0; kk < D / 16; kk++) {
+                u32 a[4];
+                Codes<KB, KR>::group(wa, kk, f.klo, f.khi, a[0], a[2]);
+                Codes<KB, KR>::group(wb, kk, f.klo, f.khi, a[1], a[3]);
+                mma_f16(s[st], a, qb[kk][0], qb[kk][1]);
             }
+            const u16* ksc = (const u16*)(ks + TK * KROW);
+            const float sa = f16_to_f32(ksc[ka]), sb = f16_to_f32(ksc[kb]);
             const int pa = key0 + 16 * st + q, pb = pa + 8;
             const bool la = pa < k1 && pa >= cr.lo, lb = pb < k1 && pb >= cr.lo;
-            const float fa = f16_to_f32(ksc[ka]) * kfac, fb = f16_to_f32(ksc[kb]) * kfac;
-            vk[st][0] = la ? f16_to_f32(vsc[ka]) : 0.f;
-            vk[st][1] = lb ? f16_to_f32(vsc[kb]) : 0.f;
-            vmx = fmaxf(vmx, fmaxf(vk[st][0], vk[st][1]));
-#pragma unroll
-            for (int nt = 0; nt < NNT; nt++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    // |256·hh + mm| < 2^30 (16-bit codebook × 16-bit query over 128 dims).
-                    const float x = (float)(hh[nt][e] * 256 + mm[nt][e]) + qhalf[nt][e & 1];
-                    const bool live = e < 2 ? la : lb;
-                    const float v = live ? x * (e < 2 ? fa : fb) * qf[nt][e & 1] : -INFINITY;
-                    s[st][nt][e] = v;
-                    mx[nt][e & 1] = fmaxf(mx[nt][e & 1], v);
-                }
-            }
+            s[st][0] = la ? s[st][0] * sa : -INFINITY;
+            s[st][1] = la ? s[st][1] * sa : -INFINITY;
+            s[st][2] = lb ? s[st][2] * sb : -INFINITY;
+            s[st][3] = lb ? s[st][3] * sb : -INFINITY;
         }
-#pragma unroll
-        for (int x = 4; x < 32; x <<= 1) {
-#pragma unroll
-            for (int nt = 0; nt < NNT; nt++) {
-                mx[nt][0] = fmaxf(mx[nt][0], __shfl_xor_sync(0xffffffffu, mx[nt][0], x));
-                mx[nt][1] = fmaxf(mx[nt][1], __shfl_xor_sync(0xffffffffu, mx[nt][1], x));
-            }
-            vmx = fmaxf(vmx, __shfl_xor_sync(0xffffffffu, vmx, x));
-        }
-        if (q == 0) {
-#pragma unroll
-            for (int nt = 0; nt < NNT; nt++) {
-                red[warp * (NH + 1) + 8 * nt + 2 * c] = mx[nt][0];
-                red[warp * (NH + 1) + 8 * nt + 2 * c + 1] = mx[nt][1];
-            }
-            if (c == 0) red[warp * (NH + 1) + NH] = vmx;
-        }
-        __syncthreads();          // maxima in; every warp is done with tile t-1's values
-        if (PIPE) issue(t + STAGES - 1);   // into tile t-1's stage
-        // B. the block's reference; conversions where it moved (or the s32 sums near their
-        // headroom: 128 tiles of 128 keys × 2 × 255 × 128 stays below 2³¹); the weights.
-        float vnew = vref;
-#pragma unroll
-        for (int w = 0; w < NW; w++) vnew = fmaxf(vnew, red[w * (NH + 1) + NH]);
-        const bool full = ++since == 128;
-        if (full) since = 0;
-#pragma unroll
-        for (int nt = 0; nt < NNT; nt++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                float mn = mref[nt][e];
-#pragma unroll
-                for (int w = 0; w < NW; w++) mn = fmaxf(mn, red[w * (NH + 1) + 8 * nt + 2 * c + e]);
-                if (mn > mref[nt][e] || vnew > vref || full) {
-                    flush(nt, e, exp2f(mref[nt][e] - mn));
-                    mref[nt][e] = mn;
-                }
-            }
-        }
-        vref = vnew;
-        const float ivr = vref > 0.f ? 1.0f / vref : 0.f;
+        float mx0 = m0, mx1 = m1;
 #pragma unroll
         for (int st = 0; st < NS; st++) {
-            const float va = vk[st][0] * ivr, vb = vk[st][1] * ivr;
-            const int run = (kw >> 4) + st;
-#pragma unroll
-            for (int nt = 0; nt < NNT; nt++) {
-                u32 f[4];
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const float p = exp2f(s[st][nt][e] - mref[nt][e & 1]);
-                    lsum[nt][e & 1] += p;
-                    f[e] = fixed16(p > 0.f ? p * (e < 2 ? va : vb) : 0.f);
-                }
-                // Rows (keys q, q+8) × columns (heads 2c, 2c+1) → head q × keys 2c, 2c+1 (8+).
-                const u32 m0 = movmatrix_trans(prmt(f[0], f[1], 0x5410u));
-                const u32 m1 = movmatrix_trans(prmt(f[2], f[3], 0x5410u));
-                u32* pb = pw + (t & 1) * NNT * 2 * RUNS * 32;
-                pb[((nt * 2 + 0) * RUNS + run) * 32 + lane] = prmt(m0, m1, 0x7531u);
-                pb[((nt * 2 + 1) * RUNS + run) * 32 + lane] = prmt(m0, m1, 0x6420u);
-            }
+            mx0 = fmaxf(mx0, fmaxf(s[st][0], s[st][2]));
+            mx1 = fmaxf(mx1, fmaxf(s[st][1], s[st][3]));
         }
-        if (!PIPE) {
-            __syncthreads();      // the weights of tile t are written
-            values(t);
-        }
-    }
-#pragma unroll
-    for (int nt = 0; nt < NNT; nt++) {
-        flush(nt, 0, 1.0f);
-        flush(nt, 1, 1.0f);
 #pragma unroll
         for (int x = 4; x < 32; x <<= 1) {
-            lsum[nt][0] += __shfl_xor_sync(0xffffffffu, lsum[nt][0], x);
-            lsum[nt][1] += __shfl_xor_sync(0xffffffffu, lsum[nt][1], x);
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+        }
+        const float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);
+        m0 = mx0; m1 = mx1;
+        l0 *= c0; l1 *= c1;
+#pragma unroll
+        for (int nd = 0; nd < D / 16; nd++) { o[nd][0] *= c0; o[nd][1] *= c1; o[nd][2] *= c0; o[nd][3] *= c1; }
+#pragma unroll
+        for (int st = 0; st < NS; st++) {
+            s[st][0] = exp2f(s[st][0] - m0); s[st][1] = exp2f(s[st][1] - m1);
+            s[st][2] = exp2f(s[st][2] - m0); s[st][3] = exp2f(s[st][3] - m1);
+            l0 += s[st][0] + s[st][2];
+            l1 += s[st][1] + s[st][3];
+            // Weights × the keys' value scales (a weight of exactly 0 — a masked key — stays 0
+            // whatever its stale scale), transposed into the B fragment of the value MMAs.
+            const int ka = kw + 16 * st + q, kb = ka + 8;
+            const u16* vsc = (const u16*)(vs + TK * VROW);
+            const float va = f16_to_f32(vsc[ka]), vb = f16_to_f32(vsc[kb]);
+            auto w = [](float pv, float sv) { return pv > 0.f ? pv * sv : 0.f; };
+            const u32 pb0 = movmatrix_trans(pack_f16(w(s[st][0], va), w(s[st][1], va)));
+            const u32 pb1 = movmatrix_trans(pack_f16(w(s[st][2], vb), w(s[st][3], vb)));
+            // Value runs q of keys 2c, 2c + 1, 2c + 8, 2c + 9 of the step.
+            u32 vw[4][(VRB + 3) / 4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int key = kw + 16 * st + 2 * c + (i & 1) + 8 * (i >> 1);
+                load_run<VRB>(vs + key * VROW + q * VRB, vw[i]);
+            }
+#pragma unroll
+            for (int vg = 0; vg < VR / 4; vg++) {
+                u32 x[4][2];
+#pragma unroll
+                for (int i = 0; i < 4; i++) Codes<VB, VR>::group(vw[i], vg, f.vlo, f.vhi, x[i][0], x[i][1]);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {   // value MMA 2vg + h: slots 2h (row q), 2h + 1 (row q + 8)
+                    u32 a[4];
+                    a[0] = prmt(x[0][h], x[1][h], 0x5410u);
+                    a[1] = prmt(x[0][h], x[1][h], 0x7632u);
+                    a[2] = prmt(x[2][h], x[3][h], 0x5410u);
+                    a[3] = prmt(x[2][h], x[3][h], 0x7632u);
+                    mma_f16(o[2 * vg + h], a, pb0, pb1);
+                }
+            }
         }
     }
-    __syncthreads();              // stages are reused for the warps' sums
-    if (tid == 0) {
+    cp_async_wait<0>();
 #pragma unroll
-        for (int s = 0; s < STAGES; s++) mbar_inval(bars + 8 * s);
+    for (int x = 4; x < 32; x <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
     }
-    // Per warp: l[NH] over its keys, then the output of its dim group and key share [NH][64];
-    // after the warps, m[NH] (the same in every lane that holds a head).
-    float* ws = sh + (u64)warp * (NH + NH * 64);
-    float* msh = sh + (u64)NW * (NH + NH * 64);
-    if (q == 0) {
+    __syncthreads();              // stages are reused for the warps' states
+    // Per warp: m[8], l[8], acc[8][D] (log2 units).
+    float* ws = sh + (u64)warp * 8 * (D + 2);
+    if (q == 0) { ws[2 * c] = m0; ws[2 * c + 1] = m1; ws[8 + 2 * c] = l0; ws[8 + 2 * c + 1] = l1; }
 #pragma unroll
-        for (int nt = 0; nt < NNT; nt++) {
-            ws[8 * nt + 2 * c] = lsum[nt][0];
-            ws[8 * nt + 2 * c + 1] = lsum[nt][1];
-            if (warp == 0) { msh[8 * nt + 2 * c] = mref[nt][0]; msh[8 * nt + 2 * c + 1] = mref[nt][1]; }
-        }
+    for (int nd = 0; nd < D / 16; nd++) {
+        const int vg = nd >> 1, h = nd & 1;
+        const int dx = q * VR + Codes<VB, VR>::dim(vg, 2 * h);
+        const int dy = q * VR + Codes<VB, VR>::dim(vg, 2 * h + 1);
+        ws[16 + (2 * c) * D + dx] = o[nd][0];
+        ws[16 + (2 * c + 1) * D + dx] = o[nd][1];
+        ws[16 + (2 * c) * D + dy] = o[nd][2];
+        ws[16 + (2 * c + 1) * D + dy] = o[nd][3];
     }
-#pragma unroll
-    for (int nt = 0; nt < NNT; nt++)
-#pragma unroll
-        for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                ws[NH + (8 * nt + 2 * c + (e & 1)) * 64 + 16 * mt + q + 8 * (e >> 1)] =
-                    total(nt, mt, e);
     __syncthreads();
     for (int e = tid; e < g * D; e += NTH) {
-        const int h = e / D, dd = e - h * D, gd = dd >> 6;
-        float at = 0.f, lt = 0.f;
+        const int h = e / D, dd = e - h * D;
+        float mx = -1e30f;
 #pragma unroll
-        for (int w = 0; w < NW; w++) {
-            const float* pws = sh + (u64)w * (NH + NH * 64);
-            lt += pws[h];   // each warp scored its own keys
-            if (w % NG == gd) at += pws[NH + h * 64 + (dd & 63)];
+        for (int wi = 0; wi < NW; wi++) mx = fmaxf(mx, sh[wi * 8 * (D + 2) + h]);
+        float lt = 0.0f, at = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < NW; wi++) {
+            const float* pw = sh + wi * 8 * (D + 2);
+            const float wt = exp2f(pw[h] - mx);
+            lt = fmaf(pw[8 + h], wt, lt);
+            at = fmaf(pw[16 + h * D + dd], wt, at);
         }
         const u64 b = ((u64)r * n_heads + kh * g + h) * n_splits + sp;
         part_acc[b * D + dd] = at;
         if (dd == 0) {
-            part_ml[2 * b] = lt > 0.0f ? msh[h] * 0.6931471805599453f : -INFINITY;
+            part_ml[2 * b] = lt > 0.0f ? mx * 0.6931471805599453f : -INFINITY;
             part_ml[2 * b + 1] = lt;
         }
     }
     attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16);
 }
 
+// Pipeline stages of a coded kernel: enough that about 48 KiB of tiles are in flight per
+// block (a tile of compressed keys is small, and the bytes in flight bound the bandwidth),
+// 2 to 6. Must match `code_stages` in cuda/codes.rs.
+constexpr int code_stages(int d, int kb, int vb, int tk) {
+    const int tile = tk * (d * kb / 8 + 2 + d * vb / 8 + 2);
+    const int s = (49152 + tile - 1) / tile;
+    return s < 2 ? 2 : (s > 6 ? 6 : s);
+}
+
 // The exact window's kernel parameters (ExactArgs; xtbl null: no window).
 #define ATTN_EXACT_PARAMS const u16* __restrict__ xk, const u16* __restrict__ xv, \
     const u32* __restrict__ xtbl, int x_sinks, int x_recent
-// attn_imma_{D}_{KB}_{VB}_{NNT}: coded K / V of KB / VB bits (8: int8), up to 8·NNT query heads
-// per kv head. The list must match CODE_WIDTHS in cuda/codes.rs.
-#define ATTN_IMMA(D, KB, VB, NNT, MINB) \
-    extern "C" __global__ void __launch_bounds__(128, MINB) attn_imma_##D##_##KB##_##VB##_##NNT(ATTN_PARAMS, \
+// attn_codes_{D}_{KB}_{VB}: the template on coded K / V of KB / VB bits (8: int8), 128-key
+// tiles, 4 warps. The list must match CODE_WIDTHS in cuda/codes.rs.
+#define ATTN_CODES(D, KB, VB) \
+    extern "C" __global__ void __launch_bounds__(128, 3) attn_codes_##D##_##KB##_##VB(ATTN_PARAMS, \
         const u32* __restrict__ fmt, ATTN_EXACT_PARAMS) { \
         extern __shared__ float sh[]; \
         const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
-        attn_imma_impl<D, KB, VB, NNT, code_stages(D, KB, VB, 128)>(sh, ATTN_ARGS, fmt, xa); \
+        attn_decode_impl<KvCodes<D, KB, VB>, D, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt, xa); \
     }
-#define ATTN_IMMA_BOTH(D, KB, VB) ATTN_IMMA(D, KB, VB, 1, 4) ATTN_IMMA(D, KB, VB, 2, 2)
-// (int8 keeps its totals in registers and fits three blocks per SM by shared memory.)
-#define ATTN_IMMA_D(D) \
-    ATTN_IMMA(D, 8, 8, 1, 3) ATTN_IMMA(D, 8, 8, 2, 2) \
-    ATTN_IMMA_BOTH(D, 4, 4) ATTN_IMMA_BOTH(D, 4, 3) ATTN_IMMA_BOTH(D, 4, 2) \
-    ATTN_IMMA_BOTH(D, 3, 4) ATTN_IMMA_BOTH(D, 3, 3) ATTN_IMMA_BOTH(D, 3, 2) \
-    ATTN_IMMA_BOTH(D, 2, 4) ATTN_IMMA_BOTH(D, 2, 3) ATTN_IMMA_BOTH(D, 2, 2)
-ATTN_IMMA_D(64)
-ATTN_IMMA_D(128)
+// attn_codes_m_{D}_{KB}_{VB}: the keys-as-M kernel (g <= 8), same tiles, 4 blocks per SM.
+#define ATTN_CODES_M(D, KB, VB) \
+    extern "C" __global__ void __launch_bounds__(128, 4) attn_codes_m_##D##_##KB##_##VB(ATTN_PARAMS, \
+        const u32* __restrict__ fmt, ATTN_EXACT_PARAMS) { \
+        extern __shared__ float sh[]; \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
+        attn_codes_m_impl<D, KB, VB, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt, xa); \
+    }
+#define ATTN_CODES_BOTH(D, KB, VB) ATTN_CODES(D, KB, VB) ATTN_CODES_M(D, KB, VB)
+#define ATTN_CODES_D(D) \
+    ATTN_CODES_BOTH(D, 8, 8) \
+    ATTN_CODES_BOTH(D, 4, 4) ATTN_CODES_BOTH(D, 4, 3) ATTN_CODES_BOTH(D, 4, 2) \
+    ATTN_CODES_BOTH(D, 3, 4) ATTN_CODES_BOTH(D, 3, 3) ATTN_CODES_BOTH(D, 3, 2) \
+    ATTN_CODES_BOTH(D, 2, 4) ATTN_CODES_BOTH(D, 2, 3) ATTN_CODES_BOTH(D, 2, 2)
+ATTN_CODES_D(64)
+ATTN_CODES_D(128)

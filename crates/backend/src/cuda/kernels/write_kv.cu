@@ -71,9 +71,10 @@ extern "C" __global__ void write_kv(
 // ---- Coded pools (int8, TurboQuant-MSE): the codec's encoder, bit for bit --------------
 // Format descriptor (288 u32 words per role, keys then values; built by cuda/codes.rs):
 // [0] kind (0 int8, 1 TurboQuant), [1] bits, [2] code bytes per token, [3] bytes per
-// (block, kv head), [4] offset of the scales in it, [5] the code layout, [6] σ, [7] 1/σ
-// (f32 bits), [8..23) the boundaries, [24..29) the integer codebook tables and their factor
-// (attention.cu), [32..32+d) the rotation's sign masks. Every f32 operation below is the codec's (crates/codec/src/tq.rs,
+// (block, kv head), [4] offset of the scales in it, [5] the record layout, [6] σ, [7] 1/σ
+// (f32 bits), [8..23) the boundaries, [24..32) the centroid byte tables (attention.cu; the 8
+// positive centroids for sign-magnitude records), [32..32+d) the
+// rotation's sign masks. Every f32 operation below is the codec's (crates/codec/src/tq.rs,
 // plain.rs, kernels/mod.rs), in its order and without FMA contraction, so the codes equal
 // the CPU's.
 #define CODE_DESC_WORDS 288
@@ -120,56 +121,14 @@ __device__ __forceinline__ float warp_sum_squares(const float (&v)[E]) {
 // tq::stored_f16: round to nearest even, every NaN as 0x7E00.
 __device__ __forceinline__ u16 stored_f16(float v) { return v != v ? (u16)0x7e00u : f32_to_f16(v); }
 
-// Writes the codes idx[0..D) of token `slot` of a block whose code region starts at `block`
-// as value units (cuda/code_layout.rs `ValueUnits`): in each run of 16 tokens, unit 32G + 4q + c
-// holds dims 64G + q + 8j × tokens 2c, 2c+1, 8+2c, 9+2c (slot i). Four tokens share each
-// word, and the tokens of a prefill chunk are written at once by other warps, so each word
-// takes this token's bits with an atomic AND (clear) and OR (set).
-template <int D>
-__device__ __forceinline__ void write_value_units(const unsigned char* idx, unsigned char* block,
-                                                  u32 slot, int bits, int lane)
-{
-    const int s = (int)(slot & 15u);
-    const int c = (s & 7) >> 1, i = (s & 1) | ((s >> 3) << 1);
-    u32* run = (u32*)(block + (u64)(slot & ~15u) * (D * bits / 8));
-    // The words this token touches: unit (G, q, c) × `bits` words, for G < D/64, q < 8.
-    const int n = (D / 64) * 8 * bits;
-    for (int x = lane; x < n; x += 32) {
-        const int word = x % bits, unit = x / bits;   // unit = 8G + q
-        const int grp = unit >> 3, q = unit & 7;
-        u32 mask = 0u, val = 0u;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const u32 code = idx[64 * grp + q + 8 * j];
-            for (int k = 0; k < bits; k++) {
-                int at;   // bit of the unit
-                if (bits == 8) at = 8 * (4 * j + i) + k;
-                else if (bits == 4 || (bits == 3 && j < 6)) at = 32 * (j >> 1) + 16 * (j & 1) + 4 * i + k;
-                else if (bits == 3) at = 32 * k + 4 * (4 * (j - 6) + i) + 3;
-                else at = 32 * (j >> 2) + 16 * (j & 1) + 4 * i + 2 * ((j & 3) >> 1) + k;
-                if ((at >> 5) == word) {
-                    mask |= 1u << (at & 31);
-                    val |= ((code >> k) & 1u) << (at & 31);
-                }
-            }
-        }
-        u32* p = run + (32 * grp + 4 * q + c) * bits + word;
-        atomicAnd(p, ~mask);
-        atomicOr(p, val);
-    }
-}
-
-// Encodes one head vector (v, centered) into token `slot` of the (block, kv head) at `block`:
-// codes and scale as the descriptor lays them out; with `exact`, also its f16 copy in the
-// basis the attention reads the codes in (rotated for TurboQuant: R·v).
+// Encodes one head vector (v, centered) into its slot: codes at `codes`, scale at `scale`;
+// with `exact`, also its f16 copy in the basis the attention reads the codes in (rotated for
+// TurboQuant: R·v).
 template <int E>
-__device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, unsigned char* block,
-                                              u32 slot, unsigned char* idx, int lane, u16* exact)
+__device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, unsigned char* codes,
+                                              u16* scale, unsigned char* idx, int lane, u16* exact)
 {
     constexpr int D = 32 * E;
-    unsigned char* codes = block + (u64)slot * desc[2];
-    u16* scale = (u16*)(block + desc[4]) + slot;
-    const bool as_units = (desc[5] & 0xffu) == 3u;
     const u32 kind = desc[0], bits = desc[1];
     if (kind == 0) {   // int8: s = f16(absmax / 127), q = clamp(round(x / s), ±127)
         if (exact) {
@@ -187,13 +146,7 @@ __device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, un
         for (int m = 0; m < E; m++) {
             const float r = roundf(__fdiv_rn(v[m], sv));
             const float q = (!ok || r != r) ? 0.0f : fminf(fmaxf(r, -127.0f), 127.0f);
-            const unsigned char b = (unsigned char)(signed char)(int)q;
-            if (as_units) idx[lane + 32 * m] = b;
-            else codes[lane + 32 * m] = b;
-        }
-        if (as_units) {
-            __syncwarp();
-            write_value_units<D>(idx, block, slot, 8, lane);
+            codes[lane + 32 * m] = (unsigned char)(signed char)(int)q;
         }
         if (lane == 0) *scale = s16;
         return;
@@ -210,23 +163,17 @@ __device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, un
     const float n = __fsqrt_rn(nsq);
     const float t = __fmul_rn(n, __uint_as_float(desc[6]));
     const int nb = (1 << bits) - 1;
-    // The code layout (desc[5], cuda/code_layout.rs): 0 the codec's, 1 | run << 8 3-bit
-    // nibble units, 2 sign-magnitude 4-bit values (codes 8-15 stored reversed), 3 value units
-    // (4-bit ones sign-magnitude too).
+    // The record layout (desc[5], cuda/code_layout.rs): 0 the codec's, 1 | run << 8 3-bit
+    // nibble units, 2 sign-magnitude 4-bit values (codes 8-15 stored reversed).
     const u32 lay = desc[5];
 #pragma unroll
     for (int m = 0; m < E; m++) {
         int c = 0;
         for (int k = 0; k < nb; k++) c += v[m] > __fmul_rn(__uint_as_float(desc[8 + k]), t);
-        if ((lay == 2 || (lay == 3 && bits == 4)) && c >= 8) c = 23 - c;   // sign-magnitude
+        if (lay == 2 && c >= 8) c = 23 - c;
         idx[lane + 32 * m] = (unsigned char)c;
     }
     __syncwarp();
-    if (as_units) {
-        write_value_units<D>(idx, block, slot, (int)bits, lane);
-        if (lane == 0) *scale = stored_f16(n);
-        return;
-    }
     // Record bit p holds bit `bit` of code `code`: LSB-first (p / bits, p % bits), or in a
     // run of R 3-bit codes (U = R / 16 units of 3 halfwords), halfword U·j + u nibble i holds
     // code 16u + 4j + i in bits 0-2 and bit j of the spare code 16u + 12 + i in bit 3.
@@ -315,7 +262,7 @@ __device__ __forceinline__ void write_kv_codes_impl(float* sh,
         const int xs = exact_slot(xtbl, tok_seq[t], (int)(pos / block_size));
         if (xs >= 0) exact = (is_v ? xv : xk) + (((u64)xs * n_kv + kh) * block_size + slot) * D;
     }
-    encode_vector(v, desc, base, slot, idx, lane, exact);
+    encode_vector(v, desc, base + (u64)slot * desc[2], (u16*)(base + desc[4]) + slot, idx, lane, exact);
 }
 
 #define WRITE_KV_CODES(D) \
