@@ -13,6 +13,8 @@ use crate::tq::NormMode;
 pub enum DeviceFormat {
     /// `int8` (see [`crate::plain`]): d two's-complement bytes and an f16 absmax/127 scale.
     Int8,
+    /// `fp8` (see [`crate::fp8`]): d OCP E4M3 bytes and an f16 absmax/448 scale.
+    Fp8,
     /// TurboQuant-MSE with a single part, exact norms and a Hadamard rotation.
     HadamardMse(HadamardMse),
 }
@@ -41,6 +43,7 @@ impl VectorCodec {
     pub fn device_format(&self) -> Option<DeviceFormat> {
         match &self.format {
             Format::Plain(Plain::Int8) => Some(DeviceFormat::Int8),
+            Format::Plain(Plain::Fp8) => Some(DeviceFormat::Fp8),
             Format::Plain(_) => None,
             Format::Tq(t) => {
                 let [part] = t.parts.as_slice() else {
@@ -83,6 +86,10 @@ mod tests {
         assert_eq!(
             codec("int8", KvRole::Key, 128, &o).device_format(),
             Some(DeviceFormat::Int8)
+        );
+        assert_eq!(
+            codec("fp8", KvRole::Value, 64, &o).device_format(),
+            Some(DeviceFormat::Fp8)
         );
         for bits in [2u8, 3, 4] {
             let c = codec(&format!("tq{bits}"), KvRole::Value, 128, &o);

@@ -301,7 +301,12 @@ fn windowed_codes_match<C: Backend, G: Backend>(
     prompt: &[u32],
 ) {
     // The plain format first, as the baseline of the windowed ones.
-    for (dtype, recent, sinks) in [("tq3", 0, 0), ("tq3", 15, 1), ("k4v2", 40, 4)] {
+    for (dtype, recent, sinks) in [
+        ("tq3", 0, 0),
+        ("tq3", 15, 1),
+        ("k4v2", 40, 4),
+        ("fp8", 0, 0),
+    ] {
         let policy = turbokv_cache::KvPolicy {
             window: turbokv_cache::KvWindow { recent, sinks },
             ..Default::default()

@@ -1,4 +1,4 @@
-//! Coded KV pools on the GPU (`int8`, TurboQuant-MSE `tq{2,3,4}` and mixed `k{b}v{b}`): the
+//! Coded KV pools on the GPU (`int8`, `fp8`, TurboQuant-MSE `tq{2,3,4}` and mixed `k{b}v{b}`): the
 //! format descriptors the kernels read, and what a coded pool holds beside its bytes.
 //!
 //! A coded pool stores every (physical block, kv head) in the codec's block layout
@@ -39,27 +39,67 @@ fn code_stages(tile_bytes: usize) -> usize {
 
 /// Head dims with coded kernels.
 pub(crate) const CODE_HEAD_DIMS: [usize; 2] = [64, 128];
-/// Code widths per role the kernels are instantiated for (8 = int8, which pairs only with
-/// itself), in attention.cu's `ATTN_CODES_D` order.
-const CODE_WIDTHS: [(u8, u8); 10] = [
-    (8, 8),
-    (4, 4),
-    (4, 3),
-    (4, 2),
-    (3, 4),
-    (3, 3),
-    (3, 2),
-    (2, 4),
-    (2, 3),
-    (2, 2),
-];
+/// How one role's codes are read by a kernel: one byte per coordinate (int8, fp8) or
+/// TurboQuant-MSE codes of 2-4 bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CodeForm {
+    Int8,
+    Fp8,
+    Mse(u8),
+}
 
-/// One coded decode kernel: head dim, key bits, value bits (8 = int8).
+impl CodeForm {
+    /// The form a device format is read in.
+    pub(crate) fn of(f: &DeviceFormat) -> CodeForm {
+        match f {
+            DeviceFormat::Int8 => CodeForm::Int8,
+            DeviceFormat::Fp8 => CodeForm::Fp8,
+            DeviceFormat::HadamardMse(h) => CodeForm::Mse(h.bits),
+        }
+    }
+
+    /// Bits per coordinate.
+    pub(crate) fn bits(self) -> u8 {
+        match self {
+            CodeForm::Int8 | CodeForm::Fp8 => 8,
+            CodeForm::Mse(b) => b,
+        }
+    }
+
+    /// The form's part of a kernel name (attention.cu's `KB`/`VB` tokens: `8` int8, `f8` fp8).
+    fn tag(self) -> String {
+        match self {
+            CodeForm::Fp8 => "f8".into(),
+            f => f.bits().to_string(),
+        }
+    }
+}
+
+/// Code forms of (keys, values) the kernels are instantiated for (int8 and fp8 pair only
+/// with themselves), in attention.cu's `ATTN_CODES_D` order.
+const CODE_FORMS: [(CodeForm, CodeForm); 11] = {
+    use CodeForm::{Fp8, Int8, Mse};
+    [
+        (Int8, Int8),
+        (Fp8, Fp8),
+        (Mse(4), Mse(4)),
+        (Mse(4), Mse(3)),
+        (Mse(4), Mse(2)),
+        (Mse(3), Mse(4)),
+        (Mse(3), Mse(3)),
+        (Mse(3), Mse(2)),
+        (Mse(2), Mse(4)),
+        (Mse(2), Mse(3)),
+        (Mse(2), Mse(2)),
+    ]
+};
+
+/// One coded decode kernel: head dim and the code forms of keys and values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct CodeVariant {
     pub head_dim: usize,
-    pub key_bits: u8,
-    pub value_bits: u8,
+    pub key: CodeForm,
+    pub value: CodeForm,
 }
 
 impl CodeVariant {
@@ -68,13 +108,11 @@ impl CodeVariant {
         CODE_HEAD_DIMS
             .iter()
             .flat_map(|&head_dim| {
-                CODE_WIDTHS
-                    .iter()
-                    .map(move |&(key_bits, value_bits)| CodeVariant {
-                        head_dim,
-                        key_bits,
-                        value_bits,
-                    })
+                CODE_FORMS.iter().map(move |&(key, value)| CodeVariant {
+                    head_dim,
+                    key,
+                    value,
+                })
             })
             .collect()
     }
@@ -87,8 +125,8 @@ impl CodeVariant {
             "attn_codes_{}{}_{}_{}",
             if keys_as_m { "m_" } else { "" },
             self.head_dim,
-            self.key_bits,
-            self.value_bits
+            self.key.tag(),
+            self.value.tag()
         )
     }
 
@@ -100,8 +138,8 @@ impl CodeVariant {
     /// Dynamic shared memory: the pipeline's K and V tiles (code records and scales), or the
     /// warps' final states, whichever is larger (the merge's is added by the launch).
     pub(crate) fn smem_bytes(&self) -> usize {
-        let row = |bits: u8| self.head_dim * usize::from(bits) / 8 + 2;
-        let tile = CODE_TILE * (row(self.key_bits) + row(self.value_bits));
+        let row = |f: CodeForm| self.head_dim * usize::from(f.bits()) / 8 + 2;
+        let tile = CODE_TILE * (row(self.key) + row(self.value));
         (code_stages(tile) * tile).max(CODE_WARPS * 16 * (self.head_dim + 2) * 4)
     }
 }
@@ -130,8 +168,8 @@ impl PoolCodes {
     /// block layout) from the GPU record layouts into the codec's (`to_codec`) or back.
     pub(crate) fn convert_records(&self, k: &mut [u8], v: &mut [u8], to_codec: bool) {
         let roles = [
-            (k, self.k_records, &self.k_layout, self.variant.key_bits),
-            (v, self.v_records, &self.v_layout, self.variant.value_bits),
+            (k, self.k_records, &self.k_layout, self.variant.key.bits()),
+            (v, self.v_records, &self.v_layout, self.variant.value.bits()),
         ];
         for (block, records, layout, bits) in roles {
             let end = layout.block_size * layout.code_bytes_per_token;
@@ -146,12 +184,9 @@ impl PoolCodes {
     }
 }
 
-/// Code width of one role's device format (8 for int8).
+/// Code width of one role's device format (8 for int8 and fp8).
 fn width(f: &DeviceFormat) -> u8 {
-    match f {
-        DeviceFormat::Int8 => 8,
-        DeviceFormat::HadamardMse(h) => h.bits,
-    }
+    CodeForm::of(f).bits()
 }
 
 /// Codes per kernel lane run of each role (the unit of [`RecordLayout`]): keys are read in
@@ -185,6 +220,10 @@ pub(crate) fn descriptor(
     match f {
         DeviceFormat::Int8 => {
             w[0] = 0;
+            w[1] = 8;
+        }
+        DeviceFormat::Fp8 => {
+            w[0] = 2;
             w[1] = 8;
         }
         DeviceFormat::HadamardMse(h) => {
@@ -238,7 +277,7 @@ pub(crate) fn unsupported_reason(dtype: KvDtype, head_dim: usize) -> Option<Stri
             Some(f) if width(&f) >= 2 => {}
             _ => {
                 return Some(format!(
-                    "{role}: only int8 and whole widths 2-4 (no outlier split, 1-bit or QJL \
+                    "{role}: only int8, fp8 and whole widths 2-4 (no outlier split, 1-bit or QJL \
                      codes) are read on the GPU"
                 ));
             }
@@ -297,11 +336,13 @@ pub(crate) fn pool_codes(
     }
     let variant = CodeVariant {
         head_dim: layout.head_dim,
-        key_bits: width(&kf),
-        value_bits: width(&vf),
+        key: CodeForm::of(&kf),
+        value: CodeForm::of(&vf),
     };
     if !CodeVariant::all().contains(&variant) {
-        return Err(refuse("int8 keys pair only with int8 values".into()));
+        return Err(refuse(
+            "int8 and fp8 keys pair only with values of the same format".into(),
+        ));
     }
     let (k_run, v_run) = runs(layout.head_dim);
     let mut words = descriptor(&kf, &k_layout, k_run)?;
@@ -332,7 +373,7 @@ pub(crate) fn pool_codes(
 }
 
 /// What the CUDA backend stores KV caches as.
-pub(crate) const ACCEPTED: &str = "f16, bf16 (head_dim a multiple of 4, ≤ 256); int8, tq2, \
+pub(crate) const ACCEPTED: &str = "f16, bf16 (head_dim a multiple of 4, ≤ 256); int8, fp8, tq2, \
      tq3, tq4 and k{b}v{b} with whole b in 2-4 (head_dim 64 or 128, MSE keys; a recent window and sinks kept at f16)";
 
 #[cfg(test)]
@@ -342,7 +383,7 @@ mod tests {
     #[test]
     fn every_width_pair_has_one_kernel_per_head_dim() {
         let all = CodeVariant::all();
-        assert_eq!(all.len(), CODE_HEAD_DIMS.len() * CODE_WIDTHS.len());
+        assert_eq!(all.len(), CODE_HEAD_DIMS.len() * CODE_FORMS.len());
         for v in &all {
             assert!(v.kernel_name(false).starts_with("attn_codes_"));
             assert!(v.kernel_name(true).starts_with("attn_codes_m_"));
@@ -374,6 +415,7 @@ mod tests {
         assert_eq!(&w[32..160], &h.sign_masks[..]);
         assert!(unsupported_reason("tq3".parse().unwrap(), 128).is_none());
         assert!(unsupported_reason("int8".parse().unwrap(), 64).is_none());
+        assert!(unsupported_reason("fp8".parse().unwrap(), 128).is_none());
         assert!(unsupported_reason("tq2.5".parse().unwrap(), 128).is_some());
         assert!(unsupported_reason("tq1".parse().unwrap(), 128).is_some());
         assert!(unsupported_reason("tq3".parse().unwrap(), 96).is_some());

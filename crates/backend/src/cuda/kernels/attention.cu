@@ -1264,7 +1264,7 @@ ATTN_DEC16(128, 64, 2, 4)
 ATTN_DEC16(128, 64, 3, 4)
 ATTN_DEC16(128, 32, 2, 2)
 
-// ---- Coded formats: int8 and TurboQuant-MSE, attended over on their codes --------------
+// ---- Coded formats: int8, fp8 and TurboQuant-MSE, attended over on their codes ---------
 // Pool layout (the codec's block layout, crates/codec/src/layout.rs): per (physical block,
 // kv head) one block of `total` bytes, the code records of its tokens back to back (ROW bytes
 // each, bits arranged per cuda/code_layout.rs), then at `soff` one f16 scale per token. Format words `fmt` (one 288-word descriptor
@@ -1285,7 +1285,11 @@ ATTN_DEC16(128, 32, 2, 2)
 // pairs with byte permutes: a TurboQuant code selects the low and the high byte of its
 // centroid from tables held in registers (`prmt`, 8 entries per pair of registers); an int8
 // code c becomes the f16 1024 + (c + 128) by placing it under the exponent byte 0x64, then 1152
-// is subtracted (exact).
+// is subtracted (exact). fp8 (E4M3) codes convert to f16 pairs in hardware on sm_89+ (exact:
+// every finite E4M3 value is an f16); before that, a code's bits become an f16's — sign on
+// top, exponent and mantissa shifted under it — whose value is the code's / 256 (the biases
+// differ by 8; E4M3 subnormals land on f16 subnormals), the 256 joining the f32 scale
+// (`code_scale`).
 
 __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     u32 d;
@@ -1327,7 +1331,34 @@ __device__ __forceinline__ void load_run(const unsigned char* p, u32 (&w)[(RB + 
 // `hi`: the centroid byte tables (TurboQuant). The runs are in the pool's record layout
 // (cuda/code_layout.rs), chosen so that a prmt selector (one 3-bit index per nibble, bit 3
 // clear) costs about one mask.
+// The template's code-width argument: 2-4 TurboQuant bits, 8 int8, `f8` fp8 (a tag; one
+// byte per code as int8). `f8` is also the kernels' name token (attn_codes_64_f8_f8).
+constexpr int f8 = 9;
+#if __CUDA_ARCH__ >= 890
+#define FP8_CVT 1   // cvt.rn.f16x2.e4m3x2
+#else
+#define FP8_CVT 0
+#endif
+__host__ __device__ constexpr int code_bits(int b) { return b == f8 ? 8 : b; }
+__host__ __device__ constexpr float code_scale(int b) { return b == f8 && !FP8_CVT ? 256.0f : 1.0f; }
+
 template <int B, int R> struct Codes;
+template <int R> struct Codes<f8, R> {   // fp8 E4M3 (/ code_scale(f8))
+    __device__ static constexpr int dim(int g, int j) { return 4 * g + j; }
+    __device__ static __forceinline__ void group(const u32* w, int g, const u32*, const u32*,
+                                                 u32& a, u32& b) {
+#if FP8_CVT
+        asm("{\n.reg .b16 l, h;\nmov.b32 {l, h}, %2;\ncvt.rn.f16x2.e4m3x2 %0, l;\n"
+            "cvt.rn.f16x2.e4m3x2 %1, h;\n}" : "=r"(a), "=r"(b) : "r"(w[g]));
+#else
+        // Bytes 0, 1 (2, 3) as the high bytes of two halfwords, then bit 7 stays the sign
+        // and bits 0-6 move under it.
+        const u32 h0 = prmt(w[g], 0u, 0x1404u), h1 = prmt(w[g], 0u, 0x3424u);
+        a = (h0 & 0x80008000u) | ((h0 >> 1) & 0x3f803f80u);
+        b = (h1 & 0x80008000u) | ((h1 >> 1) & 0x3f803f80u);
+#endif
+    }
+};
 template <int R> struct Codes<8, R> {   // int8
     __device__ static constexpr int dim(int g, int j) { return 4 * g + j; }
     __device__ static __forceinline__ void group(const u32* w, int g, const u32*, const u32*,
@@ -1458,9 +1489,10 @@ template <int D, int KB, int VB>
 struct KvCodes {
     static constexpr bool PREFETCH = false;
     static constexpr bool DIMS_IN_ORDER = false;
-    static constexpr int KROW = D * KB / 8, VROW = D * VB / 8;   // code bytes per key
+    static constexpr int KROW = D * code_bits(KB) / 8, VROW = D * code_bits(VB) / 8;   // code bytes per key
     static constexpr int KR = D / 4, VR = D / 8;                 // codes per lane run
-    static constexpr int KRB = KR * KB / 8, VRB = VR * VB / 8;   // bytes per lane run
+    static constexpr int KRB = KR * code_bits(KB) / 8, VRB = VR * code_bits(VB) / 8;   // bytes per lane run
+    static constexpr float KS = code_scale(KB), VS = code_scale(VB);   // scale factors
     static_assert(D % 64 == 0, "runs of whole 4-code groups and 2-byte alignment");
     template <int TK> static constexpr int k_tile_bytes() { return TK * (KROW + 2); }
     template <int TK> static constexpr int v_tile_bytes() { return TK * (VROW + 2); }
@@ -1528,7 +1560,7 @@ struct KvCodes {
                 mma_f16(s[nt], q.qa[kk], b0, b1);
             }
             const u32 sc = *(const u32*)(tile + TK * KROW + (key0 + nt * 8 + 2 * c) * 2);
-            const float s0 = f16_to_f32((u16)(sc & 0xffffu)), s1 = f16_to_f32((u16)(sc >> 16));
+            const float s0 = KS * f16_to_f32((u16)(sc & 0xffffu)), s1 = KS * f16_to_f32((u16)(sc >> 16));
             s[nt][0] *= s0; s[nt][1] *= s1; s[nt][2] *= s0; s[nt][3] *= s1;
         }
     }
@@ -1547,7 +1579,7 @@ struct KvCodes {
             for (int h = 0; h < 2; h++) {
                 const int nt = 2 * k + h;
                 const u32 sc = *(const u32*)(scales + (key0 + nt * 8 + 2 * c) * 2);
-                const float s0 = f16_to_f32((u16)(sc & 0xffffu)), s1 = f16_to_f32((u16)(sc >> 16));
+                const float s0 = VS * f16_to_f32((u16)(sc & 0xffffu)), s1 = VS * f16_to_f32((u16)(sc >> 16));
                 auto w = [](float pv, float sv) { return pv > 0.f ? pv * sv : 0.f; };
                 pa[2 * h] = pack_f16(w(p[nt][0], s0), w(p[nt][1], s1));
                 pa[2 * h + 1] = pack_f16(w(p[nt][2], s0), w(p[nt][3], s1));
@@ -1683,7 +1715,7 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
                 mma_f16(s[st], a, qb[kk][0], qb[kk][1]);
             }
             const u16* ksc = (const u16*)(ks + TK * KROW);
-            const float sa = f16_to_f32(ksc[ka]), sb = f16_to_f32(ksc[kb]);
+            const float sa = KC::KS * f16_to_f32(ksc[ka]), sb = KC::KS * f16_to_f32(ksc[kb]);
             const int pa = key0 + 16 * st + q, pb = pa + 8;
             const bool la = pa < k1 && pa >= cr.lo, lb = pb < k1 && pb >= cr.lo;
             s[st][0] = la ? s[st][0] * sa : -INFINITY;
@@ -1717,7 +1749,7 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
             // whatever its stale scale), transposed into the B fragment of the value MMAs.
             const int ka = kw + 16 * st + q, kb = ka + 8;
             const u16* vsc = (const u16*)(vs + TK * VROW);
-            const float va = f16_to_f32(vsc[ka]), vb = f16_to_f32(vsc[kb]);
+            const float va = KC::VS * f16_to_f32(vsc[ka]), vb = KC::VS * f16_to_f32(vsc[kb]);
             auto w = [](float pv, float sv) { return pv > 0.f ? pv * sv : 0.f; };
             const u32 pb0 = movmatrix_trans(pack_f16(w(s[st][0], va), w(s[st][1], va)));
             const u32 pb1 = movmatrix_trans(pack_f16(w(s[st][2], vb), w(s[st][3], vb)));
@@ -1793,7 +1825,7 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
 // block (a tile of compressed keys is small, and the bytes in flight bound the bandwidth),
 // 2 to 6. Must match `code_stages` in cuda/codes.rs.
 constexpr int code_stages(int d, int kb, int vb, int tk) {
-    const int tile = tk * (d * kb / 8 + 2 + d * vb / 8 + 2);
+    const int tile = tk * (d * code_bits(kb) / 8 + 2 + d * code_bits(vb) / 8 + 2);
     const int s = (49152 + tile - 1) / tile;
     return s < 2 ? 2 : (s > 6 ? 6 : s);
 }
@@ -1801,7 +1833,7 @@ constexpr int code_stages(int d, int kb, int vb, int tk) {
 // The exact window's kernel parameters (ExactArgs; xtbl null: no window).
 #define ATTN_EXACT_PARAMS const u16* __restrict__ xk, const u16* __restrict__ xv, \
     const u32* __restrict__ xtbl, int x_sinks, int x_recent
-// attn_codes_{D}_{KB}_{VB}: the template on coded K / V of KB / VB bits (8: int8), 128-key
+// attn_codes_{D}_{KB}_{VB}: the template on coded K / V of KB / VB bits (8: int8, f8: fp8), 128-key
 // tiles, 4 warps. The list must match CODE_WIDTHS in cuda/codes.rs.
 #define ATTN_CODES(D, KB, VB) \
     extern "C" __global__ void __launch_bounds__(128, 3) attn_codes_##D##_##KB##_##VB(ATTN_PARAMS, \
@@ -1820,7 +1852,7 @@ constexpr int code_stages(int d, int kb, int vb, int tk) {
     }
 #define ATTN_CODES_BOTH(D, KB, VB) ATTN_CODES(D, KB, VB) ATTN_CODES_M(D, KB, VB)
 #define ATTN_CODES_D(D) \
-    ATTN_CODES_BOTH(D, 8, 8) \
+    ATTN_CODES_BOTH(D, 8, 8) ATTN_CODES_BOTH(D, f8, f8) \
     ATTN_CODES_BOTH(D, 4, 4) ATTN_CODES_BOTH(D, 4, 3) ATTN_CODES_BOTH(D, 4, 2) \
     ATTN_CODES_BOTH(D, 3, 4) ATTN_CODES_BOTH(D, 3, 3) ATTN_CODES_BOTH(D, 3, 2) \
     ATTN_CODES_BOTH(D, 2, 4) ATTN_CODES_BOTH(D, 2, 3) ATTN_CODES_BOTH(D, 2, 2)

@@ -68,9 +68,9 @@ extern "C" __global__ void write_kv(
     }
 }
 
-// ---- Coded pools (int8, TurboQuant-MSE): the codec's encoder, bit for bit --------------
+// ---- Coded pools (int8, fp8, TurboQuant-MSE): the codec's encoder, bit for bit ---------
 // Format descriptor (288 u32 words per role, keys then values; built by cuda/codes.rs):
-// [0] kind (0 int8, 1 TurboQuant), [1] bits, [2] code bytes per token, [3] bytes per
+// [0] kind (0 int8, 1 TurboQuant, 2 fp8), [1] bits, [2] code bytes per token, [3] bytes per
 // (block, kv head), [4] offset of the scales in it, [5] the record layout, [6] σ, [7] 1/σ
 // (f32 bits), [8..23) the boundaries, [24..32) the centroid byte tables (attention.cu; the 8
 // positive centroids for sign-magnitude records), [32..32+d) the
@@ -118,6 +118,23 @@ __device__ __forceinline__ float warp_sum_squares(const float (&v)[E]) {
     return __shfl_sync(0xffffffffu, a, 0);
 }
 
+// fp8::encode: the nearest E4M3 code (ties to even), saturating at ±448; NaN gives 0.
+__device__ __forceinline__ unsigned char fp8_encode(float x) {
+    if (x != x) return 0;
+    const u32 sign = (__float_as_uint(x) >> 24) & 0x80u;
+    const float a = fabsf(x);
+    u32 mag;
+    if (a >= 448.0f) {
+        mag = 0x7eu;
+    } else if (a < 0.015625f) {   // subnormals: steps of 2^-9, a·2^9 exact
+        mag = (u32)rintf(__fmul_rn(a, 512.0f));
+    } else {                      // the f32 mantissa rounded to 3 bits on the bit pattern
+        const u32 b = __float_as_uint(a);
+        mag = ((b + 0x7ffffu + ((b >> 20) & 1u)) >> 20) - (120u << 3);
+    }
+    return (unsigned char)(sign | mag);
+}
+
 // tq::stored_f16: round to nearest even, every NaN as 0x7E00.
 __device__ __forceinline__ u16 stored_f16(float v) { return v != v ? (u16)0x7e00u : f32_to_f16(v); }
 
@@ -130,7 +147,9 @@ __device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, un
 {
     constexpr int D = 32 * E;
     const u32 kind = desc[0], bits = desc[1];
-    if (kind == 0) {   // int8: s = f16(absmax / 127), q = clamp(round(x / s), ±127)
+    // int8: s = f16(absmax / 127), q = clamp(round(x / s), ±127); fp8: s = f16(absmax / 448),
+    // q = fp8::encode(x / s).
+    if (kind != 1) {
         if (exact) {
 #pragma unroll
             for (int m = 0; m < E; m++) exact[lane + 32 * m] = f32_to_f16(v[m]);
@@ -139,12 +158,17 @@ __device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, un
 #pragma unroll
         for (int m = 0; m < E; m++) am = fmaxf(am, fabsf(v[m]));
         for (int o = 16; o > 0; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
-        const u16 s16 = stored_f16(__fdiv_rn(am, 127.0f));
+        const u16 s16 = stored_f16(__fdiv_rn(am, kind == 0 ? 127.0f : 448.0f));
         const float sv = f16_to_f32(s16);
         const bool ok = sv > 0.0f && sv < INFINITY;
 #pragma unroll
         for (int m = 0; m < E; m++) {
-            const float r = roundf(__fdiv_rn(v[m], sv));
+            const float x = __fdiv_rn(v[m], sv);
+            if (kind == 2) {
+                codes[lane + 32 * m] = ok ? fp8_encode(x) : (unsigned char)0;
+                continue;
+            }
+            const float r = roundf(x);
             const float q = (!ok || r != r) ? 0.0f : fminf(fmaxf(r, -127.0f), 127.0f);
             codes[lane + 32 * m] = (unsigned char)(signed char)(int)q;
         }
