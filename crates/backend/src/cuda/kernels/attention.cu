@@ -801,8 +801,9 @@ __device__ __forceinline__ void attn_mma_impl(u16* sh,
     const int v0 = 16 * warp + (lane >> 2), v1 = v0 + 8;
     const int r0 = v0 / g, h0 = v0 - r0 * g, r1 = v1 / g, h1 = v1 - r1 * g;
     const bool ok0 = r0 < (int)n_rows, ok1 = r1 < (int)n_rows;
-    const int p0 = pos0 + r0, p1 = pos0 + r1;
-    // Each row's first key (never above its own position, so 0 without a window).
+    // Each row's last and first keys relative to the first staged key `klo` (the first is
+    // never above the row's own position, and ≤ 0 without a window).
+    const int p0 = pos0 + r0 - klo, p1 = pos0 + r1 - klo;
     const int lo0 = window > 0 ? p0 + 1 - window : 0, lo1 = window > 0 ? p1 + 1 - window : 0;
     const float qs = scale * 1.4426950408889634f;
     MmaRows<D, BF16> w;
@@ -829,7 +830,7 @@ __device__ __forceinline__ void attn_mma_impl(u16* sh,
         for (int nt = 0; nt < 4; nt++) {
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const int key = klo + t * MMA_TK + nt * 8 + (lane & 3) * 2 + e;
+                const int key = t * MMA_TK + nt * 8 + (lane & 3) * 2 + e;
                 if (!ok0 || key > p0 || key < lo0) s[nt][e] = -INFINITY;
                 if (!ok1 || key > p1 || key < lo1) s[nt][2 + e] = -INFINITY;
             }
