@@ -419,8 +419,9 @@ pub trait Backend: Send + Sync {
     /// `dtype`. Asked by a model loader (with the 16-bit dtype sliding-window rings use, the
     /// cache's dtype being unknown then: whether the model can run at all) and again for
     /// every layer when a cache is made (with the layer's own dtype), so that nothing is
-    /// refused mid-step. Plain attention is [`Backend::supports_attention`]'s to answer.
-    /// Default: plain attention only.
+    /// refused mid-step. The geometry and dtype limits of attention itself are
+    /// [`Backend::supports_attention`]'s to answer (asked beside this one). Default: plain
+    /// attention only.
     fn supports_attention_variant(
         &self,
         geometry: &AttnGeometry,

@@ -131,7 +131,9 @@ fn missing_ops<B: Backend>(backend: &B, config: &ModelConfig) -> Option<String> 
         sinks: a.sinks,
     };
     let geometry = crate::transformer::attn_geometry(config);
-    if let Err(e) = backend.supports_attention_variant(&geometry, KvDtype::F16, needs) {
+    if !needs.is_plain()
+        && let Err(e) = backend.supports_attention_variant(&geometry, KvDtype::F16, needs)
+    {
         return Some(format!("{} ({e})", needs.describe()));
     }
     if a.conv_layers.contains(&true) && !backend.supports_short_conv() {

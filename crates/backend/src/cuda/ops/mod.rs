@@ -443,11 +443,10 @@ impl Backend for CudaBackend {
     /// sinks, no windows over coded pools (`attention::variant_unsupported`).
     fn supports_attention_variant(
         &self,
-        g: &AttnGeometry,
+        _: &AttnGeometry,
         dtype: KvDtype,
         needs: VariantNeeds,
     ) -> Result<(), Error> {
-        self.check_attention(g, dtype)?;
         let coded = dtype.is_compressed().then(|| dtype.to_string());
         match super::attention::variant_unsupported(needs, coded.as_deref()) {
             None => Ok(()),
