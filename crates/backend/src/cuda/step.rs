@@ -582,6 +582,9 @@ impl Scratch {
         for m in &mut self.metas {
             m.valid = false;
         }
+        // A step run again (eagerly, after a capture or replay that did not fit) assigns its
+        // span sets from the first slot again, so it grows the slots the next capture uses.
+        self.meta_next = 0;
         self.exact_valid = false;
         self.exact_queued = false;
     }
