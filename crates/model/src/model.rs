@@ -132,9 +132,11 @@ fn missing_ops<B: Backend>(backend: &B, config: &ModelConfig) -> Option<String> 
     };
     let geometry = crate::transformer::attn_geometry(config);
     if !needs.is_plain()
-        && let Err(e) = backend.supports_attention_variant(&geometry, KvDtype::F16, needs)
+        && backend
+            .supports_attention_variant(&geometry, KvDtype::F16, needs)
+            .is_err()
     {
-        return Some(format!("{} ({e})", needs.describe()));
+        return Some(needs.describe().to_string());
     }
     if a.conv_layers.contains(&true) && !backend.supports_short_conv() {
         return Some("short convolutions".into());
