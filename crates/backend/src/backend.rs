@@ -111,6 +111,43 @@ impl<V> AttnVariant<'_, V> {
     pub fn is_plain(&self) -> bool {
         self.window.is_none() && self.sinks.is_none()
     }
+
+    /// What this variant asks of a backend (see [`Backend::supports_attention_variant`]).
+    pub fn needs(&self) -> VariantNeeds {
+        VariantNeeds {
+            window: self.window.is_some(),
+            sinks: self.sinks.is_some(),
+        }
+    }
+}
+
+/// Which departures from plain causal attention an attention layer makes: the description of
+/// a layer that [`Backend::supports_attention_variant`] answers for, before any variant's
+/// values (window length, sink logits) exist.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VariantNeeds {
+    /// A sliding window ([`AttnVariant::window`]).
+    pub window: bool,
+    /// Attention sinks ([`AttnVariant::sinks`]).
+    pub sinks: bool,
+}
+
+impl VariantNeeds {
+    /// Neither a window nor sinks.
+    pub fn is_plain(&self) -> bool {
+        !self.window && !self.sinks
+    }
+
+    /// A few words naming what is asked, for error messages (`"a sliding window"`,
+    /// `"attention sinks"`, both, or `"plain attention"`).
+    pub fn describe(&self) -> &'static str {
+        match (self.window, self.sinks) {
+            (false, false) => "plain attention",
+            (true, false) => "a sliding window",
+            (false, true) => "attention sinks",
+            (true, true) => "a sliding window and attention sinks",
+        }
+    }
 }
 
 /// What a KV pool keeps beside its blocks on behalf of the sequences holding them.
@@ -368,12 +405,37 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Tensor,
     ) -> Result<(), Error>;
 
-    /// Whether this backend runs the operations of the model families beyond llama/qwen
-    /// ([`Backend::scale`], [`Backend::gelu_mul`], [`Backend::attention_variant`] with a
-    /// window or sinks). A model loader refuses such a model up front on a backend that says
-    /// no, rather than failing mid-step. Default: no.
+    /// Whether this backend runs the element-wise operations of the model families beyond
+    /// llama/qwen ([`Backend::scale`], [`Backend::gelu_mul`]). A model loader refuses such a
+    /// model up front on a backend that says no, rather than failing mid-step. Attention
+    /// variants have their own query ([`Backend::supports_attention_variant`]), as do the
+    /// short convolution and the mixture of experts. Default: no.
     fn supports_family_ops(&self) -> bool {
         false
+    }
+
+    /// The capability query of [`Backend::attention_variant`]: refuses, naming what is not
+    /// supported, a layer of `geometry` that `needs` a window and/or sinks over a pool of
+    /// `dtype`. Asked by a model loader (with the 16-bit dtype sliding-window rings use, the
+    /// cache's dtype being unknown then: whether the model can run at all) and again for
+    /// every layer when a cache is made (with the layer's own dtype), so that nothing is
+    /// refused mid-step. The geometry and dtype limits of attention itself are
+    /// [`Backend::supports_attention`]'s to answer (asked beside this one). Default: plain
+    /// attention only.
+    fn supports_attention_variant(
+        &self,
+        geometry: &AttnGeometry,
+        dtype: KvDtype,
+        needs: VariantNeeds,
+    ) -> Result<(), Error> {
+        let _ = (geometry, dtype);
+        if needs.is_plain() {
+            return Ok(());
+        }
+        Err(Error::UnsupportedOp {
+            op: needs.describe(),
+            backend: self.describe(),
+        })
     }
 
     /// `x *= factor` (Granite's multipliers, Gemma's embedding scale). Default: refused.
@@ -428,8 +490,9 @@ pub trait Backend: Send + Sync {
         })
     }
 
-    /// [`Backend::attention`] with a sliding window and/or attention sinks. Default: plain
-    /// attention when the variant has neither, else refused.
+    /// [`Backend::attention`] with a sliding window and/or attention sinks, where
+    /// [`Backend::supports_attention_variant`] admits them. Default: plain attention when the
+    /// variant has neither, else refused.
     fn attention_variant(
         &self,
         qkv: &Self::Tensor,

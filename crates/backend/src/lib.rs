@@ -14,7 +14,7 @@ mod topk;
 
 pub use backend::{
     AttnGeometry, AttnVariant, Backend, KvPoolBlocks, MoeExpert, MoeMlp, QkNorm, QkvProjection,
-    Rope, RopeStyle, SeqSpan,
+    Rope, RopeStyle, SeqSpan, VariantNeeds,
 };
 pub use quant::{GgmlType, WeightBytes, WeightMatrix};
 pub use topk::{TOPK_MAX, TopK, TopKRow, select_top_k};

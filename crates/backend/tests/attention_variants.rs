@@ -259,3 +259,116 @@ fn plain_variant_is_plain_attention_and_bad_variants_are_refused() {
         "{err}"
     );
 }
+
+/// The premise of the GPU's window tests (`cuda_ops.rs` `window_attention_matches_cpu`) on
+/// the CPU reference: a query never reads a key before its window. Keys and values of the
+/// positions a step's queries see are written through a ring-like table (logical block i in
+/// ring block i mod n, n just large enough, as `model/src/arch/ring.rs` keeps them), every
+/// other slot of the pool holding NaN; the output is bit-identical to the same contents
+/// through a table of distinct blocks, zeros elsewhere.
+#[test]
+fn window_attention_reads_nothing_before_the_window() {
+    let (n_heads, n_kv, d, bs) = (8, 2, 64, BLOCK);
+    let b = CpuBackend::new();
+    let g = AttnGeometry {
+        n_heads,
+        n_kv_heads: n_kv,
+        head_dim: d,
+        scale: 1.0 / (d as f32).sqrt(),
+    };
+    let mut r = Rng(0x5eed);
+    let blocks = 96;
+    for dtype in [KvDtype::Bf16, KvDtype::F16] {
+        let enc = |x: f32| match dtype {
+            KvDtype::Bf16 => half::bf16::from_f32(x).to_bits(),
+            _ => half::f16::from_f32(x).to_bits(),
+        };
+        let nan = enc(f32::NAN);
+        let layout = KvLayout::uniform(1, n_kv, d, dtype, bs, blocks * bs).unwrap();
+        for window in [3usize, 20, 70] {
+            // (first position, new tokens): a prefill chunk and decode rows.
+            let step = [(200usize, 33usize), (90, 1), (0, 17)];
+            let per_head = bs * d;
+            let mut ring = (
+                vec![nan; blocks * n_kv * per_head],
+                vec![nan; blocks * n_kv * per_head],
+            );
+            let mut flat = (
+                vec![0u16; blocks * n_kv * per_head],
+                vec![0u16; blocks * n_kv * per_head],
+            );
+            let (mut ring_tables, mut flat_tables) = (Vec::new(), Vec::new());
+            let (mut next_ring, mut next_flat) = (0u32, 0u32);
+            for &(first, n) in &step {
+                let end = first + n;
+                let lo = (first + 1).saturating_sub(window);
+                let len = (end - lo).div_ceil(bs) + 1;
+                let own: Vec<u32> = (next_ring..next_ring + len as u32).collect();
+                next_ring += len as u32;
+                let rt: Vec<u32> = (0..end.div_ceil(bs)).map(|i| own[i % len]).collect();
+                let ft: Vec<u32> = (next_flat..next_flat + end.div_ceil(bs) as u32).collect();
+                next_flat += end.div_ceil(bs) as u32;
+                for p in lo..end {
+                    for h in 0..n_kv {
+                        let at = |t: &[u32]| ((t[p / bs] as usize * n_kv + h) * bs + p % bs) * d;
+                        let (ra, fa) = (at(&rt), at(&ft));
+                        for j in 0..d {
+                            let (k, v) = (enc(r.next()), enc(r.next()));
+                            ring.0[ra + j] = k;
+                            ring.1[ra + j] = v;
+                            flat.0[fa + j] = k;
+                            flat.1[fa + j] = v;
+                        }
+                    }
+                }
+                ring_tables.push(rt);
+                flat_tables.push(ft);
+            }
+            let rows: usize = step.iter().map(|s| s.1).sum();
+            let qkv = CpuTensor::from_vec(
+                (0..rows * g.qkv_width()).map(|_| r.next()).collect(),
+                rows,
+                g.qkv_width(),
+            )
+            .unwrap();
+            let mut outs = Vec::new();
+            for ((k, v), tables) in [(&ring, &ring_tables), (&flat, &flat_tables)] {
+                let mut pool = b.kv_pool(&layout, 0).unwrap();
+                for blk in 0..blocks {
+                    let mut bytes = Vec::new();
+                    for h in 0..n_kv {
+                        let at = (blk * n_kv + h) * per_head;
+                        for x in k[at..at + per_head].iter().chain(&v[at..at + per_head]) {
+                            bytes.extend_from_slice(&x.to_le_bytes());
+                        }
+                    }
+                    b.write_kv_block(&mut pool, blk as u32, &bytes).unwrap();
+                }
+                let mut spans = Vec::new();
+                let mut row = 0;
+                for (&(first_pos, n), t) in step.iter().zip(tables) {
+                    spans.push(SeqSpan {
+                        first_row: row,
+                        n_tokens: n,
+                        first_pos,
+                        blocks: t,
+                    });
+                    row += n;
+                }
+                let mut out = b.tensor(rows, n_heads * d).unwrap();
+                let variant = AttnVariant::<Vec<f32>> {
+                    window: Some(window),
+                    sinks: None,
+                };
+                b.attention_variant(&qkv, &g, &spans, &pool, &variant, &mut out)
+                    .unwrap();
+                outs.push(out.as_slice().to_vec());
+            }
+            assert!(
+                outs[0].iter().all(|x| x.is_finite()),
+                "{dtype} window {window}"
+            );
+            assert_eq!(outs[0], outs[1], "{dtype} window {window}");
+        }
+    }
+}

@@ -153,6 +153,17 @@ fn elementwise_ops_match_cpu() {
         c.silu_mul(&cx, &mut co).unwrap();
         g.silu_mul(&gx, &mut go).unwrap();
         close("silu_mul", &host(g, &go), co.as_slice(), 1e-6, 1e-5);
+        // gelu_mul (GeGLU): 1 + tanh cancels for very negative gates, where both sides'
+        // tanh (libm's and CUDA's, ≤ 2 ulp) differ by ~1e-7 absolute.
+        let (mut co, mut go) = (c.tensor(rows, f).unwrap(), poison(g, rows, f));
+        c.gelu_mul(&cx, &mut co).unwrap();
+        g.gelu_mul(&gx, &mut go).unwrap();
+        close("gelu_mul", &host(g, &go), co.as_slice(), 2e-6, 1e-5);
+        // scale, in place
+        let (mut cs, mut gs) = (cpu_t(x.clone(), rows, cols), gpu_t(g, &x, rows, cols));
+        c.scale(&mut cs, -0.37).unwrap();
+        g.scale(&mut gs, -0.37).unwrap();
+        close("scale", &host(g, &gs), cs.as_slice(), 0.0, 0.0);
         // gather_rows
         let pick: Vec<usize> = (0..rows.min(5)).map(|_| r.below(rows)).collect();
         let (mut co, mut go) = (
@@ -1475,4 +1486,317 @@ fn device_picks_match_top_1() {
     g.pick_greedy(&first, &mut picks).unwrap();
     g.wait_picks(&mut picks, &mut ids).unwrap();
     assert_eq!(ids, top.ids);
+}
+
+/// Writes the same K and V contents into every block of a CPU and a GPU 16-bit pool through
+/// block I/O: `k`, `v` are `[blocks, kv_heads, bs, d]` 16-bit words.
+#[allow(clippy::too_many_arguments)]
+fn fill_pools(
+    c: &CpuBackend,
+    cpool: &mut turbokv_backend::cpu::CpuKvPool,
+    g: &CudaBackend,
+    gpool: &mut turbokv_backend::cuda::CudaKvPool,
+    k: &[u16],
+    v: &[u16],
+    kv_heads: usize,
+    per_head: usize,
+) {
+    let blocks = k.len() / (kv_heads * per_head);
+    let mut bytes = Vec::new();
+    for b in 0..blocks {
+        bytes.clear();
+        for h in 0..kv_heads {
+            let at = (b * kv_heads + h) * per_head;
+            for x in k[at..at + per_head].iter().chain(&v[at..at + per_head]) {
+                bytes.extend_from_slice(&x.to_le_bytes());
+            }
+        }
+        c.write_kv_block(cpool, b as u32, &bytes).unwrap();
+        g.write_kv_block(gpool, b as u32, &bytes).unwrap();
+    }
+}
+
+/// One sliding-window case: a geometry and pool dtype, run on each backend of `backends`.
+struct WindowCase {
+    heads: usize,
+    kv_heads: usize,
+    d: usize,
+    dtype: KvDtype,
+}
+
+/// Sliding-window attention (`attention_variant`) over ring-like block tables on each of
+/// `backends` against the CPU backend, for windows smaller and larger than the contexts, in
+/// three steps of one ragged batch each: prefill chunks with decode rows (the tensor-core
+/// prefill kernel where it applies), decode rows only (the decode template, or the row and
+/// tiled kernels), short continuations with decode rows. Each sequence's table maps logical
+/// block i to ring block i mod n, with n just large enough for the keys its queries see (as
+/// `model/src/arch/ring.rs` does), so blocks before the window alias newer ones; every slot
+/// no query may read holds NaN, so a key read outside its window poisons the output even
+/// where it is masked (0 · NaN).
+fn run_window_case(backends: &[&CudaBackend], case: &WindowCase, seed: u64) {
+    let c = CpuBackend::new();
+    let mut r = Rng(seed);
+    let (d, nkv) = (case.d, case.kv_heads);
+    let geo = AttnGeometry {
+        n_heads: case.heads,
+        n_kv_heads: nkv,
+        head_dim: d,
+        scale: 1.0 / (d as f32).sqrt(),
+    };
+    let bs = 16;
+    let num_blocks = 160;
+    let layout = KvLayout::uniform(1, nkv, d, case.dtype, bs, num_blocks * bs).unwrap();
+    let mut cpool = c.kv_pool(&layout, 0).unwrap();
+    let mut gpools: Vec<_> = backends
+        .iter()
+        .map(|g| g.kv_pool(&layout, 0).unwrap())
+        .collect();
+    let bf = case.dtype == KvDtype::Bf16;
+    let enc = |x: f32| {
+        if bf {
+            bf16::from_f32(x).to_bits()
+        } else {
+            f16::from_f32(x).to_bits()
+        }
+    };
+    let nan = if bf { 0x7fc0u16 } else { 0x7e00u16 };
+    // (first position, new tokens) per sequence and step.
+    let steps: [&[(usize, usize)]; 3] = [
+        &[(300, 40), (517, 1), (0, 23), (64, 1), (1000, 1)],
+        &[(340, 1), (518, 1), (23, 1), (65, 1), (1001, 1)],
+        &[(341, 5), (519, 1), (24, 3), (66, 1), (1002, 1)],
+    ];
+    for window in [5usize, 37, 100, 1 << 20] {
+        for (si, step) in steps.iter().enumerate() {
+            let what = format!(
+                "window {window} d={d} heads {}/{nkv} {:?} step {si}",
+                case.heads, case.dtype
+            );
+            // Ring blocks per sequence from a shuffled free list; contents NaN but for the
+            // keys some query of the step sees.
+            let mut free: Vec<u32> = (0..num_blocks as u32).collect();
+            for i in (1..free.len()).rev() {
+                free.swap(i, r.below(i + 1));
+            }
+            let per_head = bs * d;
+            let mut k = vec![nan; num_blocks * nkv * per_head];
+            let mut v = k.clone();
+            let mut tables = Vec::new();
+            for &(first_pos, n) in step.iter() {
+                let end = first_pos + n;
+                let lo = (first_pos + 1).saturating_sub(window);
+                let ring_len = (end - lo).div_ceil(bs) + 1;
+                let ring: Vec<u32> = free.split_off(free.len() - ring_len);
+                let table: Vec<u32> = (0..end.div_ceil(bs)).map(|i| ring[i % ring_len]).collect();
+                for p in lo..end {
+                    let blk = table[p / bs] as usize;
+                    for h in 0..nkv {
+                        let at = ((blk * nkv + h) * bs + p % bs) * d;
+                        for j in 0..d {
+                            k[at + j] = enc(r.f());
+                            v[at + j] = enc(r.f());
+                        }
+                    }
+                }
+                tables.push(table);
+            }
+            for (g, gpool) in backends.iter().zip(&mut gpools) {
+                fill_pools(&c, &mut cpool, g, gpool, &k, &v, nkv, per_head);
+            }
+            let mut spans = Vec::new();
+            let mut rows = 0;
+            for (&(first_pos, n), table) in step.iter().zip(&tables) {
+                spans.push(SeqSpan {
+                    first_row: rows,
+                    n_tokens: n,
+                    first_pos,
+                    blocks: table,
+                });
+                rows += n;
+            }
+            let w = geo.qkv_width();
+            let qkv = r.vec(rows * w, 1.5);
+            let cols = case.heads * d;
+            let cq = cpu_t(qkv.clone(), rows, w);
+            let mut co = c.tensor(rows, cols).unwrap();
+            let variant = turbokv_backend::AttnVariant {
+                window: Some(window),
+                sinks: None,
+            };
+            c.attention_variant(&cq, &geo, &spans, &cpool, &variant, &mut co)
+                .unwrap();
+            for (bi, (g, gpool)) in backends.iter().zip(&gpools).enumerate() {
+                let gq = gpu_t(g, &qkv, rows, w);
+                let mut go = poison(g, rows, cols);
+                let variant = turbokv_backend::AttnVariant {
+                    window: Some(window),
+                    sinks: None,
+                };
+                g.attention_variant(&gq, &geo, &spans, gpool, &variant, &mut go)
+                    .unwrap();
+                // The tensor-core kernels (head_dim 64/128) round queries and softmax weights
+                // to the cache's 16-bit type, as in `run_case`; f32 SIMT kernels otherwise.
+                let (atol, rtol) = if matches!(d, 64 | 128) {
+                    (1e-2, 2e-2)
+                } else {
+                    (2e-3, 1e-2)
+                };
+                let what = format!("{what} backend {bi}");
+                let e = close(&what, &host(g, &go), co.as_slice(), atol, rtol);
+                eprintln!("{what}: max err {e:.2e}");
+            }
+        }
+    }
+}
+
+/// Sliding windows on every 16-bit attention path against the CPU backend: bf16 and f16
+/// pools, GQA groups 1/4/8, head_dim 64/128/256 on the default kernels (tensor-core prefill
+/// and decode template; the row kernel for 256) and on the SIMT ones (the row kernel, the
+/// tiled kernel for group 12 and head_dim 96), every decode template variant forced, and the
+/// 8-warp prefill tiles.
+#[test]
+fn window_attention_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let simt = gpu_simt();
+    let mut seed = 900;
+    for d in [64, 128, 256] {
+        for group in [1, 4, 8] {
+            for dtype in [KvDtype::Bf16, KvDtype::F16] {
+                seed += 1;
+                let case = WindowCase {
+                    heads: 2 * group,
+                    kv_heads: 2,
+                    d,
+                    dtype,
+                };
+                run_window_case(&[g, simt], &case, seed);
+            }
+        }
+    }
+    for (group, d) in [(12, 128), (2, 96)] {
+        seed += 1;
+        let case = WindowCase {
+            heads: 2 * group,
+            kv_heads: 2,
+            d,
+            dtype: KvDtype::Bf16,
+        };
+        run_window_case(&[g, simt], &case, seed);
+    }
+    let mut others = Vec::new();
+    for v in DECODE_VARIANTS {
+        let opts = CudaOptions {
+            decode_variant: Some(v),
+            ..test_options()
+        };
+        others.push((
+            v.head_dim,
+            CudaBackend::with_options(0, &opts).expect("a backend"),
+        ));
+    }
+    let opts = CudaOptions {
+        prefill_warps: 8,
+        ..test_options()
+    };
+    let wide = CudaBackend::with_options(0, &opts).expect("a backend");
+    for d in [64, 128] {
+        let mut bs: Vec<&CudaBackend> = others
+            .iter()
+            .filter(|(hd, _)| *hd == d)
+            .map(|(_, b)| b)
+            .collect();
+        bs.push(&wide);
+        for (group, dtype) in [(1, KvDtype::F16), (8, KvDtype::Bf16)] {
+            seed += 1;
+            let case = WindowCase {
+                heads: 2 * group,
+                kv_heads: 2,
+                d,
+                dtype,
+            };
+            run_window_case(&bs, &case, seed);
+        }
+    }
+}
+
+/// What CUDA attention cannot run is refused with a typed error naming it: sinks, windows
+/// over coded pools (at the capability query and at the call), a window of 0.
+#[test]
+fn unsupported_attention_variants_are_refused() {
+    let Some(g) = gpu() else { return };
+    let geo = AttnGeometry {
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 64,
+        scale: 0.125,
+    };
+    let window = turbokv_backend::VariantNeeds {
+        window: true,
+        sinks: false,
+    };
+    let sinks = turbokv_backend::VariantNeeds {
+        window: false,
+        sinks: true,
+    };
+    g.supports_attention_variant(&geo, KvDtype::F16, window)
+        .unwrap();
+    g.supports_attention_variant(&geo, KvDtype::Bf16, window)
+        .unwrap();
+    let tq3: KvDtype = "tq3".parse().unwrap();
+    g.supports_attention_variant(&geo, tq3, Default::default())
+        .unwrap();
+    for (dtype, needs, word) in [
+        (tq3, window, "sliding window"),
+        (KvDtype::F16, sinks, "sinks"),
+        (tq3, sinks, "sinks"),
+    ] {
+        let e = g
+            .supports_attention_variant(&geo, dtype, needs)
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::UnsupportedAttention { .. }) && e.to_string().contains(word),
+            "{e}"
+        );
+    }
+    let table = [0u32];
+    let spans = [SeqSpan {
+        first_row: 0,
+        n_tokens: 1,
+        first_pos: 3,
+        blocks: &table,
+    }];
+    let qkv = gpu_t(g, &vec![0.5; geo.qkv_width()], 1, geo.qkv_width());
+    let mut out = poison(g, 1, 4 * 64);
+    let coded = KvLayout::uniform(1, 2, 64, tq3, 16, 64).unwrap();
+    let pool = g.kv_pool(&coded, 0).unwrap();
+    let variant = turbokv_backend::AttnVariant {
+        window: Some(4),
+        sinks: None,
+    };
+    let e = g
+        .attention_variant(&qkv, &geo, &spans, &pool, &variant, &mut out)
+        .unwrap_err();
+    assert!(e.to_string().contains("sliding window"), "{e}");
+    let sink_logits = g.vector(&[0.0; 4]).unwrap();
+    let layout = KvLayout::uniform(1, 2, 64, KvDtype::F16, 16, 64).unwrap();
+    let pool = g.kv_pool(&layout, 0).unwrap();
+    let variant = turbokv_backend::AttnVariant {
+        window: None,
+        sinks: Some(&sink_logits),
+    };
+    let e = g
+        .attention_variant(&qkv, &geo, &spans, &pool, &variant, &mut out)
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::UnsupportedAttention { .. }) && e.to_string().contains("sinks"),
+        "{e}"
+    );
+    let variant = turbokv_backend::AttnVariant {
+        window: Some(0),
+        sinks: None,
+    };
+    assert!(
+        g.attention_variant(&qkv, &geo, &spans, &pool, &variant, &mut out)
+            .is_err()
+    );
 }

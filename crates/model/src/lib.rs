@@ -111,11 +111,13 @@ pub enum ModelError {
     Tokenizer(#[from] tokenizer::TokenizerError),
     /// The backend lacks an operation the model's family needs.
     #[error(
-        "{family:?} models need operations the {backend} backend does not have; use the CPU backend"
+        "{family:?} models need {missing}, which the {backend} backend does not have; use the CPU backend"
     )]
     FamilyUnsupported {
         /// The family.
         family: Family,
+        /// What the backend lacks.
+        missing: String,
         /// The backend.
         backend: String,
     },

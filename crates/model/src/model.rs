@@ -2,7 +2,8 @@
 
 use std::path::Path;
 
-use turbokv_backend::Backend;
+use turbokv_backend::{Backend, VariantNeeds};
+use turbokv_codec::KvDtype;
 
 use crate::ModelError;
 use crate::config::ModelConfig;
@@ -81,13 +82,10 @@ fn build<B: Backend>(
     src: &dyn TensorSource,
     opts: &LoadOptions,
 ) -> Result<Transformer<B>, ModelError> {
-    let needs_conv = config.arch.conv_layers.contains(&true);
-    if (!config.arch.is_plain() && !backend.supports_family_ops())
-        || (needs_conv && !backend.supports_short_conv())
-        || (config.arch.moe.is_some() && !backend.supports_moe())
-    {
+    if let Some(missing) = missing_ops(&backend, &config) {
         return Err(ModelError::FamilyUnsupported {
             family: config.family,
+            missing,
             backend: backend.describe(),
         });
     }
@@ -117,4 +115,34 @@ fn build<B: Backend>(
         "model loaded"
     );
     Ok(Transformer::new(backend, config, weights))
+}
+
+/// What `backend` lacks to run a model with `config`, if anything: the element-wise family ops,
+/// the attention variant its layers need (asked over 16-bit KV, which sliding-window rings
+/// always use: the cache's dtype is checked again per layer when a cache is made), the short
+/// convolution, the mixture of experts.
+fn missing_ops<B: Backend>(backend: &B, config: &ModelConfig) -> Option<String> {
+    let a = &config.arch;
+    if !a.is_plain() && !backend.supports_family_ops() {
+        return Some("element-wise family ops (scale, GeGLU)".into());
+    }
+    let needs = VariantNeeds {
+        window: a.local_layers.contains(&true),
+        sinks: a.sinks,
+    };
+    let geometry = crate::transformer::attn_geometry(config);
+    if !needs.is_plain()
+        && backend
+            .supports_attention_variant(&geometry, KvDtype::F16, needs)
+            .is_err()
+    {
+        return Some(needs.describe().to_string());
+    }
+    if a.conv_layers.contains(&true) && !backend.supports_short_conv() {
+        return Some("short convolutions".into());
+    }
+    if a.moe.is_some() && !backend.supports_moe() {
+        return Some("a mixture-of-experts MLP".into());
+    }
+    None
 }

@@ -2,7 +2,9 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use turbokv_backend::{AttnGeometry, Backend, QkNorm, QkvProjection, Rope, SeqSpan, TopK};
+use turbokv_backend::{
+    AttnGeometry, Backend, QkNorm, QkvProjection, Rope, SeqSpan, TopK, VariantNeeds,
+};
 use turbokv_cache::{BlockAllocator, KvLayout, KvPolicy, SeqId};
 use turbokv_codec::KvDtype;
 
@@ -117,20 +119,25 @@ pub struct Scratch<B: Backend> {
     logits: B::Tensor,
 }
 
+/// The attention geometry of every layer of a model with `config`.
+pub(crate) fn attn_geometry(config: &ModelConfig) -> AttnGeometry {
+    AttnGeometry {
+        n_heads: config.n_heads,
+        n_kv_heads: config.n_kv_heads,
+        head_dim: config.head_dim,
+        // YaRN's attention factor scales cos and sin, so q and k: scores by its square.
+        scale: config
+            .arch
+            .attn_scale
+            .unwrap_or(1.0 / (config.head_dim as f32).sqrt())
+            * config.rope_scaling.attention_factor().powi(2),
+    }
+}
+
 impl<B: Backend> Transformer<B> {
     /// Assembles a model from loaded weights.
     pub fn new(backend: B, config: ModelConfig, weights: Weights<B>) -> Self {
-        let geometry = AttnGeometry {
-            n_heads: config.n_heads,
-            n_kv_heads: config.n_kv_heads,
-            head_dim: config.head_dim,
-            // YaRN's attention factor scales cos and sin, so q and k: scores by its square.
-            scale: config
-                .arch
-                .attn_scale
-                .unwrap_or(1.0 / (config.head_dim as f32).sqrt())
-                * config.rope_scaling.attention_factor().powi(2),
-        };
+        let geometry = attn_geometry(&config);
         let rope = Rope {
             inv_freq: config.rope_inv_freq(),
             style: config.rope_style,
@@ -216,6 +223,21 @@ impl<B: Backend> Transformer<B> {
         }
         let max_tokens_per_seq = max_tokens_per_seq.min(self.config.max_context);
         let rings = self.new_rings(block_size, max_tokens, max_tokens_per_seq);
+        // Each layer's window and sinks, over the pool it will have: a ring is 16-bit.
+        for (l, &model_layer) in layout.layers.iter().zip(&kv_layers) {
+            let window = self.config.arch.window_of(model_layer).is_some();
+            let needs = VariantNeeds {
+                window,
+                sinks: self.config.arch.sinks,
+            };
+            let dtype = if window && rings.is_some() {
+                KvDtype::F16
+            } else {
+                l.dtype
+            };
+            self.backend
+                .supports_attention_variant(&self.geometry, dtype, needs)?;
+        }
         let ring_layout = match &rings {
             Some(r) => Some(KvLayout::uniform(
                 kv_layers.len(),

@@ -471,15 +471,17 @@ fn gemma3_split_batched_steps_and_truncation_limits() {
 /// ops, as the CUDA backend has today): the CPU's kernels behind it.
 struct PlainOnly(CpuBackend);
 
-/// A backend with the CPU's family ops but not LFM2's short convolution (what CUDA would be
-/// with the attention variants and without the conv op).
+/// A backend with the CUDA backend's capabilities over the CPU's kernels: the element-wise
+/// family ops and sliding windows over 16-bit pools, but no sinks, no windows over coded
+/// pools, no short convolution (LFM2) and no mixture of experts (gpt-oss).
 struct NoShortConv(CpuBackend);
 
 mod plain_only {
     use super::{NoShortConv, PlainOnly};
     use turbokv_backend::cpu::{CpuKvPool, CpuPicks, CpuTensor};
     use turbokv_backend::{
-        AttnGeometry, AttnVariant, Backend, Error, QkNorm, Rope, SeqSpan, WeightMatrix,
+        AttnGeometry, AttnVariant, Backend, Error, QkNorm, Rope, SeqSpan, VariantNeeds,
+        WeightMatrix,
     };
     use turbokv_cache::KvLayout;
     use turbokv_codec::KvDtype;
@@ -628,6 +630,21 @@ mod plain_only {
         fn gelu_mul(&self, g: &CpuTensor, o: &mut CpuTensor) -> Result<(), Error> {
             self.0.gelu_mul(g, o)
         }
+        fn supports_attention_variant(
+            &self,
+            g: &AttnGeometry,
+            dtype: KvDtype,
+            needs: VariantNeeds,
+        ) -> Result<(), Error> {
+            if needs.sinks || (needs.window && dtype.is_compressed()) {
+                return Err(Error::UnsupportedAttention {
+                    backend: "cuda-like",
+                    detail: format!("{} over {dtype}", needs.describe()),
+                    supported: "windows over 16-bit caches".into(),
+                });
+            }
+            self.0.supports_attention_variant(g, dtype, needs)
+        }
         fn attention_variant(
             &self,
             qkv: &CpuTensor,
@@ -642,9 +659,12 @@ mod plain_only {
     }
 }
 
-/// A backend without the family ops (CUDA today) refuses Granite, Gemma 3 and LFM2 when the
-/// model is loaded, with an error naming the family and the backend; its default family ops
-/// (the short convolution included) refuse rather than compute.
+/// A backend without the family ops refuses Granite, Gemma 3, LFM2 and gpt-oss when the model
+/// is loaded, with an error naming the family and the backend; its default family ops (the
+/// short convolution included) refuse rather than compute. One with CUDA's capabilities
+/// (`NoShortConv`) loads Granite and Gemma 3 and refuses LFM2 and gpt-oss, naming what it
+/// lacks; a Gemma 3 cache whose windowed layers would be coded (no rings) is refused when it
+/// is made, and runs where the rings keep them 16-bit.
 #[test]
 fn a_backend_without_family_ops_refuses_them_at_load() {
     use turbokv_backend::Backend;
@@ -663,14 +683,36 @@ fn a_backend_without_family_ops_refuses_them_at_load() {
             );
         }
     }
-    // With the family ops but without the short convolution: Gemma 3 loads, LFM2 does not.
-    let gemma = family_dir("gemma3").join("model.gguf");
+    // With CUDA's capabilities: Granite and Gemma 3 load, LFM2 and gpt-oss do not.
     Model::load(
-        &gemma,
+        &family_dir("granite").join("model.gguf"),
         NoShortConv(CpuBackend::new()),
         &LoadOptions::default(),
     )
     .unwrap();
+    let gemma = Model::load(
+        &family_dir("gemma3").join("model.gguf"),
+        NoShortConv(CpuBackend::new()),
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    // The fixture's window is 8: rings (16 tokens each) are made for a context of 64, not 16.
+    let tq3: KvDtype = "tq3".parse().unwrap();
+    let tm = &gemma.transformer;
+    tm.new_cache(tq3, 16, 256, 64).unwrap();
+    let err = tm.new_cache(tq3, 16, 256, 16).err().unwrap();
+    assert!(
+        matches!(
+            err,
+            ModelError::Backend(turbokv_backend::Error::UnsupportedAttention { .. })
+        ) && err.to_string().contains("sliding window"),
+        "{err}"
+    );
+    tm.set_sliding_rings(false);
+    let err = tm.new_cache(tq3, 16, 256, 64).err().unwrap();
+    assert!(err.to_string().contains("sliding window"), "{err}");
+    tm.new_cache(KvDtype::Bf16, 16, 256, 64).unwrap();
+    tm.set_sliding_rings(true);
     let err = Model::load(
         &family_dir("lfm2").join("model.gguf"),
         NoShortConv(CpuBackend::new()),
@@ -685,7 +727,7 @@ fn a_backend_without_family_ops_refuses_them_at_load() {
                 family: turbokv_model::Family::Lfm2,
                 ..
             }
-        ),
+        ) && err.to_string().contains("short convolution"),
         "{err}"
     );
 

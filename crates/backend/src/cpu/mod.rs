@@ -392,6 +392,16 @@ impl Backend for CpuBackend {
         true
     }
 
+    /// Windows and sinks over every pool format (`variants.rs`).
+    fn supports_attention_variant(
+        &self,
+        _: &AttnGeometry,
+        _: KvDtype,
+        _: crate::backend::VariantNeeds,
+    ) -> Result<(), Error> {
+        Ok(())
+    }
+
     fn scale(&self, x: &mut CpuTensor, factor: f32) -> Result<(), Error> {
         variants::scale(x, factor);
         Ok(())

@@ -1,5 +1,8 @@
 //! Attention launches: the tensor-core tile kernel for prefill spans and the split-K decode
-//! kernels, with the split count chosen from the shape.
+//! kernels, with the split count chosen from the shape. On 16-bit pools every path takes a
+//! sliding window (a runtime parameter, 0 for none: each row's key range starts at its
+//! window's first key); sinks, and windows over coded pools, are refused
+//! ([`variant_unsupported`]).
 
 use cudarc::driver::LaunchConfig;
 
@@ -11,7 +14,7 @@ use super::launch::Launches;
 use super::ops::{addr, check_geometry, expect_cols, ints, opc};
 use super::step::grow;
 use super::{CudaBackend, CudaKvPool, CudaTensor, DECODE_VARIANTS, DecodeVariant};
-use crate::backend::{AttnGeometry, SeqSpan};
+use crate::backend::{AttnGeometry, SeqSpan, VariantNeeds};
 use crate::shape::shape;
 use crate::{Backend, Error};
 use turbokv_codec::KvDtype;
@@ -40,27 +43,61 @@ const MIN_SPLIT_KEYS: usize = 64;
 /// slower.
 const ATTN_DEEP_STAGES: usize = 5;
 
+/// Why the CUDA attention kernels cannot run a layer that `needs` a window and/or sinks over a
+/// pool whose coded format is `coded` (its name; `None` for 16-bit pools), or `None` when they
+/// can: sliding windows over 16-bit pools only (the coded kernels' exact split and staging in
+/// runs of 16 keys take no window yet), and no sinks (no kernel adds a sink to its softmax
+/// denominator yet).
+pub(super) fn variant_unsupported(needs: VariantNeeds, coded: Option<&str>) -> Option<String> {
+    if needs.sinks {
+        return Some(needs.describe().to_string());
+    }
+    match coded {
+        Some(format) if needs.window => Some(format!("a sliding window over a {format} cache")),
+        _ => None,
+    }
+}
+
+/// What [`variant_unsupported`] admits, for error messages.
+pub(super) const VARIANTS_SUPPORTED: &str =
+    "sliding windows over f16/bf16 caches; no attention sinks";
+
+/// The `window` kernel parameter: 0 for none; a window wider than any position fits (as the
+/// 32-bit maximum, which sees every key).
+fn window_param(window: Option<usize>) -> i32 {
+    window.map_or(0, |w| i32::try_from(w).unwrap_or(i32::MAX))
+}
+
+/// Keys a row at position `pos` attends: `pos + 1`, or its window.
+fn keys_seen(pos: usize, window: Option<usize>) -> usize {
+    window.map_or(pos + 1, |w| w.min(pos + 1))
+}
+
 impl CudaBackend {
     /// Attention through the tensor-core tile kernel: every span cut into tiles of
     /// 16·`prefill_warps`/g consecutive rows (shapes, tables and metadata checked and uploaded by the caller).
+    #[allow(clippy::too_many_arguments)]
     fn attention_mma(
         &self,
         qkv: &CudaTensor,
         g: &AttnGeometry,
         spans: &[SeqSpan<'_>],
         pool: &CudaKvPool,
+        window: Option<usize>,
         out: &mut CudaTensor,
     ) -> Result<(), Error> {
         let (grp, hd, rows) = (g.group(), g.head_dim, qkv.rows);
         let qt = 16 * self.prefill_warps / grp;
         let mut tiles = Vec::new();
-        // (keys attended, first row, rows) per tile, the heaviest first: blocks start in
-        // grid order, so the last wave is light and the launch ends without a long tail.
+        // (keys read, first row, rows) per tile, the heaviest first: blocks start in grid
+        // order, so the last wave is light and the launch ends without a long tail. A tile
+        // reads from its first row's first key to its last row.
         let mut order: Vec<(usize, u32, u32)> = Vec::new();
         for s in spans {
             for i in (0..s.n_tokens).step_by(qt) {
                 let n = qt.min(s.n_tokens - i);
-                order.push((s.first_pos + i + n, (s.first_row + i) as u32, n as u32));
+                let keys = keys_seen(s.first_pos + i, window) + n - 1;
+                order.push((keys, (s.first_row + i) as u32, n as u32));
             }
         }
         order.sort_unstable_by_key(|t| std::cmp::Reverse(t.0));
@@ -127,14 +164,16 @@ impl CudaBackend {
         .ptr(tp)
         .ptr(op)
         .ptr(ob)
-        .arg(is_bf16);
+        .arg(is_bf16)
+        .arg(window_param(window));
         let launch = st.admit(l.signature())?;
         st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
         if !launch {
             return Ok(());
         }
         // SAFETY: every tile lies inside one span (rows first..first+n of one sequence, whose
-        // blocks were checked against the pool); the pool is 16-bit with head_dim 64 or 128;
+        // blocks were checked against the pool; a window only narrows the keys read); the
+        // pool is 16-bit with head_dim 64 or 128;
         // out and the bf16 scratch hold rows·n_heads·head_dim values; smem (≤ 35 KiB) is below
         // the opt-in limit set at load.
         unsafe { self.launch(&mut l) }?;
@@ -185,13 +224,15 @@ impl CudaBackend {
         })
     }
 
-    /// Attention over the cache (which holds this step's keys and values already).
+    /// Attention over the cache (which holds this step's keys and values already), with a
+    /// sliding window where `window` is some (16-bit pools only: the caller checked).
     pub(super) fn attention_impl(
         &self,
         qkv: &CudaTensor,
         g: &AttnGeometry,
         spans: &[SeqSpan<'_>],
         pool: &CudaKvPool,
+        window: Option<usize>,
         out: &mut CudaTensor,
     ) -> Result<(), Error> {
         expect_cols("attention", qkv, g.qkv_width())?;
@@ -224,6 +265,15 @@ impl CudaBackend {
         }
         let grp = g.group();
         let coded = pool.codes.as_ref();
+        if coded.is_some() && window.is_some() {
+            return Err(shape(
+                "attention",
+                "a sliding window over a coded pool".into(),
+            ));
+        }
+        if window == Some(0) {
+            return Err(shape("attention", "a sliding window of 0 tokens".into()));
+        }
         if coded.is_some() && grp > DEC_MAX_GROUP {
             return Err(shape(
                 "attention",
@@ -238,11 +288,12 @@ impl CudaBackend {
             && spans.iter().any(|s| s.n_tokens >= MMA_MIN_ROWS)
         {
             drop(st);
-            return self.attention_mma(qkv, g, spans, pool, out);
+            return self.attention_mma(qkv, g, spans, pool, window, out);
         }
+        // The most keys one row attends (its window, if narrower): what the splits divide.
         let max_ctx = spans
             .iter()
-            .map(|s| s.first_pos + s.n_tokens)
+            .map(|s| keys_seen((s.first_pos + s.n_tokens).saturating_sub(1), window))
             .max()
             .unwrap_or(1);
         let hd = g.head_dim;
@@ -448,10 +499,16 @@ impl CudaBackend {
             .ptr(op)
             .ptr(ob)
             .arg(prefetch_i);
-        if let Some(c) = coded {
-            a.ptr(addr(&c.desc, &self.stream));
-            let ([xk, xv, xt], [sinks, recent]) = exact_args;
-            a.ptr(xk).ptr(xv).ptr(xt).arg(sinks).arg(recent);
+        match coded {
+            Some(c) => {
+                a.ptr(addr(&c.desc, &self.stream));
+                let ([xk, xv, xt], [sinks, recent]) = exact_args;
+                a.ptr(xk).ptr(xv).ptr(xt).arg(sinks).arg(recent);
+            }
+            // The 16-bit kernels' last parameter.
+            None => {
+                a.arg(window_param(window));
+            }
         }
         // Coded values were summed in their rotated basis and without their mean.
         if let Some(c) = coded.filter(|c| c.values_rotated || c.centers.is_some()) {
@@ -476,7 +533,8 @@ impl CudaBackend {
         if !launch {
             return Ok(());
         }
-        // SAFETY: spans tile the rows and their blocks are inside the pool (checked above);
+        // SAFETY: spans tile the rows and their blocks are inside the pool (checked above; a
+        // window only narrows the keys each row reads);
         // partial buffers hold rows·n_heads·splits entries and the counters rows·n_kv_heads
         // (zero between launches: the last block of each (row, kv head) resets its own);
         // out holds rows·n_heads·head_dim floats and the bf16 scratch as many halves; smem
@@ -587,7 +645,49 @@ fn rows_kernel_index(head_dim: usize, group: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use super::{DECODE_SETS, DECODE_VARIANTS, decode_choice, wave_splits};
+    use super::{
+        DECODE_SETS, DECODE_VARIANTS, decode_choice, keys_seen, variant_unsupported, wave_splits,
+        window_param,
+    };
+    use crate::backend::VariantNeeds;
+
+    #[test]
+    fn variants_admitted_are_windows_over_16_bit_pools() {
+        let window = VariantNeeds {
+            window: true,
+            sinks: false,
+        };
+        let sinks = VariantNeeds {
+            window: false,
+            sinks: true,
+        };
+        let both = VariantNeeds {
+            window: true,
+            sinks: true,
+        };
+        assert_eq!(variant_unsupported(VariantNeeds::default(), None), None);
+        assert_eq!(
+            variant_unsupported(VariantNeeds::default(), Some("tq3")),
+            None
+        );
+        assert_eq!(variant_unsupported(window, None), None);
+        let e = variant_unsupported(window, Some("tq3")).unwrap();
+        assert!(e.contains("sliding window") && e.contains("tq3"), "{e}");
+        for coded in [None, Some("int8")] {
+            assert!(variant_unsupported(sinks, coded).unwrap().contains("sinks"));
+            assert!(variant_unsupported(both, coded).unwrap().contains("sinks"));
+        }
+    }
+
+    #[test]
+    fn window_parameter_and_keys_seen() {
+        assert_eq!(window_param(None), 0);
+        assert_eq!(window_param(Some(512)), 512);
+        assert_eq!(window_param(Some(usize::MAX)), i32::MAX);
+        assert_eq!(keys_seen(99, None), 100);
+        assert_eq!(keys_seen(99, Some(8)), 8);
+        assert_eq!(keys_seen(3, Some(8)), 4);
+    }
 
     #[test]
     fn decode_choice_follows_the_sets() {

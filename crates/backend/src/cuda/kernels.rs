@@ -25,6 +25,9 @@ pub(crate) struct Kernels {
     pub add_assign: CudaFunction,
     pub add_bias: CudaFunction,
     pub silu_mul: CudaFunction,
+    /// `x *= factor` and GeGLU (`gelu_tanh(g)·u`): the family ops of Granite and Gemma 3.
+    pub scale: CudaFunction,
+    pub gelu_mul: CudaFunction,
     pub gather_rows: CudaFunction,
     pub f32_to_bf16: CudaFunction,
     pub fill_random_bf16: CudaFunction,
@@ -350,6 +353,8 @@ impl Kernels {
             add_assign: f(&ew, "add_assign")?,
             add_bias: f(&ew, "add_bias")?,
             silu_mul: f(&ew, "silu_mul")?,
+            scale: f(&ew, "scale_f32")?,
+            gelu_mul: f(&ew, "gelu_mul")?,
             gather_rows: f(&ew, "gather_rows")?,
             f32_to_bf16: f(&ew, "f32_to_bf16_kernel")?,
             fill_random_bf16: f(&ew, "fill_random_bf16")?,

@@ -8,7 +8,12 @@
 //!
 //! `tok_pos[t]` is row t's position, `tok_seq[t]` its sequence, `seq_tbl[s]` the offset of
 //! sequence s's block table inside `tables`. It is uploaded only when the spans change, so the
-//! layers of one step share a single upload.
+//! layers of one step share a single upload. A step whose layers read different block tables
+//! (a model with sliding-window rings: the ring layers read virtual tables, the others the
+//! cache's) keeps one buffer per distinct span set, [`META_SLOTS`] at most, assigned in the
+//! order the step first uses them: a CUDA graph, whose inputs are all uploaded before it runs,
+//! then finds each layer's tables in its own buffer, at the same address at every replay. The
+//! same holds for the RoPE frequencies (Gemma 3's local layers have their own base).
 
 use std::sync::Arc;
 
@@ -50,19 +55,16 @@ pub(crate) struct Scratch {
     /// The device top-k selection's output (`rows · (2k + 3)` words, fully written by each
     /// launch), mapped page-locked memory the kernel writes directly.
     pub topk_host: Option<PinnedHostSlice<u32>>,
-    meta_valid: bool,
-    /// Identity of the spans whose metadata was last checked and uploaded (see
-    /// [`Scratch::prepare_spans`]), with the step epoch and pool shape it was checked for.
-    span_key: Vec<usize>,
+    /// The step metadata buffers (see the module docs), the one the last op prepared, and the
+    /// step (epoch) the next unused one is counted for.
+    metas: Vec<MetaSlot>,
+    meta_cur: usize,
+    meta_next: usize,
+    meta_epoch: u64,
     span_key_tmp: Vec<usize>,
-    span_epoch: u64,
-    span_pool: (usize, usize),
-    meta_host: Vec<u32>,
-    meta: Option<CudaSlice<u32>>,
-    meta_rows: usize,
-    meta_seqs: usize,
-    rope_host: Vec<f32>,
-    rope: Option<CudaSlice<f32>>,
+    /// RoPE frequency tables on the device (host copy, device copy), the one used last.
+    ropes: Vec<(Vec<f32>, CudaSlice<f32>)>,
+    rope_cur: usize,
     /// Attention partials: (max, sum) per (row, head, split).
     pub part_ml: Option<CudaSlice<f32>>,
     /// Attention partials: unnormalised accumulators per (row, head, split).
@@ -86,13 +88,36 @@ impl Drop for Scratch {
     }
 }
 
+/// Most distinct span sets (block tables) one graphed step may use: the cache's tables and a
+/// model's sliding-window rings' virtual ones, with room to spare.
+const META_SLOTS: usize = 4;
+/// Most RoPE frequency tables kept on the device (global and local layers).
+const ROPE_SLOTS: usize = 4;
+
+/// One step-metadata buffer and what it holds.
+#[derive(Default)]
+struct MetaSlot {
+    /// Whether `dev` holds `host` (or will, once the queued uploads run).
+    valid: bool,
+    /// Identity of the spans last checked and uploaded here (see
+    /// [`Scratch::prepare_spans`]), with the step epoch and pool shape it was checked for.
+    key: Vec<usize>,
+    epoch: u64,
+    pool: (usize, usize),
+    host: Vec<u32>,
+    dev: Option<CudaSlice<u32>>,
+    rows: usize,
+    seqs: usize,
+}
+
 /// Where a queued upload goes.
 #[derive(Clone, Copy, Debug)]
 enum Target {
     Idx,
     RowsIdx,
     Tiles,
-    Meta,
+    /// A step-metadata slot.
+    Meta(usize),
     Exact,
 }
 
@@ -256,7 +281,8 @@ impl Scratch {
     /// KV write and attention of every layer get the same spans, and re-encoding and
     /// re-checking every table per call cost the host ~25 µs per sequence per llama3-8b
     /// decode step (GPU idle time under graph replay: 900 µs per step at batch 32, 110 after). "The same" is by identity (slice addresses,
-    /// lengths, rows and positions): block tables only change between steps.
+    /// lengths, rows and positions): block tables only change between steps. Spans another
+    /// slot holds for this step are taken from it; new ones go into the step's next slot.
     pub(crate) fn prepare_spans(
         &mut self,
         stream: &Arc<CudaStream>,
@@ -278,25 +304,45 @@ impl Scratch {
             ]);
         }
         let pool_shape = (pool.num_blocks, pool.block_size);
-        if self.meta_valid
-            && epoch == self.span_epoch
-            && pool_shape == self.span_pool
-            && key == self.span_key
+        if let Some(i) = self
+            .metas
+            .iter()
+            .position(|m| m.valid && m.epoch == epoch && m.pool == pool_shape && m.key == key)
         {
+            self.meta_cur = i;
             self.span_key_tmp = key;
             return Ok(());
         }
-        self.span_key.clear();
         check_tables(spans, pool)?;
+        if self.meta_epoch != epoch {
+            self.meta_epoch = epoch;
+            self.meta_next = 0;
+        }
+        let i = self.meta_next;
+        if i >= META_SLOTS {
+            if self.defer {
+                return Err(graph_changed("more block tables than metadata buffers"));
+            }
+            // Eager: uploads are ordered on the stream, so the last slot may be reused.
+            self.meta_cur = META_SLOTS - 1;
+        } else {
+            self.meta_next += 1;
+            self.meta_cur = i;
+        }
+        if self.metas.len() <= self.meta_cur {
+            self.metas.resize_with(self.meta_cur + 1, MetaSlot::default);
+        }
+        self.metas[self.meta_cur].key.clear();
         self.upload_meta(stream, spans, rows)?;
-        self.span_key_tmp = std::mem::replace(&mut self.span_key, key);
-        self.span_epoch = epoch;
-        self.span_pool = pool_shape;
+        let m = &mut self.metas[self.meta_cur];
+        self.span_key_tmp = std::mem::replace(&mut m.key, key);
+        m.epoch = epoch;
+        m.pool = pool_shape;
         Ok(())
     }
 
-    /// Uploads the step metadata unless the same spans were uploaded last.
-    pub(crate) fn upload_meta(
+    /// Uploads the step metadata into the current slot unless it holds these spans already.
+    fn upload_meta(
         &mut self,
         stream: &Arc<CudaStream>,
         spans: &[SeqSpan<'_>],
@@ -304,66 +350,77 @@ impl Scratch {
     ) -> Result<(), Error> {
         let mut host = Vec::new();
         encode(spans, rows, &mut host)?;
-        if self.meta.is_some()
-            && self.meta_valid
-            && host == self.meta_host
-            && self.meta_rows == rows
-            && self.meta_seqs == spans.len()
-        {
+        let (defer, cur) = (self.defer, self.meta_cur);
+        let m = &mut self.metas[cur];
+        if m.dev.is_some() && m.valid && host == m.host && m.rows == rows && m.seqs == spans.len() {
             return Ok(());
         }
-        self.meta_valid = false;
-        let dev = grow(stream, &mut self.meta, host.len(), !self.defer)?;
-        if self.defer {
-            self.pending.push((Target::Meta, host.clone()));
+        m.valid = false;
+        let dev = grow(stream, &mut m.dev, host.len(), !defer)?;
+        if defer {
+            self.pending.push((Target::Meta(cur), host.clone()));
         } else {
             stream
                 .memcpy_htod(&host, &mut dev.slice_mut(..host.len()))
                 .map_err(cuda_err("upload spans"))?;
         }
-        self.meta_valid = true;
-        self.meta_host = host;
-        self.meta_rows = rows;
-        self.meta_seqs = spans.len();
+        m.valid = true;
+        m.host = host;
+        m.rows = rows;
+        m.seqs = spans.len();
         Ok(())
     }
 
-    /// Views of the last uploaded metadata.
+    /// Views of the metadata the last [`Scratch::prepare_spans`] made current.
     pub(crate) fn meta(&self) -> Result<Meta<'_>, Error> {
-        views(self.meta.as_ref(), self.meta_rows, self.meta_seqs)
+        let m = self.metas.get(self.meta_cur);
+        views(
+            m.and_then(|m| m.dev.as_ref()),
+            m.map_or(0, |m| m.rows),
+            m.map_or(0, |m| m.seqs),
+        )
     }
 
-    /// Uploads RoPE inverse frequencies unless unchanged; returns the device copy.
+    /// Makes the RoPE inverse frequencies `inv_freq` current, uploading them unless one of the
+    /// kept tables holds them; returns the device copy.
     pub(crate) fn rope(
         &mut self,
         stream: &Arc<CudaStream>,
         inv_freq: &[f32],
     ) -> Result<&CudaSlice<f32>, Error> {
-        if self.rope.is_none() || self.rope_host != inv_freq {
-            if self.defer {
-                return Err(graph_changed("new RoPE frequencies"));
-            }
-            self.rope_host.clear();
-            let dev = grow(stream, &mut self.rope, inv_freq.len(), true)?;
-            if !inv_freq.is_empty() {
-                stream
-                    .memcpy_htod(inv_freq, &mut dev.slice_mut(..inv_freq.len()))
-                    .map_err(cuda_err("upload rope"))?;
-            }
-            self.rope_host = inv_freq.to_vec();
+        if let Some(i) = self.ropes.iter().position(|(h, _)| h == inv_freq) {
+            self.rope_cur = i;
+            return Ok(&self.ropes[i].1);
         }
-        self.rope.as_ref().ok_or_else(|| Error::Cuda {
-            op: "rope",
-            detail: "not uploaded".into(),
-        })
+        if self.defer {
+            return Err(graph_changed("new RoPE frequencies"));
+        }
+        let mut slot = None;
+        let dev = grow(stream, &mut slot, inv_freq.len(), true)?;
+        if !inv_freq.is_empty() {
+            stream
+                .memcpy_htod(inv_freq, &mut dev.slice_mut(..inv_freq.len()))
+                .map_err(cuda_err("upload rope"))?;
+        }
+        let dev = slot.ok_or_else(|| graph_changed("no RoPE table"))?;
+        if self.ropes.len() == ROPE_SLOTS {
+            // The oldest goes (eager only: its readers are ordered before any later write).
+            self.ropes.remove(0);
+        }
+        self.ropes.push((inv_freq.to_vec(), dev));
+        self.rope_cur = self.ropes.len() - 1;
+        Ok(&self.ropes[self.rope_cur].1)
     }
 
-    /// The device copy of the RoPE frequencies uploaded last.
+    /// The device copy of the RoPE frequencies made current last.
     pub(crate) fn rope_buf(&self) -> Result<&CudaSlice<f32>, Error> {
-        self.rope.as_ref().ok_or_else(|| Error::Cuda {
-            op: "rope",
-            detail: "not uploaded".into(),
-        })
+        self.ropes
+            .get(self.rope_cur)
+            .map(|(_, d)| d)
+            .ok_or_else(|| Error::Cuda {
+                op: "rope",
+                detail: "not uploaded".into(),
+            })
     }
 
     /// Uploads `ids` into the index buffer (`rows`: the gather buffer, else the embed one).
@@ -493,7 +550,10 @@ impl Scratch {
                 Target::Idx => &mut self.idx,
                 Target::RowsIdx => &mut self.rows_idx,
                 Target::Tiles => &mut self.tiles,
-                Target::Meta => &mut self.meta,
+                Target::Meta(i) => match self.metas.get_mut(i) {
+                    Some(m) => &mut m.dev,
+                    None => return Err(graph_changed("no metadata buffer")),
+                },
                 Target::Exact => &mut self.exact,
             };
             let dev = grow(stream, slot, data.len(), false)?;
@@ -519,7 +579,12 @@ impl Scratch {
     /// Drops queued uploads (a step that did not run) and forgets what the device holds.
     pub(crate) fn discard_pending(&mut self) {
         self.pending.clear();
-        self.meta_valid = false;
+        for m in &mut self.metas {
+            m.valid = false;
+        }
+        // A step run again (eagerly, after a capture or replay that did not fit) assigns its
+        // span sets from the first slot again, so it grows the slots the next capture uses.
+        self.meta_next = 0;
         self.exact_valid = false;
         self.exact_queued = false;
     }

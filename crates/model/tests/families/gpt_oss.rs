@@ -247,7 +247,7 @@ fn gpt_oss_bad_files_give_typed_errors() {
         "{err}"
     );
 
-    // The family ops without the MoE op (what CUDA would be with attention variants).
+    // CUDA's capabilities (no sinks, no mixture of experts): refused at load.
     for path in [src_hf, src] {
         let err = Model::load(
             &path,

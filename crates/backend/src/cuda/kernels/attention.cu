@@ -4,7 +4,10 @@
 // (row, kv head) to finish merges the splits (`attn_merge_last`), so one launch does it all.
 // Prefill rows and decode rows of many sequences of different lengths share one launch: each
 // row finds its sequence, position and block table through the token metadata (see
-// write_kv.cu). A row at position p sees keys 0..=p.
+// write_kv.cu). A row at position p sees keys 0..=p, or with a sliding window (`window` > 0,
+// the 16-bit kernels' last parameter; 0: none) keys p-window+1..=p: each row's key range
+// then starts at its window's first key, so keys before it are never read (a ring layer's
+// table maps them to slots newer tokens have overwritten, see model/src/arch/ring.rs).
 //
 // Pool layout of each of K and V: `[num_blocks, kv_heads, block_size, head_dim]`.
 #define TILE 32
@@ -32,6 +35,11 @@
 #define ATTN_ARGS qkv, width, n_heads, n_kv, d_rt, scale, tok_pos, tok_seq, seq_tbl, tables, \
     k_cache, v_cache, block_size, is_bf16, n_splits, part_ml, part_acc, counters, out, out_bf16, \
     prefetch
+
+// The first key a query at position `pos` sees: 0, or its sliding window's first key.
+__device__ __forceinline__ int window_lo(int pos, int window) {
+    return window > 0 ? max(0, pos + 1 - window) : 0;
+}
 
 // 16 bytes / 4 bytes from L2, bypassing L1: partials written by other blocks of the launch.
 __device__ __forceinline__ float4 ld_cg4(const float* p) {
@@ -145,7 +153,7 @@ __device__ __forceinline__ void attn_merge_last(float* sh, int g, int d, int n_h
 
 // D > 0: head_dim fixed at compile time (fewer registers for the prefetch); D == 0: any d.
 template <int D>
-__device__ __forceinline__ void attn_partial_impl(float* sh, ATTN_PARAMS)
+__device__ __forceinline__ void attn_partial_impl(float* sh, ATTN_PARAMS, int window)
 {
     const int d = D > 0 ? D : d_rt;
     constexpr int LOADS = D > 0 ? (TILE * D / 4 + NT - 1) / NT : TILE * 64 / NT;
@@ -164,10 +172,11 @@ __device__ __forceinline__ void attn_partial_impl(float* sh, ATTN_PARAMS)
     pdl_wait();  // (never launched as a dependent; kept correct if it is)
     const u32 pos = tok_pos[r];
     const int kend = (int)pos + 1;
+    const int lo = window_lo((int)pos, window);
     // Each row splits its own key range into n_splits chunks of whole tiles (so the launch
     // does not depend on the step's lengths: CUDA graphs replay it as positions advance).
-    const int chunk = ((kend + n_splits - 1) / n_splits + TILE - 1) / TILE * TILE;
-    const int k0 = sp * chunk;
+    const int chunk = ((kend - lo + n_splits - 1) / n_splits + TILE - 1) / TILE * TILE;
+    const int k0 = lo + sp * chunk;
     const int k1 = min(k0 + chunk, kend);
     const u32* tbl = tables + seq_tbl[tok_seq[r]];
     const float* qrow = qkv + (u64)r * width + (u64)kh * g * d;
@@ -296,21 +305,21 @@ __device__ __forceinline__ void attn_partial_impl(float* sh, ATTN_PARAMS)
     attn_merge_last(sh, g, d, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16);
 }
 
-extern "C" __global__ void __launch_bounds__(NT) attn_partial_64(ATTN_PARAMS) {
+extern "C" __global__ void __launch_bounds__(NT) attn_partial_64(ATTN_PARAMS, int window) {
     extern __shared__ float sh[];
-    attn_partial_impl<64>(sh, ATTN_ARGS);
+    attn_partial_impl<64>(sh, ATTN_ARGS, window);
 }
-extern "C" __global__ void __launch_bounds__(NT) attn_partial_128(ATTN_PARAMS) {
+extern "C" __global__ void __launch_bounds__(NT) attn_partial_128(ATTN_PARAMS, int window) {
     extern __shared__ float sh[];
-    attn_partial_impl<128>(sh, ATTN_ARGS);
+    attn_partial_impl<128>(sh, ATTN_ARGS, window);
 }
-extern "C" __global__ void __launch_bounds__(NT) attn_partial_256(ATTN_PARAMS) {
+extern "C" __global__ void __launch_bounds__(NT) attn_partial_256(ATTN_PARAMS, int window) {
     extern __shared__ float sh[];
-    attn_partial_impl<256>(sh, ATTN_ARGS);
+    attn_partial_impl<256>(sh, ATTN_ARGS, window);
 }
-extern "C" __global__ void __launch_bounds__(NT) attn_partial_any(ATTN_PARAMS) {
+extern "C" __global__ void __launch_bounds__(NT) attn_partial_any(ATTN_PARAMS, int window) {
     extern __shared__ float sh[];
-    attn_partial_impl<0>(sh, ATTN_ARGS);
+    attn_partial_impl<0>(sh, ATTN_ARGS, window);
 }
 
 __device__ __forceinline__ u32 smem_addr(const void* p) {
@@ -425,7 +434,7 @@ __device__ __forceinline__ void copy_kv_row(u16* ks, u16* vs, int p, const Paged
 // floats, merge's g*(2*n_splits+1) floats).
 // Requires 16-bit KV, d == D, g <= MAXG.
 template <int D, int MAXG, int DPL, bool BF16, int STAGES>
-__device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
+__device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS, int window)
 {
     constexpr int LPK = D / DPL, KPW = 32 / LPK, NW = NT / 32, NP = NW * KPW;
     constexpr int LD = DPL / 8, U = 8 / KPW;
@@ -435,8 +444,9 @@ __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
     const int lane = tid & 31, warp = tid >> 5, sub = lane % LPK, kslot = lane / LPK;
     const u32 pos = tok_pos[r];
     const int kend = (int)pos + 1;
-    const int chunk = ((kend + n_splits - 1) / n_splits + TILE - 1) / TILE * TILE;
-    const int k0 = sp * chunk;
+    const int lo = window_lo((int)pos, window);
+    const int chunk = ((kend - lo + n_splits - 1) / n_splits + TILE - 1) / TILE * TILE;
+    const int k0 = lo + sp * chunk;
     const int k1 = min(k0 + chunk, kend);
     const int ntiles = k1 > k0 ? (k1 - k0 + TILE - 1) / TILE : 0;
     const PagedKv kv(tables + seq_tbl[tok_seq[r]], n_kv, kh, block_size);
@@ -599,10 +609,10 @@ __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS)
 }
 
 #define ATTN_ROWS_STAGES(NAME, D, G, DPL, STAGES) \
-    extern "C" __global__ void __launch_bounds__(NT) NAME(ATTN_PARAMS) { \
+    extern "C" __global__ void __launch_bounds__(NT) NAME(ATTN_PARAMS, int window) { \
         extern __shared__ float sh[]; \
-        if (is_bf16) attn_rows_impl<D, G, DPL, true, STAGES>(sh, ATTN_ARGS); \
-        else attn_rows_impl<D, G, DPL, false, STAGES>(sh, ATTN_ARGS); \
+        if (is_bf16) attn_rows_impl<D, G, DPL, true, STAGES>(sh, ATTN_ARGS, window); \
+        else attn_rows_impl<D, G, DPL, false, STAGES>(sh, ATTN_ARGS, window); \
     }
 #define ATTN_ROWS(D, G, DPL) \
     ATTN_ROWS_STAGES(attn_rows_##D##_##G, D, G, DPL, 3) \
@@ -768,13 +778,16 @@ struct MmaRows {
 // by ldmatrix.trans (see `MmaRows`). Writes the normalised rows straight to `out` (and their bf16 copy).
 // More warps per block share each K/V tile among more query vectors (fewer L2 reads per FLOP).
 // tiles[2i] = first row, tiles[2i+1] = rows (≤ 16·NW/g). grid = (tiles, n_kv), 32·NW threads.
+// A sliding window (`window` > 0): the key tiles start at the first row's first key (the
+// earliest any row of the tile sees), and each row masks the keys before its own.
 // dynamic smem: 2 * 2 * MMA_TK * (D + 8) halves. Requires 16·NW % g == 0.
 template <int D, bool BF16, int NW>
 __device__ __forceinline__ void attn_mma_impl(u16* sh,
     const float* __restrict__ qkv, int width, int n_heads, int n_kv, float scale,
     const u32* __restrict__ tok_pos, const u32* __restrict__ tok_seq, const u32* __restrict__ seq_tbl,
     const u32* __restrict__ tables, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,
-    int block_size, const u32* __restrict__ tiles, float* __restrict__ out, u16* __restrict__ out_bf16)
+    int block_size, const u32* __restrict__ tiles, float* __restrict__ out, u16* __restrict__ out_bf16,
+    int window)
 {
     constexpr int NTD = D / 8, RS = D + 8;
     const int g = n_heads / n_kv;
@@ -783,11 +796,15 @@ __device__ __forceinline__ void attn_mma_impl(u16* sh,
     const int pos0 = (int)tok_pos[first_row];
     const PagedKv kv(tables + seq_tbl[tok_seq[first_row]], n_kv, kh, block_size);
     const int kmax = pos0 + (int)n_rows;
-    const int ntiles = (kmax + MMA_TK - 1) / MMA_TK;
+    const int klo = window_lo(pos0, window);
+    const int ntiles = (kmax - klo + MMA_TK - 1) / MMA_TK;
     const int v0 = 16 * warp + (lane >> 2), v1 = v0 + 8;
     const int r0 = v0 / g, h0 = v0 - r0 * g, r1 = v1 / g, h1 = v1 - r1 * g;
     const bool ok0 = r0 < (int)n_rows, ok1 = r1 < (int)n_rows;
-    const int p0 = pos0 + r0, p1 = pos0 + r1;
+    // Each row's last and first keys relative to the first staged key `klo` (the first is
+    // never above the row's own position, and ≤ 0 without a window).
+    const int p0 = pos0 + r0 - klo, p1 = pos0 + r1 - klo;
+    const int lo0 = window > 0 ? p0 + 1 - window : 0, lo1 = window > 0 ? p1 + 1 - window : 0;
     const float qs = scale * 1.4426950408889634f;
     MmaRows<D, BF16> w;
     w.init(ok0 ? qkv + (u64)(first_row + r0) * width + (u64)(kh * g + h0) * D : nullptr,
@@ -795,8 +812,8 @@ __device__ __forceinline__ void attn_mma_impl(u16* sh,
     auto issue = [&](int t) {
         if (t < ntiles) {
             u16* kst = sh + (t & 1) * 2 * MMA_TK * RS;
-            stage_kv_tile<D, MMA_TK, RS, 32 * NW>(kst, kst + MMA_TK * RS, t * MMA_TK, kmax, -1, kv,
-                                                  k_cache, v_cache, tid);
+            stage_kv_tile<D, MMA_TK, RS, 32 * NW>(kst, kst + MMA_TK * RS, klo + t * MMA_TK, kmax, -1,
+                                                  kv, k_cache, v_cache, tid);
         }
         cp_async_commit();
     };
@@ -814,8 +831,8 @@ __device__ __forceinline__ void attn_mma_impl(u16* sh,
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int key = t * MMA_TK + nt * 8 + (lane & 3) * 2 + e;
-                if (!ok0 || key > p0) s[nt][e] = -INFINITY;
-                if (!ok1 || key > p1) s[nt][2 + e] = -INFINITY;
+                if (!ok0 || key > p0 || key < lo0) s[nt][e] = -INFINITY;
+                if (!ok1 || key > p1 || key < lo1) s[nt][2 + e] = -INFINITY;
             }
         }
         u32 pa[2][4];
@@ -851,14 +868,16 @@ __device__ __forceinline__ void attn_mma_impl(u16* sh,
         const float* qkv, int width, int n_heads, int n_kv, float scale, const u32* tok_pos, \
         const u32* tok_seq, const u32* seq_tbl, const u32* tables, const u16* k_cache, \
         const u16* v_cache, int block_size, const u32* tiles, float* out, u16* out_bf16, \
-        int is_bf16) { \
+        int is_bf16, int window) { \
         extern __shared__ float shf[]; \
         if (is_bf16) \
             attn_mma_impl<D, true, NW>((u16*)shf, qkv, width, n_heads, n_kv, scale, tok_pos, \
-                tok_seq, seq_tbl, tables, k_cache, v_cache, block_size, tiles, out, out_bf16); \
+                tok_seq, seq_tbl, tables, k_cache, v_cache, block_size, tiles, out, out_bf16, \
+                window); \
         else \
             attn_mma_impl<D, false, NW>((u16*)shf, qkv, width, n_heads, n_kv, scale, tok_pos, \
-                tok_seq, seq_tbl, tables, k_cache, v_cache, block_size, tiles, out, out_bf16); \
+                tok_seq, seq_tbl, tables, k_cache, v_cache, block_size, tiles, out, out_bf16, \
+                window); \
     }
 ATTN_MMA(attn_mma_64, 64, 4)
 ATTN_MMA(attn_mma_128, 128, 4)
@@ -1093,9 +1112,16 @@ struct Kv16 {
     }
 };
 
+// Whether format F stages tiles from any key (the 16-bit rows); the coded formats stage whole
+// runs of 16 keys, so a window's range starts at the run holding its first key, the keys
+// before it masked (the coded kernels are launched without a window so far).
+template <class F> struct StagesFromAnyKey { static constexpr bool value = false; };
+template <int D, bool BF16> struct StagesFromAnyKey<Kv16<D, BF16>> { static constexpr bool value = true; };
+
+// `window` > 0: a sliding window (each row's range starts at its window's first key).
 template <class F, int D, int TK, int STAGES, int NW>
 __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u32* fmt,
-                                                 const ExactArgs& xa)
+                                                 const ExactArgs& xa, int window = 0)
 {
     constexpr int NTH = NW * 32;
     constexpr int KPW = TK / NW, NK = KPW / 8;   // keys per warp per tile, 8-key MMA columns
@@ -1115,8 +1141,11 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u
     }
     const CodedRange cr = coded_range(xa, (int)pos + 1);
     const int kend = cr.hi;
-    const int chunk = ((kend + n_coded - 1) / n_coded + TK - 1) / TK * TK;
-    const int k0 = sp * chunk;
+    const int wlo = window_lo((int)pos, window);
+    const int base = StagesFromAnyKey<F>::value ? wlo : wlo & ~15;
+    const int klo = max(cr.lo, wlo);   // keys below are masked
+    const int chunk = ((kend - base + n_coded - 1) / n_coded + TK - 1) / TK * TK;
+    const int k0 = base + sp * chunk;
     const int k1 = min(k0 + chunk, kend);
     const int ntiles = k1 > k0 ? (k1 - k0 + TK - 1) / TK : 0;
     const PagedKv kv(tables + seq_tbl[tok_seq[r]], n_kv, kh, block_size);
@@ -1175,7 +1204,7 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int key = key0 + nt * 8 + (lane & 3) * 2 + e;
-                if (key >= k1 || key < cr.lo) {
+                if (key >= k1 || key < klo) {
                     s[nt][e] = -INFINITY;
                     s[nt][2 + e] = -INFINITY;
                 }
@@ -1252,11 +1281,12 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u
 // attn_dec_{D}_{TK}_{STAGES}_{NW}: the template for the 16-bit formats (is_bf16 picks the
 // type). The list must match DECODE_VARIANTS in kernels.rs.
 #define ATTN_DEC16(D, TK, ST, NW) \
-    extern "C" __global__ void __launch_bounds__(NW * 32) attn_dec_##D##_##TK##_##ST##_##NW(ATTN_PARAMS) { \
+    extern "C" __global__ void __launch_bounds__(NW * 32) attn_dec_##D##_##TK##_##ST##_##NW(ATTN_PARAMS, \
+                                                                                      int window) { \
         extern __shared__ float sh[]; \
         const ExactArgs none{nullptr, nullptr, nullptr, 0, 0}; \
-        if (is_bf16) attn_decode_impl<Kv16<D, true>, D, TK, ST, NW>(sh, ATTN_ARGS, nullptr, none); \
-        else attn_decode_impl<Kv16<D, false>, D, TK, ST, NW>(sh, ATTN_ARGS, nullptr, none); \
+        if (is_bf16) attn_decode_impl<Kv16<D, true>, D, TK, ST, NW>(sh, ATTN_ARGS, nullptr, none, window); \
+        else attn_decode_impl<Kv16<D, false>, D, TK, ST, NW>(sh, ATTN_ARGS, nullptr, none, window); \
     }
 ATTN_DEC16(64, 64, 2, 4)
 ATTN_DEC16(64, 64, 3, 4)

@@ -74,6 +74,26 @@ extern "C" __global__ void silu_mul(const float* gu, float* out, u64 n, int f, u
     }
 }
 
+// x[i] *= factor (Granite's multipliers, Gemma's embedding scale).
+extern "C" __global__ void scale_f32(float* x, float factor, u64 n) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
+        x[i] *= factor;
+}
+
+// out[r, c] = gelu_tanh(gu[r, c]) * gu[r, f + c] (GeGLU, Hugging Face's gelu_pytorch_tanh),
+// out is [rows, f]; also bf16(out) into `out_bf16` when non-null. tanhf, not the fast
+// approximation: the CPU reference uses the libm tanh, and the difference would show in
+// every MLP row.
+extern "C" __global__ void gelu_mul(const float* gu, float* out, u64 n, int f, u16* out_bf16) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        u64 r = i / (u64)f, c = i % (u64)f;
+        float g = gu[r * 2 * f + c], u = gu[r * 2 * f + f + c];
+        float v = 0.5f * g * (1.0f + tanhf(0.7978846f * (g + 0.044715f * g * g * g))) * u;
+        out[i] = v;
+        if (out_bf16) out_bf16[i] = f32_to_bf16(v);
+    }
+}
+
 // out[i, :] = x[rows[i], :]. grid.x = output rows.
 extern "C" __global__ void gather_rows(const float* x, const u32* rows, float* out, int cols) {
     const float* src = x + (u64)rows[blockIdx.x] * cols;

@@ -1,4 +1,5 @@
-//! Row-wise ops: RMSNorm, bias, residual add, `silu(g)·u`, row gather and the embedding.
+//! Row-wise ops: RMSNorm, bias, residual add, a scale, `silu(g)·u` and `gelu_tanh(g)·u`, row
+//! gather and the embedding.
 
 use super::{addr, expect_cols, int, opc, rows_cfg};
 use crate::Error;
@@ -8,6 +9,15 @@ use crate::cuda::picks::CudaPicks;
 use crate::cuda::step::grow;
 use crate::cuda::{CudaBackend, CudaMatrix, CudaTensor, CudaVector};
 use crate::shape::shape;
+
+/// The activation of a gated MLP's gate half.
+#[derive(Clone, Copy)]
+enum Gate {
+    /// `silu(g)` (llama, qwen, Granite).
+    Silu,
+    /// Hugging Face's `gelu_pytorch_tanh` (Gemma's GeGLU).
+    GeluTanh,
+}
 
 impl CudaBackend {
     /// [`Backend::rms_norm`].
@@ -110,32 +120,75 @@ impl CudaBackend {
         unsafe { self.launch(&mut l) }
     }
 
+    /// [`Backend::scale`].
+    pub(super) fn scale_impl(&self, x: &mut CudaTensor, factor: f32) -> Result<(), Error> {
+        let n = x.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let (n64, xp) = (n as u64, addr(&x.buf, &self.stream));
+        let mut l = Launches::new(opc::SCALE);
+        l.kernel("scale", &self.k.scale, self.grid_1d(n), false)
+            .ptr(xp)
+            .arg(factor)
+            .arg(n64);
+        // `admit` drops any bf16 copy of x an earlier op left: it is stale once x is scaled.
+        if !self.lock_state("scale")?.admit(l.signature())? {
+            return Ok(());
+        }
+        // SAFETY: x holds n floats.
+        unsafe { self.launch(&mut l) }
+    }
+
     /// [`Backend::silu_mul`].
     pub(super) fn silu_mul_impl(
         &self,
         gate_up: &CudaTensor,
         out: &mut CudaTensor,
     ) -> Result<(), Error> {
-        expect_cols("silu_mul", gate_up, 2 * out.cols)?;
+        self.gated_impl(gate_up, out, Gate::Silu)
+    }
+
+    /// [`Backend::gelu_mul`].
+    pub(super) fn gelu_mul_impl(
+        &self,
+        gate_up: &CudaTensor,
+        out: &mut CudaTensor,
+    ) -> Result<(), Error> {
+        self.gated_impl(gate_up, out, Gate::GeluTanh)
+    }
+
+    /// `out = act(g) · u` per row `[g | u]`, with bf16(out) left for the down projection.
+    fn gated_impl(
+        &self,
+        gate_up: &CudaTensor,
+        out: &mut CudaTensor,
+        gate: Gate,
+    ) -> Result<(), Error> {
+        let (name, kernel, code) = match gate {
+            Gate::Silu => ("silu_mul", &self.k.silu_mul, opc::SILU),
+            Gate::GeluTanh => ("gelu_mul", &self.k.gelu_mul, opc::GELU),
+        };
+        expect_cols(name, gate_up, 2 * out.cols)?;
         self.set_rows(out, gate_up.rows)?;
         let n = out.len();
         if n == 0 {
             return Ok(());
         }
-        let (n64, f) = (n as u64, int("silu_mul", out.cols)?);
+        let (n64, f) = (n as u64, int(name, out.cols)?);
         let (gp, op) = (
             addr(&gate_up.buf, &self.stream),
             addr(&out.buf, &self.stream),
         );
-        let mut st = self.lock_state("silu_mul")?;
+        let mut st = self.lock_state(name)?;
         let sc = st.sc();
         let may_alloc = !sc.defer;
         let ob = addr(
             grow(&self.stream, &mut sc.bf16, n, may_alloc)?,
             &self.stream,
         );
-        let mut l = Launches::new(opc::SILU);
-        l.kernel("silu_mul", &self.k.silu_mul, self.grid_1d(n), false)
+        let mut l = Launches::new(code);
+        l.kernel(name, kernel, self.grid_1d(n), false)
             .ptr(gp)
             .ptr(op)
             .arg(n64)

@@ -21,7 +21,9 @@ use super::step::graph_changed;
 use super::{
     CudaBackend, CudaKvPool, CudaMatrix, CudaTensor, CudaVector, cuda_err, unsupported_kv,
 };
-use crate::backend::{AttnGeometry, Backend, QkNorm, QkvProjection, Rope, SeqSpan};
+use crate::backend::{
+    AttnGeometry, AttnVariant, Backend, QkNorm, QkvProjection, Rope, SeqSpan, VariantNeeds,
+};
 use crate::shape::shape;
 use crate::{Error, TopK, WeightMatrix};
 
@@ -81,6 +83,8 @@ pub(super) mod opc {
     pub const TOPK: u64 = 11;
     pub const ARGMAX: u64 = 12;
     pub const FILL_RANDOM: u64 = 13;
+    pub const SCALE: u64 = 14;
+    pub const GELU: u64 = 15;
 }
 
 impl Backend for CudaBackend {
@@ -419,7 +423,59 @@ impl Backend for CudaBackend {
         pool: &CudaKvPool,
         out: &mut CudaTensor,
     ) -> Result<(), Error> {
-        self.attention_impl(qkv, g, spans, pool, out)
+        self.attention_impl(qkv, g, spans, pool, None, out)
+    }
+
+    /// Granite's and Gemma 3's element-wise ops.
+    fn supports_family_ops(&self) -> bool {
+        true
+    }
+
+    fn scale(&self, x: &mut CudaTensor, factor: f32) -> Result<(), Error> {
+        self.scale_impl(x, factor)
+    }
+
+    fn gelu_mul(&self, gate_up: &CudaTensor, out: &mut CudaTensor) -> Result<(), Error> {
+        self.gelu_mul_impl(gate_up, out)
+    }
+
+    /// Sliding windows over 16-bit pools (Gemma 3's local layers, whose rings are f16); no
+    /// sinks, no windows over coded pools (`attention::variant_unsupported`).
+    fn supports_attention_variant(
+        &self,
+        _: &AttnGeometry,
+        dtype: KvDtype,
+        needs: VariantNeeds,
+    ) -> Result<(), Error> {
+        let coded = dtype.is_compressed().then(|| dtype.to_string());
+        match super::attention::variant_unsupported(needs, coded.as_deref()) {
+            None => Ok(()),
+            Some(detail) => Err(Error::UnsupportedAttention {
+                backend: "cuda",
+                detail,
+                supported: super::attention::VARIANTS_SUPPORTED.into(),
+            }),
+        }
+    }
+
+    fn attention_variant(
+        &self,
+        qkv: &CudaTensor,
+        g: &AttnGeometry,
+        spans: &[SeqSpan<'_>],
+        pool: &CudaKvPool,
+        variant: &AttnVariant<'_, CudaVector>,
+        out: &mut CudaTensor,
+    ) -> Result<(), Error> {
+        let coded = pool.codes.as_ref().map(|_| "coded");
+        if let Some(detail) = super::attention::variant_unsupported(variant.needs(), coded) {
+            return Err(Error::UnsupportedAttention {
+                backend: "cuda",
+                detail,
+                supported: super::attention::VARIANTS_SUPPORTED.into(),
+            });
+        }
+        self.attention_impl(qkv, g, spans, pool, variant.window, out)
     }
 
     fn project_qkv_write_kv(
