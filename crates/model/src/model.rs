@@ -131,12 +131,29 @@ fn missing_ops<B: Backend>(backend: &B, config: &ModelConfig) -> Option<String> 
         sinks: a.sinks,
     };
     let geometry = crate::transformer::attn_geometry(config);
-    if !needs.is_plain()
-        && backend
-            .supports_attention_variant(&geometry, KvDtype::F16, needs)
-            .is_err()
-    {
-        return Some(needs.describe().to_string());
+    let lacks = |n: VariantNeeds| {
+        !n.is_plain()
+            && backend
+                .supports_attention_variant(&geometry, KvDtype::F16, n)
+                .is_err()
+    };
+    if lacks(needs) {
+        // Name the part the backend lacks (it may have windows but not sinks), or the pair
+        // when each alone is supported.
+        let window = VariantNeeds {
+            sinks: false,
+            ..needs
+        };
+        let sinks = VariantNeeds {
+            window: false,
+            ..needs
+        };
+        let missing = match (lacks(window), lacks(sinks)) {
+            (false, true) => sinks,
+            (true, false) => window,
+            _ => needs,
+        };
+        return Some(missing.describe().to_string());
     }
     if a.conv_layers.contains(&true) && !backend.supports_short_conv() {
         return Some("short convolutions".into());

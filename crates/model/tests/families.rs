@@ -730,6 +730,22 @@ fn a_backend_without_family_ops_refuses_them_at_load() {
         ) && err.to_string().contains("short convolution"),
         "{err}"
     );
+    // gpt-oss needs a window (which the stand-in has) and sinks (which it lacks): the error
+    // names only the sinks.
+    let err = Model::load(
+        &family_dir("gpt_oss").join("model.gguf"),
+        NoShortConv(CpuBackend::new()),
+        &LoadOptions::default(),
+    )
+    .err()
+    .unwrap();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, ModelError::FamilyUnsupported { .. })
+            && msg.contains("attention sinks")
+            && !msg.contains("sliding window"),
+        "{msg}"
+    );
 
     let b = PlainOnly(CpuBackend::new());
     let mut t = b.tensor(2, 4).unwrap();
