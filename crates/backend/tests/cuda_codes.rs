@@ -242,14 +242,47 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
         g.write_kv(&mut gq, &geo, &rope, None, &spans, &mut gpool)
             .unwrap();
         let cols = geo.n_heads * case.d;
+        // gpt-oss's attention sinks (a logit per query head in each softmax's denominator),
+        // of the size of the scores, on every other step.
+        let sinks = (step % 2 == 1).then(|| {
+            (0..geo.n_heads)
+                .map(|_| 1.0 + 2.0 * r.f())
+                .collect::<Vec<f32>>()
+        });
         if windowed {
             // Block I/O is refused for windowed pools (their exact copies are not in the
             // blocks), so only the attention is compared.
-            let e = compare_attention(g, &c, &cq, &gq, &geo, &spans, &cpool, &gpool, &what, step);
+            let e = compare_attention(
+                g,
+                &c,
+                &cq,
+                &gq,
+                &geo,
+                &spans,
+                (&cpool, &gpool),
+                sinks.as_deref(),
+                &what,
+                step,
+            );
             if step % 8 == 0 {
                 eprintln!("{what} step {step}: attention max err {e:.2e}");
             }
             continue;
+        }
+        if let Some(sinks) = sinks.as_deref() {
+            let e = compare_attention(
+                g,
+                &c,
+                &cq,
+                &gq,
+                &geo,
+                &spans,
+                (&cpool, &gpool),
+                Some(sinks),
+                &what,
+                step,
+            );
+            eprintln!("{what} step {step}: attention with sinks max err {e:.2e}");
         }
         // Every block this step touched, for every kv head.
         let mut blocks: Vec<u32> = spans
@@ -350,7 +383,18 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
             .unwrap();
         g.write_kv(&mut gq, &geo, &rope, None, &spans, &mut gpool)
             .unwrap();
-        compare_attention(g, &c, &cq, &gq, &geo, &spans, &cpool, &gpool, &what, steps);
+        compare_attention(
+            g,
+            &c,
+            &cq,
+            &gq,
+            &geo,
+            &spans,
+            (&cpool, &gpool),
+            None,
+            &what,
+            steps,
+        );
         // The other sequences' sink and window blocks, and this one's 40 tokens.
         let held = gpool.exact_blocks_used().unwrap();
         assert!(held <= 3 * 5 + 3, "{what}: {held} exact blocks held");
@@ -358,7 +402,8 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
     (same, total)
 }
 
-/// Attention of both backends over their pools, compared; the largest error.
+/// Attention of both backends over their pools (`(cpu, gpu)`), with `sinks` when some,
+/// compared; the largest error.
 #[allow(clippy::too_many_arguments)]
 fn compare_attention(
     g: &CudaBackend,
@@ -367,21 +412,41 @@ fn compare_attention(
     gq: &CudaTensor,
     geo: &AttnGeometry,
     spans: &[SeqSpan<'_>],
-    cpool: &<CpuBackend as Backend>::KvPool,
-    gpool: &<CudaBackend as Backend>::KvPool,
+    (cpool, gpool): (
+        &<CpuBackend as Backend>::KvPool,
+        &<CudaBackend as Backend>::KvPool,
+    ),
+    sinks: Option<&[f32]>,
     what: &str,
     step: usize,
 ) -> f32 {
     let rows: usize = spans.iter().map(|s| s.n_tokens).sum();
     let cols = geo.n_heads * geo.head_dim;
     let mut co = c.tensor(rows, cols).unwrap();
-    c.attention(cq, geo, spans, cpool, &mut co).unwrap();
+    let (cs, gs) = match sinks {
+        Some(s) => (Some(c.vector(s).unwrap()), Some(g.vector(s).unwrap())),
+        None => (None, None),
+    };
+    let variant = turbokv_backend::AttnVariant {
+        window: None,
+        sinks: cs.as_ref(),
+    };
+    c.attention_variant(cq, geo, spans, cpool, &variant, &mut co)
+        .unwrap();
     let mut go = g
         .tensor_from_host(&vec![f32::NAN; rows * cols], rows, cols)
         .unwrap();
-    g.attention(gq, geo, spans, gpool, &mut go).unwrap();
+    let variant = turbokv_backend::AttnVariant {
+        window: None,
+        sinks: gs.as_ref(),
+    };
+    g.attention_variant(gq, geo, spans, gpool, &variant, &mut go)
+        .unwrap();
     close(
-        &format!("{what} step {step} attention"),
+        &format!(
+            "{what} step {step} attention{}",
+            if sinks.is_some() { " with sinks" } else { "" }
+        ),
         &host(g, &go),
         co.as_slice(),
         1e-2,

@@ -1567,10 +1567,16 @@ fn run_window_case(backends: &[&CudaBackend], case: &WindowCase, seed: u64) {
         &[(341, 5), (519, 1), (24, 3), (66, 1), (1002, 1)],
     ];
     for window in [5usize, 37, 100, 1 << 20] {
+        // gpt-oss's sinks: beside a window (its local layers) and alone (a window wider than
+        // any context: its global layers), of the size of the scores so that they matter.
+        let sinks: Option<Vec<f32>> = matches!(window, 37 | 0x100000)
+            .then(|| (0..case.heads).map(|_| 1.0 + 2.0 * r.f()).collect());
         for (si, step) in steps.iter().enumerate() {
             let what = format!(
-                "window {window} d={d} heads {}/{nkv} {:?} step {si}",
-                case.heads, case.dtype
+                "window {window} sinks {} d={d} heads {}/{nkv} {:?} step {si}",
+                sinks.is_some(),
+                case.heads,
+                case.dtype
             );
             // Ring blocks per sequence from a shuffled free list; contents NaN but for the
             // keys some query of the step sees.
@@ -1619,18 +1625,20 @@ fn run_window_case(backends: &[&CudaBackend], case: &WindowCase, seed: u64) {
             let cols = case.heads * d;
             let cq = cpu_t(qkv.clone(), rows, w);
             let mut co = c.tensor(rows, cols).unwrap();
+            let csinks = sinks.as_ref().map(|s| c.vector(s).unwrap());
             let variant = turbokv_backend::AttnVariant {
                 window: Some(window),
-                sinks: None,
+                sinks: csinks.as_ref(),
             };
             c.attention_variant(&cq, &geo, &spans, &cpool, &variant, &mut co)
                 .unwrap();
             for (bi, (g, gpool)) in backends.iter().zip(&gpools).enumerate() {
                 let gq = gpu_t(g, &qkv, rows, w);
                 let mut go = poison(g, rows, cols);
+                let gsinks = sinks.as_ref().map(|s| g.vector(s).unwrap());
                 let variant = turbokv_backend::AttnVariant {
                     window: Some(window),
-                    sinks: None,
+                    sinks: gsinks.as_ref(),
                 };
                 g.attention_variant(&gq, &geo, &spans, gpool, &variant, &mut go)
                     .unwrap();
@@ -1649,8 +1657,8 @@ fn run_window_case(backends: &[&CudaBackend], case: &WindowCase, seed: u64) {
     }
 }
 
-/// Sliding windows on every 16-bit attention path against the CPU backend: bf16 and f16
-/// pools, GQA groups 1/4/8, head_dim 64/128/256 on the default kernels (tensor-core prefill
+/// Sliding windows and attention sinks (with a window and alone) on every 16-bit attention
+/// path against the CPU backend: bf16 and f16 pools, GQA groups 1/4/8, head_dim 64/128/256 on the default kernels (tensor-core prefill
 /// and decode template; the row kernel for 256) and on the SIMT ones (the row kernel, the
 /// tiled kernel for group 12 and head_dim 96), every decode template variant forced, and the
 /// 8-warp prefill tiles.
@@ -1719,8 +1727,9 @@ fn window_attention_matches_cpu() {
     }
 }
 
-/// What CUDA attention cannot run is refused with a typed error naming it: sinks, windows
-/// over coded pools (at the capability query and at the call), a window of 0.
+/// What CUDA attention cannot run is refused with a typed error naming it: windows over coded
+/// pools (at the capability query and at the call), sink logits of the wrong count, a window
+/// of 0. Sinks alone are admitted on every pool.
 #[test]
 fn unsupported_attention_variants_are_refused() {
     let Some(g) = gpu() else { return };
@@ -1745,10 +1754,18 @@ fn unsupported_attention_variants_are_refused() {
     let tq3: KvDtype = "tq3".parse().unwrap();
     g.supports_attention_variant(&geo, tq3, Default::default())
         .unwrap();
+    for dtype in [KvDtype::F16, KvDtype::Bf16, tq3] {
+        g.supports_attention_variant(&geo, dtype, sinks).unwrap();
+    }
+    let both = turbokv_backend::VariantNeeds {
+        window: true,
+        sinks: true,
+    };
+    g.supports_attention_variant(&geo, KvDtype::F16, both)
+        .unwrap();
     for (dtype, needs, word) in [
         (tq3, window, "sliding window"),
-        (KvDtype::F16, sinks, "sinks"),
-        (tq3, sinks, "sinks"),
+        (tq3, both, "sliding window"),
     ] {
         let e = g
             .supports_attention_variant(&geo, dtype, needs)
@@ -1777,7 +1794,7 @@ fn unsupported_attention_variants_are_refused() {
         .attention_variant(&qkv, &geo, &spans, &pool, &variant, &mut out)
         .unwrap_err();
     assert!(e.to_string().contains("sliding window"), "{e}");
-    let sink_logits = g.vector(&[0.0; 4]).unwrap();
+    let sink_logits = g.vector(&[0.0; 3]).unwrap();
     let layout = KvLayout::uniform(1, 2, 64, KvDtype::F16, 16, 64).unwrap();
     let pool = g.kv_pool(&layout, 0).unwrap();
     let variant = turbokv_backend::AttnVariant {
@@ -1787,10 +1804,7 @@ fn unsupported_attention_variants_are_refused() {
     let e = g
         .attention_variant(&qkv, &geo, &spans, &pool, &variant, &mut out)
         .unwrap_err();
-    assert!(
-        matches!(e, Error::UnsupportedAttention { .. }) && e.to_string().contains("sinks"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("3 sink logits for 4"), "{e}");
     let variant = turbokv_backend::AttnVariant {
         window: Some(0),
         sinks: None,
@@ -1799,4 +1813,211 @@ fn unsupported_attention_variants_are_refused() {
         g.attention_variant(&qkv, &geo, &spans, &pool, &variant, &mut out)
             .is_err()
     );
+}
+
+/// gpt-oss's mixture of experts on the GPU (routing, experts over the pairs that chose them,
+/// clamped SwiGLU, weighted sum: all on the device) against the CPU backend's, with the same
+/// bf16-exact weights: the fixture's shape (biases everywhere), a decode row without biases,
+/// a 300-row prefill chunk whose widths are not multiples of 8 (the scalar weight loads), 32
+/// experts top-4 of width 256 → 512, and rows that repeat (the same experts and output); then
+/// the same op replayed as a CUDA graph over new inputs gives the eager result bit for bit.
+#[test]
+fn moe_matches_cpu() {
+    use turbokv_backend::{MoeExpert, MoeMlp, WeightMatrix};
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(4242);
+    let bf =
+        |v: Vec<f32>| -> Vec<f32> { v.into_iter().map(|x| bf16::from_f32(x).to_f32()).collect() };
+    for (hidden, ffn, n_exp, top_k, rows, biases) in [
+        (64, 32, 4, 2, 9, true),
+        (96, 40, 8, 3, 1, false),
+        (100, 36, 16, 4, 300, true),
+        (256, 512, 32, 4, 20, true),
+    ] {
+        let what = format!("moe {hidden}→{ffn}, top-{top_k} of {n_exp}, {rows} rows");
+        let mat = |r: &mut Rng, rows: usize, cols: usize, scale: f32| {
+            WeightMatrix::from_f32(rows, cols, &bf(r.vec(rows * cols, scale))).unwrap()
+        };
+        let bias = |r: &mut Rng, n: usize| biases.then(|| r.vec(n, 0.5));
+        let router = mat(&mut r, n_exp, hidden, 0.3);
+        let router_bias = bias(&mut r, n_exp);
+        // gate/up large enough that the clamp is reached on both sides.
+        let experts: Vec<MoeExpert<WeightMatrix, Vec<f32>>> = (0..n_exp)
+            .map(|_| MoeExpert {
+                gate_up: mat(&mut r, 2 * ffn, hidden, 1.5),
+                gate_up_bias: bias(&mut r, 2 * ffn),
+                down: mat(&mut r, hidden, ffn, 0.2),
+                down_bias: bias(&mut r, hidden),
+            })
+            .collect();
+        let gexperts: Vec<MoeExpert<_, _>> = experts
+            .iter()
+            .map(|e| MoeExpert {
+                gate_up: g.matrix(&e.gate_up).unwrap(),
+                gate_up_bias: e.gate_up_bias.as_ref().map(|b| g.vector(b).unwrap()),
+                down: g.matrix(&e.down).unwrap(),
+                down_bias: e.down_bias.as_ref().map(|b| g.vector(b).unwrap()),
+            })
+            .collect();
+        let grouter = g.matrix(&router).unwrap();
+        let grouter_bias = router_bias.as_ref().map(|b| g.vector(b).unwrap());
+        let cmlp = MoeMlp {
+            router: &router,
+            router_bias: router_bias.as_ref(),
+            experts: &experts,
+            top_k,
+            alpha: 1.702,
+            limit: 7.0,
+        };
+        let gmlp = MoeMlp {
+            router: &grouter,
+            router_bias: grouter_bias.as_ref(),
+            experts: &gexperts,
+            top_k,
+            alpha: 1.702,
+            limit: 7.0,
+        };
+        let run = |x: &[f32]| {
+            let mut co = c.tensor(rows, hidden).unwrap();
+            c.moe(&cpu_t(x.to_vec(), rows, hidden), &cmlp, &mut co)
+                .unwrap();
+            let mut go = poison(g, rows, hidden);
+            g.moe(&gpu_t(g, x, rows, hidden), &gmlp, &mut go).unwrap();
+            (co.as_slice().to_vec(), host(g, &go))
+        };
+        let mut x = r.vec(rows * hidden, 1.0);
+        if rows > 2 {
+            let first = x[..hidden].to_vec();
+            x[(rows - 1) * hidden..].copy_from_slice(&first);
+        }
+        let (want, got) = run(&x);
+        let e = close(&what, &got, &want, 1e-3 * rms(&want), 1e-3);
+        eprintln!("{what}: max err {e:.2e} (rms {:.3})", rms(&want));
+        if rows > 2 {
+            assert_eq!(
+                got[..hidden],
+                got[(rows - 1) * hidden..],
+                "{what}: repeated row"
+            );
+        }
+        // Graph replay: a backend of its own (graph mode is backend-wide).
+        let own = CudaBackend::with_options(0, &test_options()).unwrap();
+        let oexperts: Vec<MoeExpert<_, _>> = experts
+            .iter()
+            .map(|e| MoeExpert {
+                gate_up: own.matrix(&e.gate_up).unwrap(),
+                gate_up_bias: e.gate_up_bias.as_ref().map(|b| own.vector(b).unwrap()),
+                down: own.matrix(&e.down).unwrap(),
+                down_bias: e.down_bias.as_ref().map(|b| own.vector(b).unwrap()),
+            })
+            .collect();
+        let orouter = own.matrix(&router).unwrap();
+        let orouter_bias = router_bias.as_ref().map(|b| own.vector(b).unwrap());
+        let omlp = MoeMlp {
+            router: &orouter,
+            router_bias: orouter_bias.as_ref(),
+            experts: &oexperts,
+            top_k,
+            alpha: 1.702,
+            limit: 7.0,
+        };
+        // Each step's input rows are embedding rows (the graph's uploaded input is the ids).
+        let vocab = 64;
+        let table = bf(r.vec(vocab * hidden, 1.0));
+        let otable = own
+            .matrix(&WeightMatrix::from_f32(vocab, hidden, &table).unwrap())
+            .unwrap();
+        let mut ox = own.tensor(rows, hidden).unwrap();
+        let mut oo = own.tensor(rows, hidden).unwrap();
+        for step in 0..4 {
+            let ids: Vec<u32> = (0..rows).map(|_| r.below(vocab) as u32).collect();
+            let x: Vec<f32> = ids
+                .iter()
+                .flat_map(|&i| table[i as usize * hidden..(i as usize + 1) * hidden].to_vec())
+                .collect();
+            let (want, _) = run(&x);
+            let mut got = Vec::new();
+            own.run_graphed(|| -> Result<(), turbokv_backend::Error> {
+                own.embed(&otable, &ids, &mut ox)?;
+                own.moe(&ox, &omlp, &mut oo)?;
+                own.to_host(&oo, &mut got)
+            })
+            .unwrap();
+            close(
+                &format!("{what} graphed step {step}"),
+                &got,
+                &want,
+                1e-3 * rms(&want),
+                1e-3,
+            );
+        }
+        let stats = own.graph_stats().unwrap();
+        assert!(stats.replayed >= 2, "{what}: {stats:?}");
+    }
+}
+
+/// LFM2's gated short convolution on the GPU against the CPU backend: a ragged batch (a
+/// prefill span, decode rows, a span longer than the carried state), states of several
+/// lengths carried in and out, 3 and 4 taps; a wrongly sized state is refused.
+#[test]
+fn short_conv_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(5150);
+    for (h, taps) in [(32, 3), (40, 4)] {
+        let spans_n = [
+            (7usize, 6usize),
+            (1, 2 + taps),
+            (1, taps - 1),
+            (23, taps + 1),
+        ];
+        let rows: usize = spans_n.iter().map(|s| s.0).sum();
+        let bcx = r.vec(rows * 3 * h, 1.0);
+        let kernel = r.vec(h * taps, 0.5);
+        let mut states: Vec<Vec<f32>> = spans_n
+            .iter()
+            .map(|&(_, keep)| r.vec(keep * h, 1.0))
+            .collect();
+        let mut gstates = states.clone();
+        let mut spans = Vec::new();
+        let mut first = 0;
+        let table: Vec<u32> = Vec::new();
+        for &(n, _) in &spans_n {
+            spans.push(SeqSpan {
+                first_row: first,
+                n_tokens: n,
+                first_pos: 10,
+                blocks: &table,
+            });
+            first += n;
+        }
+        let mut co = c.tensor(rows, h).unwrap();
+        let mut cs: Vec<&mut [f32]> = states.iter_mut().map(|s| s.as_mut_slice()).collect();
+        c.short_conv(
+            &cpu_t(bcx.clone(), rows, 3 * h),
+            &kernel,
+            &spans,
+            &mut cs,
+            &mut co,
+        )
+        .unwrap();
+        let mut go = poison(g, rows, h);
+        let gk = g.vector(&kernel).unwrap();
+        let gb = gpu_t(g, &bcx, rows, 3 * h);
+        let mut gs: Vec<&mut [f32]> = gstates.iter_mut().map(|s| s.as_mut_slice()).collect();
+        g.short_conv(&gb, &gk, &spans, &mut gs, &mut go).unwrap();
+        let what = format!("short conv h={h} taps={taps}");
+        let e = close(&what, &host(g, &go), co.as_slice(), 1e-5, 1e-5);
+        eprintln!("{what}: max err {e:.2e}");
+        for (i, (a, b)) in gstates.iter().zip(&states).enumerate() {
+            close(&format!("{what} state {i}"), a, b, 0.0, 0.0);
+        }
+        let mut short = vec![0.0; (taps - 2) * h];
+        let mut bad: Vec<&mut [f32]> = vec![short.as_mut_slice()];
+        let e = g
+            .short_conv(&gb, &gk, &spans[..1], &mut bad, &mut go)
+            .unwrap_err();
+        assert!(e.to_string().contains("state"), "{e}");
+    }
 }

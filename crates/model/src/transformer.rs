@@ -481,10 +481,12 @@ impl<B: Backend> Transformer<B> {
         };
         // A decode step (one new token per sequence) is the same launches every time: the
         // backend may replay it as a graph. The rows are reserved above, outside the step, so
-        // a rerun of the step writes the same slots again.
+        // a rerun of the step writes the same slots again. Not for conv layers (LFM2): their
+        // states are host memory that each step reads and writes.
         let decode_step = observe.is_none()
             && want == LogitsFor::LastToken
             && inputs.iter().all(|i| i.tokens.len() == 1)
+            && !self.config.arch.conv_layers.contains(&true)
             && self.step_graphs.load(Ordering::Relaxed);
         let result = if decode_step {
             self.backend.run_step(|| {

@@ -168,6 +168,19 @@ fn argmax(v: &[f32]) -> usize {
 /// Compares logits row by row (each `vocab` wide) within [`TOL_16BIT`]; returns the worst
 /// error relative to rms.
 fn compare(what: &str, got: &[f32], want: &[f32], vocab: usize) -> f32 {
+    compare_rows(what, got, want, vocab, &mut None)
+}
+
+/// [`compare`], except that where `row_errs` is some, each row's error (relative to its rms)
+/// is collected there instead of being held to [`TOL_16BIT`], for the caller to judge the
+/// distribution (see [`SENSITIVE_ROWS`]).
+fn compare_rows(
+    what: &str,
+    got: &[f32],
+    want: &[f32],
+    vocab: usize,
+    row_errs: &mut Option<Vec<f32>>,
+) -> f32 {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     let mut worst = 0f32;
     for (row, (g, w)) in got.chunks(vocab).zip(want.chunks(vocab)).enumerate() {
@@ -177,6 +190,14 @@ fn compare(what: &str, got: &[f32], want: &[f32], vocab: usize) -> f32 {
             .zip(w)
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
+        if let Some(errs) = row_errs.as_mut() {
+            errs.push(err / scale);
+            worst = worst.max(err / scale);
+            if err > TOL_16BIT * scale {
+                eprintln!("{what} row {row}: max error {err} vs rms {scale}");
+            }
+            continue;
+        }
         assert!(
             err <= TOL_16BIT * scale,
             "{what} row {row}: max error {err} vs rms {scale}"
@@ -194,6 +215,21 @@ fn compare(what: &str, got: &[f32], want: &[f32], vocab: usize) -> f32 {
 /// Largest logit error, relative to the row's rms, with a 16-bit cache: the backends round
 /// activations to bf16 at different points.
 const TOL_16BIT: f32 = 0.05;
+
+/// Bounds on the median and 95th percentile of the per-row logit errors (relative to rms) of
+/// the family fixtures in [`ROUNDING_SENSITIVE`], instead of [`TOL_16BIT`] on every row: their
+/// random f16 weights amplify rounding. Rounding only their weights to bf16 (what the GPU
+/// holds), on the CPU with f32 everywhere else, moves the logits of a 45-token prefill by a
+/// median 0.034·rms, a 90th percentile of 0.080 and at most 0.182 for gpt-oss (27% of the
+/// rows beyond 0.05), and 0.037 / 0.074 / 0.099 for LFM2 (also 27%; both measured once,
+/// 2026-12-03; Granite and Gemma 3 stay within 0.024 on the GPU). gpt-oss's router may also
+/// take another expert on the GPU for a token whose k-th and (k+1)-th logits lie within that
+/// rounding. A kernel error (a sink, an expert, a conv state or a ring slot read wrong) moves
+/// most rows by far more.
+const SENSITIVE_ROWS: (f32, f32) = (0.05, 0.25);
+
+/// The family fixtures held to [`SENSITIVE_ROWS`].
+const ROUNDING_SENSITIVE: [&str; 2] = ["gpt_oss", "lfm2"];
 
 #[test]
 fn random_tiny_models_match_cpu() {
@@ -696,6 +732,20 @@ fn prefill_and_decode_match<C: Backend, G: Backend>(
     prompt: &[u32],
     steps: usize,
 ) -> (f32, f32) {
+    prefill_and_decode_rows(what, cpu, gpu, dtype, prompt, steps, &mut None)
+}
+
+/// [`prefill_and_decode_match`], collecting each row's error into `row_errs` where it is some
+/// (see [`compare_rows`]).
+fn prefill_and_decode_rows<C: Backend, G: Backend>(
+    what: &str,
+    cpu: &Model<C>,
+    gpu: &Model<G>,
+    dtype: KvDtype,
+    prompt: &[u32],
+    steps: usize,
+    row_errs: &mut Option<Vec<f32>>,
+) -> (f32, f32) {
     let vocab = cpu.transformer.config().vocab_size;
     let ctx = cpu.transformer.config().max_context;
     let (mut cs, mut gs) = (
@@ -706,17 +756,24 @@ fn prefill_and_decode_match<C: Backend, G: Backend>(
         cs.prefill_all_logits(prompt).unwrap(),
         gs.prefill_all_logits(prompt).unwrap(),
     );
-    let e = compare(&format!("{what} {dtype} prefill"), &gl, &cl, vocab);
+    let e = compare_rows(
+        &format!("{what} {dtype} prefill"),
+        &gl,
+        &cl,
+        vocab,
+        row_errs,
+    );
     let mut worst = 0f32;
     let mut next = argmax(&cl[cl.len() - vocab..]) as u32;
     for step in 0..steps {
         let c = cs.step(next).unwrap().to_vec();
         let g = gs.step(next).unwrap().to_vec();
-        worst = worst.max(compare(
+        worst = worst.max(compare_rows(
             &format!("{what} {dtype} step {step}"),
             &g,
             &c,
             vocab,
+            row_errs,
         ));
         next = argmax(&c) as u32;
     }
@@ -730,13 +787,20 @@ fn prefill_and_decode_match<C: Backend, G: Backend>(
 /// [`TOL_16BIT`] (the same bf16 rounding of weights and matmul inputs as the random tiny
 /// models; these have 2 and 6 layers of width 64 and 32), and greedy continuations by the
 /// device's own picks agree with the CPU's for 32 tokens — where they part, only at a near-tie
-/// (the CPU's margin between the two tokens within twice the per-logit bound). gpt-oss
-/// (sinks, experts) and LFM2 (short convolutions) are still refused at load, naming what
-/// CUDA lacks.
+/// (the CPU's margin between the two tokens within twice the per-logit bound). gpt-oss (4
+/// layers, sliding windows of 8 in rings alternating with global layers, sinks, 4 experts
+/// top-2 with biases, YaRN) and LFM2 (2 attention and 3 conv layers, whose states cross the
+/// host every step, so its steps run eagerly) the same way, except that their rows' errors
+/// are held to [`SENSITIVE_ROWS`] and their greedy continuations may part where the CPU's
+/// margin is within twice its 95th-percentile bound. (gpt-oss's head_dim of 16 has no coded
+/// kernels: sinks over codes are `cuda_codes`' to test.)
 #[test]
 fn family_models_match_cpu() {
     let Some(_) = gpu() else { return };
-    for (i, name) in ["granite", "gemma3"].into_iter().enumerate() {
+    for (i, name) in ["granite", "gemma3", "gpt_oss", "lfm2"]
+        .into_iter()
+        .enumerate()
+    {
         for gguf in [false, true] {
             let path = family_fixture(name, gguf);
             let cpu = Model::load(
@@ -756,14 +820,36 @@ fn family_models_match_cpu() {
                     .map_or(0, |g| g.replayed)
             };
             let before = replayed(&gpu);
+            let sensitive = ROUNDING_SENSITIVE.contains(&name);
+            let mut errs = sensitive.then(Vec::new);
             for dtype in [KvDtype::Bf16, KvDtype::F16] {
-                let (e, d) = prefill_and_decode_match(&what, &cpu, &gpu, dtype, &prompt, 32);
+                let (e, d) =
+                    prefill_and_decode_rows(&what, &cpu, &gpu, dtype, &prompt, 32, &mut errs);
                 eprintln!("{what} {dtype}: prefill max err {e:.3}·rms, decode max err {d:.3}·rms");
             }
-            assert!(
-                replayed(&gpu) > before,
-                "{what}: decode steps must replay a CUDA graph"
-            );
+            if let Some(mut errs) = errs {
+                errs.sort_by(f32::total_cmp);
+                let at = |q: f32| errs[((errs.len() - 1) as f32 * q) as usize];
+                let (median, p95) = (at(0.5), at(0.95));
+                eprintln!(
+                    "{what}: row errors median {median:.3}·rms, p95 {p95:.3}, max {:.3} over {} rows",
+                    errs[errs.len() - 1],
+                    errs.len()
+                );
+                assert!(
+                    median <= SENSITIVE_ROWS.0 && p95 <= SENSITIVE_ROWS.1,
+                    "{what}: row errors median {median}, p95 {p95} (bounds {SENSITIVE_ROWS:?})"
+                );
+            }
+            // LFM2's conv states are host memory: its steps run eagerly, never as graphs.
+            if cpu.transformer.config().arch.conv_layers.contains(&true) {
+                assert_eq!(replayed(&gpu), before, "{what}: no graph replays");
+            } else {
+                assert!(
+                    replayed(&gpu) > before,
+                    "{what}: decode steps must replay a CUDA graph"
+                );
+            }
             // Greedy: the GPU's device-fed loop against the CPU's argmax steps.
             let n = 32;
             let mut cs = Session::new(&cpu.transformer, KvDtype::F16, 256).unwrap();
@@ -774,8 +860,13 @@ fn family_models_match_cpu() {
                 let c = argmax(&cl) as u32;
                 if c != g {
                     let margin = cl[c as usize] - cl[g as usize];
+                    let tol = if sensitive {
+                        SENSITIVE_ROWS.1
+                    } else {
+                        TOL_16BIT
+                    };
                     assert!(
-                        margin <= 2.0 * TOL_16BIT * rms(&cl),
+                        margin <= 2.0 * tol * rms(&cl),
                         "{what}: greedy token {k}: GPU {g}, CPU {c} leading by {margin}"
                     );
                     eprintln!("{what}: greedy continuations agree for {k} tokens (near-tie)");
@@ -786,20 +877,6 @@ fn family_models_match_cpu() {
                 }
             }
             assert_eq!(got.len(), n, "{what}: greedy tokens");
-        }
-    }
-    for name in ["gpt_oss", "lfm2"] {
-        for gguf in [false, true] {
-            let path = family_fixture(name, gguf);
-            let err = Model::load(&path, gpu().unwrap(), &LoadOptions::default())
-                .err()
-                .unwrap_or_else(|| panic!("{} loaded on CUDA", path.display()));
-            assert!(
-                matches!(err, turbokv_model::ModelError::FamilyUnsupported { .. }),
-                "{}: {err}",
-                path.display()
-            );
-            eprintln!("{name}: {err}");
         }
     }
 }

@@ -468,12 +468,13 @@ fn gemma3_split_batched_steps_and_truncation_limits() {
 }
 
 /// A backend with only the plain decoder's kernels (the trait's defaults for the family
-/// ops, as the CUDA backend has today): the CPU's kernels behind it.
+/// ops): the CPU's kernels behind it.
 struct PlainOnly(CpuBackend);
 
-/// A backend with the CUDA backend's capabilities over the CPU's kernels: the element-wise
-/// family ops and sliding windows over 16-bit pools, but no sinks, no windows over coded
-/// pools, no short convolution (LFM2) and no mixture of experts (gpt-oss).
+/// A backend with some of the family ops over the CPU's kernels (the CUDA backend's
+/// capabilities before it took sinks and experts): the element-wise family ops and sliding
+/// windows over 16-bit pools, but no sinks, no windows over coded pools, no short convolution
+/// (LFM2) and no mixture of experts (gpt-oss).
 struct NoShortConv(CpuBackend);
 
 mod plain_only {
@@ -661,7 +662,7 @@ mod plain_only {
 
 /// A backend without the family ops refuses Granite, Gemma 3, LFM2 and gpt-oss when the model
 /// is loaded, with an error naming the family and the backend; its default family ops (the
-/// short convolution included) refuse rather than compute. One with CUDA's capabilities
+/// short convolution included) refuse rather than compute. One with some of them
 /// (`NoShortConv`) loads Granite and Gemma 3 and refuses LFM2 and gpt-oss, naming what it
 /// lacks; a Gemma 3 cache whose windowed layers would be coded (no rings) is refused when it
 /// is made, and runs where the rings keep them 16-bit.
@@ -683,7 +684,8 @@ fn a_backend_without_family_ops_refuses_them_at_load() {
             );
         }
     }
-    // With CUDA's capabilities: Granite and Gemma 3 load, LFM2 and gpt-oss do not.
+    // With windows but no sinks, experts or convolutions: Granite and Gemma 3 load, LFM2 and
+    // gpt-oss do not.
     Model::load(
         &family_dir("granite").join("model.gguf"),
         NoShortConv(CpuBackend::new()),

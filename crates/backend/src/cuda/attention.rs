@@ -1,8 +1,9 @@
 //! Attention launches: the tensor-core tile kernel for prefill spans and the split-K decode
-//! kernels, with the split count chosen from the shape. On 16-bit pools every path takes a
-//! sliding window (a runtime parameter, 0 for none: each row's key range starts at its
-//! window's first key); sinks, and windows over coded pools, are refused
-//! ([`variant_unsupported`]).
+//! kernels, with the split count chosen from the shape. Every path takes attention sinks (a
+//! device pointer to one logit per query head, null for none, added to each row's softmax
+//! denominator); on 16-bit pools every path also takes a sliding window (a runtime
+//! parameter, 0 for none: each row's key range starts at its window's first key). Windows
+//! over coded pools are refused ([`variant_unsupported`]).
 
 use cudarc::driver::LaunchConfig;
 
@@ -13,7 +14,7 @@ use super::kernels::{DECODE_SETS, MANY_PAIRS};
 use super::launch::Launches;
 use super::ops::{addr, check_geometry, expect_cols, ints, opc};
 use super::step::grow;
-use super::{CudaBackend, CudaKvPool, CudaTensor, DECODE_VARIANTS, DecodeVariant};
+use super::{CudaBackend, CudaKvPool, CudaTensor, CudaVector, DECODE_VARIANTS, DecodeVariant};
 use crate::backend::{AttnGeometry, SeqSpan, VariantNeeds};
 use crate::shape::shape;
 use crate::{Backend, Error};
@@ -45,13 +46,9 @@ const ATTN_DEEP_STAGES: usize = 5;
 
 /// Why the CUDA attention kernels cannot run a layer that `needs` a window and/or sinks over a
 /// pool whose coded format is `coded` (its name; `None` for 16-bit pools), or `None` when they
-/// can: sliding windows over 16-bit pools only (the coded kernels' exact split and staging in
-/// runs of 16 keys take no window yet), and no sinks (no kernel adds a sink to its softmax
-/// denominator yet).
+/// can: sinks on every pool, sliding windows over 16-bit pools only (the coded kernels' exact
+/// split and staging in runs of 16 keys take no window yet).
 pub(super) fn variant_unsupported(needs: VariantNeeds, coded: Option<&str>) -> Option<String> {
-    if needs.sinks {
-        return Some(needs.describe().to_string());
-    }
     match coded {
         Some(format) if needs.window => Some(format!("a sliding window over a {format} cache")),
         _ => None,
@@ -60,7 +57,7 @@ pub(super) fn variant_unsupported(needs: VariantNeeds, coded: Option<&str>) -> O
 
 /// What [`variant_unsupported`] admits, for error messages.
 pub(super) const VARIANTS_SUPPORTED: &str =
-    "sliding windows over f16/bf16 caches; no attention sinks";
+    "attention sinks on every cache; sliding windows over f16/bf16 caches";
 
 /// The `window` kernel parameter: 0 for none; a window wider than any position fits (as the
 /// 32-bit maximum, which sees every key).
@@ -84,6 +81,7 @@ impl CudaBackend {
         spans: &[SeqSpan<'_>],
         pool: &CudaKvPool,
         window: Option<usize>,
+        sinks: u64,
         out: &mut CudaTensor,
     ) -> Result<(), Error> {
         let (grp, hd, rows) = (g.group(), g.head_dim, qkv.rows);
@@ -165,7 +163,8 @@ impl CudaBackend {
         .ptr(op)
         .ptr(ob)
         .arg(is_bf16)
-        .arg(window_param(window));
+        .arg(window_param(window))
+        .ptr(sinks);
         let launch = st.admit(l.signature())?;
         st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
         if !launch {
@@ -173,7 +172,7 @@ impl CudaBackend {
         }
         // SAFETY: every tile lies inside one span (rows first..first+n of one sequence, whose
         // blocks were checked against the pool; a window only narrows the keys read); the
-        // pool is 16-bit with head_dim 64 or 128;
+        // pool is 16-bit with head_dim 64 or 128; sinks, when not null, hold n_heads floats;
         // out and the bf16 scratch hold rows·n_heads·head_dim values; smem (≤ 35 KiB) is below
         // the opt-in limit set at load.
         unsafe { self.launch(&mut l) }?;
@@ -225,7 +224,9 @@ impl CudaBackend {
     }
 
     /// Attention over the cache (which holds this step's keys and values already), with a
-    /// sliding window where `window` is some (16-bit pools only: the caller checked).
+    /// sliding window where `window` is some (16-bit pools only) and a sink logit per query
+    /// head where `sinks` is some.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_impl(
         &self,
         qkv: &CudaTensor,
@@ -233,11 +234,19 @@ impl CudaBackend {
         spans: &[SeqSpan<'_>],
         pool: &CudaKvPool,
         window: Option<usize>,
+        sinks: Option<&CudaVector>,
         out: &mut CudaTensor,
     ) -> Result<(), Error> {
         expect_cols("attention", qkv, g.qkv_width())?;
         expect_cols("attention", out, g.n_heads * g.head_dim)?;
         check_geometry(g, pool)?;
+        if let Some(s) = sinks.filter(|s| s.len != g.n_heads) {
+            return Err(shape(
+                "attention",
+                format!("{} sink logits for {} query heads", s.len, g.n_heads),
+            ));
+        }
+        let sinks = sinks.map_or(0, |s| addr(&s.data, &self.stream));
         if !g.head_dim.is_multiple_of(4) || g.head_dim > 256 {
             return Err(shape(
                 "attention",
@@ -288,7 +297,7 @@ impl CudaBackend {
             && spans.iter().any(|s| s.n_tokens >= MMA_MIN_ROWS)
         {
             drop(st);
-            return self.attention_mma(qkv, g, spans, pool, window, out);
+            return self.attention_mma(qkv, g, spans, pool, window, sinks, out);
         }
         // The most keys one row attends (its window, if narrower): what the splits divide.
         let max_ctx = spans
@@ -498,7 +507,8 @@ impl CudaBackend {
             .ptr(counters)
             .ptr(op)
             .ptr(ob)
-            .arg(prefetch_i);
+            .arg(prefetch_i)
+            .ptr(sinks);
         match coded {
             Some(c) => {
                 a.ptr(addr(&c.desc, &self.stream));
@@ -534,7 +544,8 @@ impl CudaBackend {
             return Ok(());
         }
         // SAFETY: spans tile the rows and their blocks are inside the pool (checked above; a
-        // window only narrows the keys each row reads);
+        // window only narrows the keys each row reads); sinks, when not null, hold n_heads
+        // floats;
         // partial buffers hold rows·n_heads·splits entries and the counters rows·n_kv_heads
         // (zero between launches: the last block of each (row, kv head) resets its own);
         // out holds rows·n_heads·head_dim floats and the bf16 scratch as many halves; smem
@@ -652,7 +663,7 @@ mod tests {
     use crate::backend::VariantNeeds;
 
     #[test]
-    fn variants_admitted_are_windows_over_16_bit_pools() {
+    fn variants_admitted_are_sinks_anywhere_and_windows_over_16_bit_pools() {
         let window = VariantNeeds {
             window: true,
             sinks: false,
@@ -673,10 +684,12 @@ mod tests {
         assert_eq!(variant_unsupported(window, None), None);
         let e = variant_unsupported(window, Some("tq3")).unwrap();
         assert!(e.contains("sliding window") && e.contains("tq3"), "{e}");
-        for coded in [None, Some("int8")] {
-            assert!(variant_unsupported(sinks, coded).unwrap().contains("sinks"));
-            assert!(variant_unsupported(both, coded).unwrap().contains("sinks"));
+        for coded in [None, Some("int8"), Some("tq3")] {
+            assert_eq!(variant_unsupported(sinks, coded), None);
         }
+        assert_eq!(variant_unsupported(both, None), None);
+        let e = variant_unsupported(both, Some("int8")).unwrap();
+        assert!(e.contains("sliding window") && e.contains("int8"), "{e}");
     }
 
     #[test]

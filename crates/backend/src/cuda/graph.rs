@@ -91,6 +91,9 @@ pub(crate) struct State {
     pub epoch: u64,
     /// When the current `run_graphed` step started.
     step_start: Option<std::time::Instant>,
+    /// The mixture-of-experts layers' tables of expert weight addresses on the device, each
+    /// with its contents (see `ops/moe.rs`), oldest first.
+    pub moe_tables: Vec<(Vec<u64>, cudarc::driver::CudaSlice<u64>)>,
 }
 
 /// How `run_graphed` steps ran.

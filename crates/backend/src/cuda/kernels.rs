@@ -16,6 +16,7 @@ const WRITE_KV: &str = include_str!("kernels/write_kv.cu");
 const ATTENTION: &str = include_str!("kernels/attention.cu");
 const GEMV: &str = include_str!("kernels/gemv.cu");
 const SAMPLE: &str = include_str!("kernels/sample.cu");
+const MOE: &str = include_str!("kernels/moe.cu");
 
 /// Every kernel function the backend launches.
 #[derive(Debug)]
@@ -28,6 +29,8 @@ pub(crate) struct Kernels {
     /// `x *= factor` and GeGLU (`gelu_tanh(g)·u`): the family ops of Granite and Gemma 3.
     pub scale: CudaFunction,
     pub gelu_mul: CudaFunction,
+    /// LFM2's gated short convolution over one span (elementwise.cu).
+    pub short_conv: CudaFunction,
     pub gather_rows: CudaFunction,
     pub f32_to_bf16: CudaFunction,
     pub fill_random_bf16: CudaFunction,
@@ -63,7 +66,20 @@ pub(crate) struct Kernels {
     pub topk_rows: CudaFunction,
     /// Per-row argmax over several blocks per row (sample.cu): the greedy picks.
     pub argmax_rows: CudaFunction,
+    /// The mixture-of-experts MLP (moe.cu): routing, the experts' matmuls over the pairs that
+    /// chose them, the clamped SwiGLU, the weighted sum.
+    pub moe_route: CudaFunction,
+    pub moe_gemv: CudaFunction,
+    pub moe_act: CudaFunction,
+    pub moe_combine: CudaFunction,
 }
+
+/// Threads per block of `moe_route` and `moe_gemv`, the most experts `moe_route` holds, the
+/// most experts per token, and `moe_gemv`'s output rows per block (moe.cu).
+pub(crate) const MOE_THREADS: u32 = 256;
+pub(crate) const MOE_MAX_EXPERTS: usize = 256;
+pub(crate) const MOE_MAX_K: usize = 16;
+pub(crate) const MOE_ROWS_PER_BLOCK: usize = 64;
 
 /// Threads per block of `topk_rows` (`TOPK_THREADS` in sample.cu).
 pub(crate) const TOPK_THREADS: u32 = 1024;
@@ -330,6 +346,7 @@ impl Kernels {
         let at = module(ctx, "attention", ATTENTION, arch, cache_dir)?;
         let gv = module(ctx, "gemv", GEMV, arch, cache_dir)?;
         let sm = module(ctx, "sample", SAMPLE, arch, cache_dir)?;
+        let moe = module(ctx, "moe", MOE, arch, cache_dir)?;
         let f =
             |m: &Arc<CudaModule>, n: &str| m.load_function(n).map_err(cuda_err("load function"));
         let gemv_set = |c: &GemvConfig| -> Result<GemvSet, Error> {
@@ -355,6 +372,7 @@ impl Kernels {
             silu_mul: f(&ew, "silu_mul")?,
             scale: f(&ew, "scale_f32")?,
             gelu_mul: f(&ew, "gelu_mul")?,
+            short_conv: f(&ew, "short_conv_span")?,
             gather_rows: f(&ew, "gather_rows")?,
             f32_to_bf16: f(&ew, "f32_to_bf16_kernel")?,
             fill_random_bf16: f(&ew, "fill_random_bf16")?,
@@ -374,6 +392,10 @@ impl Kernels {
                 .collect::<Result<_, _>>()?,
             topk_rows: f(&sm, "topk_rows")?,
             argmax_rows: f(&sm, "argmax_rows")?,
+            moe_route: f(&moe, "moe_route")?,
+            moe_gemv: f(&moe, "moe_gemv")?,
+            moe_act: f(&moe, "moe_act")?,
+            moe_combine: f(&moe, "moe_combine")?,
             attn_partial: [
                 f(&at, "attn_partial_64")?,
                 f(&at, "attn_partial_128")?,

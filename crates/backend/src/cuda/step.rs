@@ -71,6 +71,10 @@ pub(crate) struct Scratch {
     pub part_acc: Option<CudaSlice<f32>>,
     /// Attention: finished splits per (row, kv head), zero between launches.
     pub attn_counters: Option<CudaSlice<u32>>,
+    /// Mixture of experts: each pair's expert, and the f32 intermediates (weights, gate_up
+    /// outputs, activations, expert outputs) end to end.
+    pub moe_sel: Option<CudaSlice<u32>>,
+    pub moe: Option<CudaSlice<f32>>,
     /// The exact table of windowed coded pools (see `exact.rs`), what it holds (when
     /// `exact_valid`), and whether one was queued in this graph step.
     exact: Option<CudaSlice<u32>>,

@@ -31,10 +31,11 @@
     const u32* __restrict__ tables, \
     u16* k_cache, u16* v_cache, int block_size, int is_bf16, \
     int n_splits, float* __restrict__ part_ml, float* __restrict__ part_acc, \
-    u32* __restrict__ counters, float* __restrict__ out, u16* __restrict__ out_bf16, int prefetch
+    u32* __restrict__ counters, float* __restrict__ out, u16* __restrict__ out_bf16, int prefetch, \
+    const float* __restrict__ sinks
 #define ATTN_ARGS qkv, width, n_heads, n_kv, d_rt, scale, tok_pos, tok_seq, seq_tbl, tables, \
     k_cache, v_cache, block_size, is_bf16, n_splits, part_ml, part_acc, counters, out, out_bf16, \
-    prefetch
+    prefetch, sinks
 
 // The first key a query at position `pos` sees: 0, or its sliding window's first key.
 __device__ __forceinline__ int window_lo(int pos, int window) {
@@ -65,12 +66,14 @@ __device__ __forceinline__ float2 ld_cg2(const float* p) {
 // the last of the n_splits blocks of (row r, kv head kh) resets the counter to zero (so the
 // buffer is ready for the next launch: CUDA graphs replay the same one) and writes, for the g
 // query heads of kh, out = Σ_s w_s acc_s / Σ_s w_s l_s with w_s = exp(m_s - max m), and
-// bf16(out) into out_bf16 (the output projection's input). Saves a second launch and its
+// bf16(out) into out_bf16 (the output projection's input). With `sinks` (gpt-oss: a learned
+// logit per query head, null for none) each head's denominator also holds exp(sink - max m):
+// a softmax entry with no value. Saves a second launch and its
 // ramp: at batch 1 the separate merge kernel cost a third of the attention time.
 // smem: g * (2 * n_splits + 1) floats.
 __device__ __forceinline__ void attn_merge_last(float* sh, int g, int d, int n_heads, int n_kv,
     int n_splits, u32* counters, const float* part_ml, const float* part_acc, float* out,
-    u16* out_bf16)
+    u16* out_bf16, const float* sinks)
 {
     const int r = blockIdx.x, kh = blockIdx.y, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
@@ -111,6 +114,7 @@ __device__ __forceinline__ void attn_merge_last(float* sh, int g, int d, int n_h
             tot = fmaf(ws, lsh[h * n_splits + s], tot);
         }
         for (int o = 16; o > 0; o >>= 1) tot += __shfl_xor_sync(0xffffffffu, tot, o);
+        if (sinks) tot += expf(sinks[kh * g + h] - mx);
         if (lane == 0) inv[h] = tot > 0.0f ? 1.0f / tot : 0.0f;
     }
     __syncthreads();
@@ -302,7 +306,7 @@ __device__ __forceinline__ void attn_partial_impl(float* sh, ATTN_PARAMS, int wi
         part_ml[2 * b] = mst[tid];
         part_ml[2 * b + 1] = lst[tid];
     }
-    attn_merge_last(sh, g, d, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16);
+    attn_merge_last(sh, g, d, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
 }
 
 extern "C" __global__ void __launch_bounds__(NT) attn_partial_64(ATTN_PARAMS, int window) {
@@ -605,7 +609,7 @@ __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS, int windo
             part_ml[2 * b + 1] = lt;
         }
     }
-    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16);
+    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
 }
 
 #define ATTN_ROWS_STAGES(NAME, D, G, DPL, STAGES) \
@@ -779,7 +783,8 @@ struct MmaRows {
 // More warps per block share each K/V tile among more query vectors (fewer L2 reads per FLOP).
 // tiles[2i] = first row, tiles[2i+1] = rows (≤ 16·NW/g). grid = (tiles, n_kv), 32·NW threads.
 // A sliding window (`window` > 0): the key tiles start at the first row's first key (the
-// earliest any row of the tile sees), and each row masks the keys before its own.
+// earliest any row of the tile sees), and each row masks the keys before its own. `sinks`
+// (null: none): a logit per query head that joins each row's denominator.
 // dynamic smem: 2 * 2 * MMA_TK * (D + 8) halves. Requires 16·NW % g == 0.
 template <int D, bool BF16, int NW>
 __device__ __forceinline__ void attn_mma_impl(u16* sh,
@@ -787,7 +792,7 @@ __device__ __forceinline__ void attn_mma_impl(u16* sh,
     const u32* __restrict__ tok_pos, const u32* __restrict__ tok_seq, const u32* __restrict__ seq_tbl,
     const u32* __restrict__ tables, const u16* __restrict__ k_cache, const u16* __restrict__ v_cache,
     int block_size, const u32* __restrict__ tiles, float* __restrict__ out, u16* __restrict__ out_bf16,
-    int window)
+    int window, const float* __restrict__ sinks)
 {
     constexpr int NTD = D / 8, RS = D + 8;
     const int g = n_heads / n_kv;
@@ -842,6 +847,10 @@ __device__ __forceinline__ void attn_mma_impl(u16* sh,
     }
     cp_async_wait<0>();
     w.reduce_l();
+    if (sinks) {   // the sink's softmax term, in the scores' log2 units
+        if (ok0) w.l0 += exp2f(sinks[kh * g + h0] * 1.4426950408889634f - w.m0);
+        if (ok1) w.l1 += exp2f(sinks[kh * g + h1] * 1.4426950408889634f - w.m1);
+    }
     const float i0 = w.l0 > 0.f ? 1.0f / w.l0 : 0.f, i1 = w.l1 > 0.f ? 1.0f / w.l1 : 0.f;
     const u64 ow = (u64)n_heads * D;
 #pragma unroll
@@ -868,16 +877,16 @@ __device__ __forceinline__ void attn_mma_impl(u16* sh,
         const float* qkv, int width, int n_heads, int n_kv, float scale, const u32* tok_pos, \
         const u32* tok_seq, const u32* seq_tbl, const u32* tables, const u16* k_cache, \
         const u16* v_cache, int block_size, const u32* tiles, float* out, u16* out_bf16, \
-        int is_bf16, int window) { \
+        int is_bf16, int window, const float* sinks) { \
         extern __shared__ float shf[]; \
         if (is_bf16) \
             attn_mma_impl<D, true, NW>((u16*)shf, qkv, width, n_heads, n_kv, scale, tok_pos, \
                 tok_seq, seq_tbl, tables, k_cache, v_cache, block_size, tiles, out, out_bf16, \
-                window); \
+                window, sinks); \
         else \
             attn_mma_impl<D, false, NW>((u16*)shf, qkv, width, n_heads, n_kv, scale, tok_pos, \
                 tok_seq, seq_tbl, tables, k_cache, v_cache, block_size, tiles, out, out_bf16, \
-                window); \
+                window, sinks); \
     }
 ATTN_MMA(attn_mma_64, 64, 4)
 ATTN_MMA(attn_mma_128, 128, 4)
@@ -1136,7 +1145,7 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u
         attn_exact_split<D, NW>(sh, xa, qkv + (u64)r * width + (u64)kh * g * D, scale * 1.4426950408889634f,
                                 g, r, kh, sp, n_heads, n_kv, n_splits, tok_seq[r], (int)pos + 1,
                                 block_size, part_ml, part_acc);
-        attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16);
+        attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
         return;
     }
     const CodedRange cr = coded_range(xa, (int)pos + 1);
@@ -1275,7 +1284,7 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u
             part_ml[2 * b + 1] = lt;
         }
     }
-    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16);
+    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
 }
 
 // attn_dec_{D}_{TK}_{STAGES}_{NW}: the template for the 16-bit formats (is_bf16 picks the
@@ -1679,7 +1688,7 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
         attn_exact_split<D, NW>(sh, xa, qkv + (u64)r * width + (u64)kh * g * D, scale * 1.4426950408889634f,
                                 g, r, kh, sp, n_heads, n_kv, n_splits, tok_seq[r], (int)pos + 1,
                                 block_size, part_ml, part_acc);
-        attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16);
+        attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
         return;
     }
     const CodedRange cr = coded_range(xa, (int)pos + 1);
@@ -1848,7 +1857,7 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
             part_ml[2 * b + 1] = lt;
         }
     }
-    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16);
+    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
 }
 
 // Pipeline stages of a coded kernel: enough that about 48 KiB of tiles are in flight per

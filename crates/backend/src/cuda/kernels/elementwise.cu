@@ -158,3 +158,31 @@ extern "C" __global__ void gpu_sleep(u64 ns) {
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     } while (t - t0 < ns);
 }
+
+// LFM2's gated short convolution over one span of `n` tokens: with rows `[b | c | x]` of
+// `bcx` (3h wide, the span's first row at bcx) and in(p) = b(p) ⊙ x(p),
+// out[t, ch] = c[t, ch] · Σ_j w[ch, j] · in(t + 1 − taps + j, ch), where positions before the
+// span read the carried inputs `state` ([keep, h], oldest first, keep ≥ taps − 1); and
+// new_state = the last `keep` rows of [state; in(0 .. n)]. Grid-stride over (n + keep) · h.
+extern "C" __global__ void short_conv_span(const float* bcx, const float* w, const float* state,
+                                           float* out, float* new_state, int n, int h, int taps,
+                                           int keep) {
+    const u64 total = (u64)(n + keep) * h;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (u64)gridDim.x * blockDim.x) {
+        const int t = (int)(i / (u64)h), ch = (int)(i % (u64)h);
+        // Row t of [state; inputs] (t < keep + n).
+        auto hist = [&](int r) -> float {
+            if (r < keep) return state[(u64)r * h + ch];
+            const float* row = bcx + (u64)(r - keep) * 3 * h;
+            return row[ch] * row[2 * h + ch];
+        };
+        if (t < n) {
+            float acc = 0.f;
+            for (int j = 0; j < taps; j++) acc = fmaf(w[(u64)ch * taps + j], hist(keep + t + 1 - taps + j), acc);
+            out[(u64)t * h + ch] = bcx[(u64)t * 3 * h + h + ch] * acc;
+        } else {
+            const int r = t - n;   // new_state row r = hist row n + r
+            new_state[(u64)r * h + ch] = hist(n + r);
+        }
+    }
+}

@@ -3,9 +3,11 @@
 //! family lives in its own module.
 
 mod bench;
+mod conv;
 mod elementwise;
 mod kv_write;
 mod matmul;
+mod moe;
 mod sample;
 
 use std::sync::Arc;
@@ -22,7 +24,7 @@ use super::{
     CudaBackend, CudaKvPool, CudaMatrix, CudaTensor, CudaVector, cuda_err, unsupported_kv,
 };
 use crate::backend::{
-    AttnGeometry, AttnVariant, Backend, QkNorm, QkvProjection, Rope, SeqSpan, VariantNeeds,
+    AttnGeometry, AttnVariant, Backend, MoeMlp, QkNorm, QkvProjection, Rope, SeqSpan, VariantNeeds,
 };
 use crate::shape::shape;
 use crate::{Error, TopK, WeightMatrix};
@@ -85,6 +87,8 @@ pub(super) mod opc {
     pub const FILL_RANDOM: u64 = 13;
     pub const SCALE: u64 = 14;
     pub const GELU: u64 = 15;
+    pub const MOE: u64 = 16;
+    pub const CONV: u64 = 17;
 }
 
 impl Backend for CudaBackend {
@@ -423,7 +427,7 @@ impl Backend for CudaBackend {
         pool: &CudaKvPool,
         out: &mut CudaTensor,
     ) -> Result<(), Error> {
-        self.attention_impl(qkv, g, spans, pool, None, out)
+        self.attention_impl(qkv, g, spans, pool, None, None, out)
     }
 
     /// Granite's and Gemma 3's element-wise ops.
@@ -439,8 +443,9 @@ impl Backend for CudaBackend {
         self.gelu_mul_impl(gate_up, out)
     }
 
-    /// Sliding windows over 16-bit pools (Gemma 3's local layers, whose rings are f16); no
-    /// sinks, no windows over coded pools (`attention::variant_unsupported`).
+    /// Sinks over every pool; sliding windows over 16-bit pools (Gemma 3's and gpt-oss's
+    /// local layers, whose rings are 16-bit), not over coded ones
+    /// (`attention::variant_unsupported`).
     fn supports_attention_variant(
         &self,
         _: &AttnGeometry,
@@ -475,7 +480,37 @@ impl Backend for CudaBackend {
                 supported: super::attention::VARIANTS_SUPPORTED.into(),
             });
         }
-        self.attention_impl(qkv, g, spans, pool, variant.window, out)
+        self.attention_impl(qkv, g, spans, pool, variant.window, variant.sinks, out)
+    }
+
+    /// LFM2's conv layers, over host states (`ops/conv.rs`: eager steps only).
+    fn supports_short_conv(&self) -> bool {
+        true
+    }
+
+    fn short_conv(
+        &self,
+        bcx: &CudaTensor,
+        kernel: &CudaVector,
+        spans: &[SeqSpan<'_>],
+        states: &mut [&mut [f32]],
+        out: &mut CudaTensor,
+    ) -> Result<(), Error> {
+        self.short_conv_impl(bcx, kernel, spans, states, out)
+    }
+
+    /// gpt-oss's experts, routed on the device (`ops/moe.rs`).
+    fn supports_moe(&self) -> bool {
+        true
+    }
+
+    fn moe(
+        &self,
+        x: &CudaTensor,
+        mlp: &MoeMlp<'_, CudaMatrix, CudaVector>,
+        out: &mut CudaTensor,
+    ) -> Result<(), Error> {
+        self.moe_impl(x, mlp, out)
     }
 
     fn project_qkv_write_kv(
