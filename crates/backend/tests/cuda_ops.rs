@@ -1851,15 +1851,19 @@ fn moe_matches_cpu() {
                 down_bias: bias(&mut r, hidden),
             })
             .collect();
-        let gexperts: Vec<MoeExpert<_, _>> = experts
-            .iter()
-            .map(|e| MoeExpert {
-                gate_up: g.matrix(&e.gate_up).unwrap(),
-                gate_up_bias: e.gate_up_bias.as_ref().map(|b| g.vector(b).unwrap()),
-                down: g.matrix(&e.down).unwrap(),
-                down_bias: e.down_bias.as_ref().map(|b| g.vector(b).unwrap()),
-            })
-            .collect();
+        // The experts resident on a GPU backend.
+        let upload = |b: &CudaBackend| -> Vec<MoeExpert<_, _>> {
+            experts
+                .iter()
+                .map(|e| MoeExpert {
+                    gate_up: b.matrix(&e.gate_up).unwrap(),
+                    gate_up_bias: e.gate_up_bias.as_ref().map(|v| b.vector(v).unwrap()),
+                    down: b.matrix(&e.down).unwrap(),
+                    down_bias: e.down_bias.as_ref().map(|v| b.vector(v).unwrap()),
+                })
+                .collect()
+        };
+        let gexperts = upload(g);
         let grouter = g.matrix(&router).unwrap();
         let grouter_bias = router_bias.as_ref().map(|b| g.vector(b).unwrap());
         let cmlp = MoeMlp {
@@ -1903,15 +1907,7 @@ fn moe_matches_cpu() {
         }
         // Graph replay: a backend of its own (graph mode is backend-wide).
         let own = CudaBackend::with_options(0, &test_options()).unwrap();
-        let oexperts: Vec<MoeExpert<_, _>> = experts
-            .iter()
-            .map(|e| MoeExpert {
-                gate_up: own.matrix(&e.gate_up).unwrap(),
-                gate_up_bias: e.gate_up_bias.as_ref().map(|b| own.vector(b).unwrap()),
-                down: own.matrix(&e.down).unwrap(),
-                down_bias: e.down_bias.as_ref().map(|b| own.vector(b).unwrap()),
-            })
-            .collect();
+        let oexperts = upload(&own);
         let orouter = own.matrix(&router).unwrap();
         let orouter_bias = router_bias.as_ref().map(|b| own.vector(b).unwrap());
         let omlp = MoeMlp {

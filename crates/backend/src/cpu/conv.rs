@@ -3,9 +3,10 @@
 
 use rayon::prelude::*;
 
-use super::{CpuTensor, expect_cols, shape};
+use super::CpuTensor;
 use crate::Error;
 use crate::backend::SeqSpan;
+use crate::shape::check_short_conv;
 
 /// See [`crate::Backend::short_conv`]. `out` must already have `bcx`'s rows.
 pub(super) fn short_conv(
@@ -16,39 +17,12 @@ pub(super) fn short_conv(
     out: &mut CpuTensor,
 ) -> Result<(), Error> {
     let h = out.cols();
-    expect_cols("short_conv", bcx, 3 * h)?;
-    if h == 0 || kernel.is_empty() || !kernel.len().is_multiple_of(h) {
-        return Err(shape(
-            "short_conv",
-            format!("{} kernel values for {h} channels", kernel.len()),
-        ));
-    }
-    let taps = kernel.len() / h;
-    if states.len() != spans.len() {
-        return Err(shape(
-            "short_conv",
-            format!("{} states for {} sequences", states.len(), spans.len()),
-        ));
-    }
+    let lens: Vec<usize> = states.iter().map(|s| s.len()).collect();
+    let taps = check_short_conv(bcx.rows(), bcx.cols(), h, kernel.len(), spans, &lens)?;
     let mut hist = Vec::new();
     for (sp, state) in spans.iter().zip(states.iter_mut()) {
         let keep = state.len() / h;
-        if state.len() != keep * h || keep + 1 < taps {
-            return Err(shape(
-                "short_conv",
-                format!(
-                    "a state of {} values for {h} channels and {taps} taps",
-                    state.len()
-                ),
-            ));
-        }
         let (first, n) = (sp.first_row, sp.n_tokens);
-        if first + n > bcx.rows() {
-            return Err(shape(
-                "short_conv",
-                format!("rows {first}..{} of {}", first + n, bcx.rows()),
-            ));
-        }
         // The span's conv inputs after the carried ones: `keep + n` rows, oldest first.
         hist.clear();
         hist.extend_from_slice(state);

@@ -3,14 +3,14 @@
 //! new states back: a host round trip per conv layer, which keeps such steps out of CUDA
 //! graphs (the model runs them eagerly; in graph capture or replay the op refuses).
 
-use super::{addr, expect_cols, ints, opc};
+use super::{addr, ints, opc};
 use crate::Error;
 use crate::backend::{Backend, SeqSpan};
 use crate::cuda::graph::Mode;
 use crate::cuda::launch::Launches;
 use crate::cuda::step::graph_changed;
 use crate::cuda::{CudaBackend, CudaTensor, CudaVector, cuda_err};
-use crate::shape::shape;
+use crate::shape::check_short_conv;
 
 impl CudaBackend {
     /// [`Backend::short_conv`].
@@ -23,43 +23,8 @@ impl CudaBackend {
         out: &mut CudaTensor,
     ) -> Result<(), Error> {
         let h = out.cols;
-        expect_cols("short_conv", bcx, 3 * h)?;
-        if h == 0 || kernel.len == 0 || !kernel.len.is_multiple_of(h) {
-            return Err(shape(
-                "short_conv",
-                format!("{} kernel values for {h} channels", kernel.len),
-            ));
-        }
-        let taps = kernel.len / h;
-        if states.len() != spans.len() {
-            return Err(shape(
-                "short_conv",
-                format!("{} states for {} sequences", states.len(), spans.len()),
-            ));
-        }
-        for (sp, state) in spans.iter().zip(states.iter()) {
-            let keep = state.len() / h;
-            if state.len() != keep * h || keep + 1 < taps {
-                return Err(shape(
-                    "short_conv",
-                    format!(
-                        "a state of {} values for {h} channels and {taps} taps",
-                        state.len()
-                    ),
-                ));
-            }
-            if sp.first_row + sp.n_tokens > bcx.rows {
-                return Err(shape(
-                    "short_conv",
-                    format!(
-                        "rows {}..{} of {}",
-                        sp.first_row,
-                        sp.first_row + sp.n_tokens,
-                        bcx.rows
-                    ),
-                ));
-            }
-        }
+        let lens: Vec<usize> = states.iter().map(|s| s.len()).collect();
+        let taps = check_short_conv(bcx.rows, bcx.cols, h, kernel.len, spans, &lens)?;
         if self.lock_state("short_conv")?.mode() != Mode::Eager {
             return Err(graph_changed("a short convolution reads host state"));
         }
