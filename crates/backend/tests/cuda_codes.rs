@@ -62,6 +62,8 @@ struct Case {
     centered: bool,
     /// Sinks and recent tokens attended at f16.
     window: KvWindow,
+    /// A sliding window (Gemma 3's and gpt-oss's local layers over a coded cache).
+    sliding: Option<usize>,
 }
 
 const NO_WINDOW: KvWindow = KvWindow {
@@ -201,7 +203,7 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
     let (mut same, mut total) = (0, 0);
     let windowed = case.window.is_active();
     let what = format!(
-        "{} d={} group {}{}{}",
+        "{} d={} group {}{}{}{}",
         case.dtype,
         case.d,
         case.group,
@@ -210,7 +212,9 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
             format!(" window {}+{}", case.window.recent, case.window.sinks)
         } else {
             String::new()
-        }
+        },
+        case.sliding
+            .map_or(String::new(), |w| format!(" sliding {w}"))
     );
     // A windowed pool decodes on until every window has crossed a block boundary.
     let steps = if windowed { 3 + 24 } else { 3 };
@@ -250,9 +254,9 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
                 .collect::<Vec<f32>>()
         });
         // Windowed pools: only the attention is compared (block I/O is refused for them,
-        // their exact copies are not in the blocks); plain pools: with sinks here, without
-        // them below beside the blocks.
-        if windowed || sinks.is_some() {
+        // their exact copies are not in the blocks); plain pools: with sinks or a sliding
+        // window here, plain below beside the blocks.
+        if windowed || sinks.is_some() || case.sliding.is_some() {
             let e = compare_attention(
                 g,
                 &c,
@@ -261,7 +265,7 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
                 &geo,
                 &spans,
                 (&cpool, &gpool),
-                sinks.as_deref(),
+                (case.sliding, sinks.as_deref()),
                 &what,
                 step,
             );
@@ -381,7 +385,7 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
             &geo,
             &spans,
             (&cpool, &gpool),
-            None,
+            (case.sliding, None),
             &what,
             steps,
         );
@@ -392,8 +396,8 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
     (same, total)
 }
 
-/// Attention of both backends over their pools (`(cpu, gpu)`), with `sinks` when some,
-/// compared; the largest error.
+/// Attention of both backends over their pools (`(cpu, gpu)`), with a sliding `window` and
+/// `sinks` when some, compared; the largest error.
 #[allow(clippy::too_many_arguments)]
 fn compare_attention(
     g: &CudaBackend,
@@ -406,7 +410,7 @@ fn compare_attention(
         &<CpuBackend as Backend>::KvPool,
         &<CudaBackend as Backend>::KvPool,
     ),
-    sinks: Option<&[f32]>,
+    (window, sinks): (Option<usize>, Option<&[f32]>),
     what: &str,
     step: usize,
 ) -> f32 {
@@ -418,7 +422,7 @@ fn compare_attention(
         None => (None, None),
     };
     let variant = turbokv_backend::AttnVariant {
-        window: None,
+        window,
         sinks: cs.as_ref(),
     };
     c.attention_variant(cq, geo, spans, cpool, &variant, &mut co)
@@ -427,7 +431,7 @@ fn compare_attention(
         .tensor_from_host(&vec![f32::NAN; rows * cols], rows, cols)
         .unwrap();
     let variant = turbokv_backend::AttnVariant {
-        window: None,
+        window,
         sinks: gs.as_ref(),
     };
     g.attention_variant(gq, geo, spans, gpool, &variant, &mut go)
@@ -449,12 +453,18 @@ fn coded_pools_match_the_cpu_codec_and_attention() {
     let Some(g) = gpu() else { return };
     let (mut same, mut total) = (0, 0);
     let mut seed = 7;
-    for d in [64, 128] {
+    for d in [64, 128, 256] {
         for dtype in [
             "int8", "fp8", "tq4", "tq3", "tq2", "k4v3", "k4v2", "k3v2", "k2v4",
         ] {
-            // Groups up to 8 take the keys-as-M kernels, 16 the template's.
-            for (group, centered) in [(1, false), (4, true), (8, false), (16, true)] {
+            // Groups up to 8 take the keys-as-M kernels, 16 the template's (head_dim 256
+            // has only the former).
+            let groups: &[(usize, bool)] = if d == 256 {
+                &[(1, true), (4, false), (8, true)]
+            } else {
+                &[(1, false), (4, true), (8, false), (16, true)]
+            };
+            for &(group, centered) in groups {
                 seed += 1;
                 let (s, t) = run_case(
                     g,
@@ -464,6 +474,7 @@ fn coded_pools_match_the_cpu_codec_and_attention() {
                         group,
                         centered,
                         window: NO_WINDOW,
+                        sliding: None,
                     },
                     seed,
                 );
@@ -502,7 +513,7 @@ fn windowed_coded_pools_match_the_cpu_backend() {
             sinks: 0,
         },
     ];
-    for d in [64, 128] {
+    for d in [64, 128, 256] {
         for (i, dtype) in ["int8", "tq3", "k4v2", "k4v3", "fp8"]
             .into_iter()
             .enumerate()
@@ -511,6 +522,9 @@ fn windowed_coded_pools_match_the_cpu_backend() {
             for (j, (group, centered)) in
                 [(4, true), (16, false), (8, false)].into_iter().enumerate()
             {
+                if d == 256 && group > 8 {
+                    continue;
+                }
                 seed += 1;
                 run_case(
                     g,
@@ -520,6 +534,54 @@ fn windowed_coded_pools_match_the_cpu_backend() {
                         group,
                         centered,
                         window: windows[(i + j) % windows.len()],
+                        sliding: None,
+                    },
+                    seed,
+                );
+            }
+        }
+    }
+}
+
+/// Sliding windows over coded pools (the local layers of Gemma 3 and gpt-oss when a context
+/// is too short for rings), alone and beside a preset's exact sinks and recent tokens: keys
+/// before each row's window are masked in the coded splits and in the exact one. Windows of
+/// 37 keys (inside one split, not on a 16-key run boundary), 300 and one wider than every
+/// sequence (the plain result).
+#[test]
+fn sliding_windows_over_coded_pools_match_the_cpu_backend() {
+    let Some(g) = gpu() else { return };
+    let mut seed = 301;
+    let exact = [
+        NO_WINDOW,
+        KvWindow {
+            recent: 15,
+            sinks: 1,
+        },
+        KvWindow {
+            recent: 47,
+            sinks: 4,
+        },
+    ];
+    for d in [64, 128, 256] {
+        for (i, dtype) in ["int8", "tq3", "k4v2"].into_iter().enumerate() {
+            for (j, sliding) in [37usize, 300, 1 << 20].into_iter().enumerate() {
+                // Keys-as-M (4), the template (16; not at head_dim 256), keys-as-M (2).
+                let group = match (i + j) % 3 {
+                    0 => 4,
+                    1 if d < 256 => 16,
+                    _ => 2,
+                };
+                seed += 1;
+                run_case(
+                    g,
+                    &Case {
+                        dtype,
+                        d,
+                        group,
+                        centered: (i + j) % 2 == 0,
+                        window: exact[(i + 2 * j) % exact.len()],
+                        sliding: Some(sliding),
                     },
                     seed,
                 );

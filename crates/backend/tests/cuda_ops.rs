@@ -1727,9 +1727,10 @@ fn window_attention_matches_cpu() {
     }
 }
 
-/// What CUDA attention cannot run is refused with a typed error naming it: windows over coded
-/// pools (at the capability query and at the call), sink logits of the wrong count, a window
-/// of 0. Sinks alone are admitted on every pool.
+/// Windows and sinks are admitted over every pool, 16-bit and coded; what CUDA attention
+/// cannot run is refused with a typed error naming it: more than 8 query heads per kv head
+/// at head_dim 256 (at the capability query and at the call, 16-bit or coded), sink logits
+/// of the wrong count, a window of 0.
 #[test]
 fn unsupported_attention_variants_are_refused() {
     let Some(g) = gpu() else { return };
@@ -1763,15 +1764,24 @@ fn unsupported_attention_variants_are_refused() {
     };
     g.supports_attention_variant(&geo, KvDtype::F16, both)
         .unwrap();
-    for (dtype, needs, word) in [
-        (tq3, window, "sliding window"),
-        (tq3, both, "sliding window"),
-    ] {
-        let e = g
-            .supports_attention_variant(&geo, dtype, needs)
-            .unwrap_err();
+    for dtype in [tq3, "int8".parse().unwrap()] {
+        for needs in [window, both] {
+            g.supports_attention_variant(&geo, dtype, needs).unwrap();
+        }
+    }
+    let wide = |group: usize| AttnGeometry {
+        n_heads: 2 * group,
+        n_kv_heads: 2,
+        head_dim: 256,
+        scale: 0.0625,
+    };
+    g.supports_attention(&wide(8), tq3).unwrap();
+    g.supports_attention(&wide(8), KvDtype::Bf16).unwrap();
+    for dtype in [tq3, KvDtype::Bf16] {
+        let e = g.supports_attention(&wide(16), dtype).unwrap_err();
         assert!(
-            matches!(e, Error::UnsupportedAttention { .. }) && e.to_string().contains(word),
+            matches!(e, Error::UnsupportedAttention { .. })
+                && e.to_string().contains("head_dim 256"),
             "{e}"
         );
     }
@@ -1784,16 +1794,15 @@ fn unsupported_attention_variants_are_refused() {
     }];
     let qkv = gpu_t(g, &vec![0.5; geo.qkv_width()], 1, geo.qkv_width());
     let mut out = poison(g, 1, 4 * 64);
-    let coded = KvLayout::uniform(1, 2, 64, tq3, 16, 64).unwrap();
+    let coded = KvLayout::uniform(1, 2, 256, tq3, 16, 64).unwrap();
     let pool = g.kv_pool(&coded, 0).unwrap();
-    let variant = turbokv_backend::AttnVariant {
-        window: Some(4),
-        sinks: None,
-    };
+    let w16 = wide(16);
+    let qkv16 = gpu_t(g, &vec![0.5; w16.qkv_width()], 1, w16.qkv_width());
+    let mut out16 = poison(g, 1, 32 * 256);
     let e = g
-        .attention_variant(&qkv, &geo, &spans, &pool, &variant, &mut out)
+        .attention(&qkv16, &w16, &spans, &pool, &mut out16)
         .unwrap_err();
-    assert!(e.to_string().contains("sliding window"), "{e}");
+    assert!(e.to_string().contains("16 query heads"), "{e}");
     let sink_logits = g.vector(&[0.0; 3]).unwrap();
     let layout = KvLayout::uniform(1, 2, 64, KvDtype::F16, 16, 64).unwrap();
     let pool = g.kv_pool(&layout, 0).unwrap();

@@ -7,13 +7,13 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::kvspec::WindowSpec;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use turbokv_backend::cuda::{
     CudaBackend, CudaOptions, DECODE_VARIANTS, DecodeAttentionCase, DecodeVariant,
 };
 use turbokv_backend::{AttnGeometry, Backend};
-use turbokv_cache::KvWindow;
 use turbokv_codec::KvDtype;
 
 use crate::args::BenchAttentionArgs;
@@ -118,8 +118,9 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
     }
     let batches = parse_list(&args.batch)?;
     let ctxs = parse_list(&args.ctx)?;
-    // Each format as its label, dtype and window (presets and `…@w…s…` carry one).
-    let formats: Vec<(String, KvDtype, KvWindow)> = args
+    // Each format as its label, dtype and window (presets and `…@w…s…` carry one; a share
+    // of the context is resolved per context below).
+    let formats: Vec<(String, KvDtype, WindowSpec)> = args
         .kv
         .split(',')
         .map(|s| {
@@ -127,7 +128,7 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
             let window = if spec.dtype.is_compressed() {
                 spec.window
             } else {
-                KvWindow::default()
+                WindowSpec::default()
             };
             Ok((s.trim().to_string(), spec.dtype, window))
         })
@@ -191,7 +192,7 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
                     let case = DecodeAttentionCase {
                         geometry,
                         dtype,
-                        window,
+                        window: window.at(ctx),
                         batch,
                         ctx,
                         block_size: args.block_size,

@@ -522,7 +522,7 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
         );
     }
     let kv_dtype = spec.dtype;
-    let policy = spec.policy(&[], None);
+    let policy = spec.policy(args.ctx, &[], None);
     let (tm, weight_bytes, name, random) = match &args.model {
         Some(path) => {
             let m = Model::load(path, b, &LoadOptions { progress: false })

@@ -150,7 +150,7 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
                 &loaded.tokenizer,
                 &k,
                 &label,
-                &layers,
+                (args.ctx, &layers),
                 &mut calibration,
             )?;
             Ok((label, k, policy))

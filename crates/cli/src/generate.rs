@@ -93,18 +93,18 @@ pub fn prepare<B: Backend>(
     model
         .transformer
         .set_step_graphs(crate::env_options::from_env()?.step_graphs);
+    let ctx = cache
+        .ctx
+        .unwrap_or(8192)
+        .min(model.transformer.config().max_context);
     let policy = build_policy(
         &model.transformer,
         &tokenizer,
         &spec,
         &kv_label,
-        &layers,
+        (ctx, &layers),
         &mut None,
     )?;
-    let ctx = cache
-        .ctx
-        .unwrap_or(8192)
-        .min(model.transformer.config().max_context);
     Ok(Loaded {
         model,
         tokenizer,

@@ -5,8 +5,11 @@
 //!
 //! Grammar: `BASE[/MODE][@WINDOW][+c][OVERRIDE]...` where BASE is a dtype or a preset, MODE
 //! is `mse` or `prod`, WINDOW is `w<recent>s<sinks>` and each OVERRIDE is `[LAYER:DTYPE]` or
-//! `[FIRST-LAST:DTYPE]` (a negative LAYER counts from the end). A preset's own overrides come
-//! first, then the spec's, then `--kv-layers`: the last one naming a layer wins.
+//! `[FIRST-LAST:DTYPE]` (a negative LAYER counts from the end). `<recent>` is a token count
+//! or a share of the context (`w1.2%`: 1.2% of the tokens a sequence may hold, fixed when the
+//! cache is made, so the window costs the same bits per element at every context). A
+//! preset's own overrides come first, then the spec's, then `--kv-layers`: the last one
+//! naming a layer wins.
 
 use std::sync::Arc;
 
@@ -18,14 +21,77 @@ use turbokv_model::KvCalibration;
 use turbokv_model::Transformer;
 use turbokv_model::tokenizer::Tokenizer;
 
+/// The recent part of a spec's window: a number of tokens, or a share of the context.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Recent {
+    /// This many of the most recent tokens.
+    Tokens(usize),
+    /// This fraction (0..=1) of the tokens a sequence may hold, rounded to the nearest token.
+    Share(f64),
+}
+
+/// Sink and recent tokens kept exact, the recent ones possibly as a share of the context
+/// ([`WindowSpec::at`] makes it a [`KvWindow`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WindowSpec {
+    /// Most recent tokens attended at full precision.
+    pub recent: Recent,
+    /// First tokens of the sequence attended at full precision.
+    pub sinks: usize,
+}
+
+impl Default for WindowSpec {
+    fn default() -> Self {
+        Self::from(KvWindow::default())
+    }
+}
+
+impl From<KvWindow> for WindowSpec {
+    fn from(w: KvWindow) -> Self {
+        Self {
+            recent: Recent::Tokens(w.recent),
+            sinks: w.sinks,
+        }
+    }
+}
+
+impl WindowSpec {
+    /// The window of a cache whose sequences hold up to `ctx` tokens.
+    pub fn at(&self, ctx: usize) -> KvWindow {
+        let recent = match self.recent {
+            Recent::Tokens(n) => n,
+            Recent::Share(f) => (f * ctx as f64).round() as usize,
+        };
+        KvWindow {
+            recent,
+            sinks: self.sinks,
+        }
+    }
+
+    /// Whether any token is kept exact (at some context).
+    pub fn is_active(&self) -> bool {
+        self.sinks > 0 || self.recent != Recent::Tokens(0)
+    }
+
+    /// `w<recent>s<sinks>` as the spec grammar writes it (`w1.2%s1` for a share).
+    fn text(&self) -> String {
+        match self.recent {
+            Recent::Tokens(n) => format!("w{n}s{}", self.sinks),
+            // (Rounded to a millionth of a percent: 0.044 is not exact in binary.)
+            Recent::Share(f) => format!("w{}%s{}", (1e8 * f).round() / 1e6, self.sinks),
+        }
+    }
+}
+
 /// A KV dtype plus the tokens kept exact beside its codes, the key mode, centering and the
 /// layers that use another dtype.
 #[derive(Clone, Debug, PartialEq)]
 pub struct KvSpec {
     /// Number format of the codes (of every layer not overridden).
     pub dtype: KvDtype,
-    /// Sink and recent tokens attended at f16 (ignored by 16-bit dtypes).
-    pub window: KvWindow,
+    /// Sink and recent tokens attended at f16 (ignored by 16-bit dtypes); see
+    /// [`KvSpec::window_at`].
+    pub window: WindowSpec,
     /// How TurboQuant keys are coded.
     pub key_mode: KeyMode,
     /// Subtract calibrated per-head means before encoding.
@@ -60,25 +126,31 @@ impl KvDefaults {
 
 /// Presets, chosen by `eval ppl` measurements on the worst domain of the evaluation set
 /// (BENCHMARKS.md, issue 19): name → spec. A trailing `+c` centers the preset (its
-/// calibration pass runs at load); `[L:DTYPE]` gives layer L another dtype.
+/// calibration pass runs at load); `[L:DTYPE]` gives layer L another dtype. Their windows are
+/// shares of the context (45, 12 and 10 tokens at 1024), so they cost the same bits per
+/// element at every context and hold their quality at longer ones.
 pub const PRESETS: &[(&str, &str)] = &[
-    ("balanced", "k4v3@w45s1[1:k4v4]"),
-    ("compact", "k4v2@w12s1[1:k4v4]"),
+    ("balanced", "k4v3@w4.4%s1[1:k4v4]"),
+    ("compact", "k4v2@w1.2%s1[1:k4v4]"),
     (
         "tiny",
-        "tq2@w10s1+c[1:k3v2][5:k3v2][8:k3v2][13:k3v2][17-18:k3v2][23-24:k3v2]",
+        "tq2@w1%s1+c[1:k3v2][5:k3v2][8:k3v2][13:k3v2][17-18:k3v2][23-24:k3v2]",
     ),
 ];
 
 const GRAMMAR: &str = "a spec is DTYPE or PRESET, then optionally /mse or /prod, \
-                       @w<recent>s<sinks>, +c and [LAYER:DTYPE] overrides, e.g. tq3, tq4/prod, \
-                       k4v3@w32s1+c, balanced+c, k4v2@w15s1[1:k4v4]";
+                       @w<recent>s<sinks> (recent: tokens, or a share of the context as w1.2%), \
+                       +c and [LAYER:DTYPE] overrides, e.g. tq3, tq4/prod, k4v3@w32s1+c, \
+                       balanced+c, k4v2@w1.2%s1[1:k4v4]";
 
 /// Why a `--kv` spec does not parse.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum KvSpecError {
     /// The `@…` part is not `w<recent>s<sinks>`.
-    #[error("--kv {spec}: window `{window}`: expected w<recent>s<sinks>, e.g. w16s1")]
+    #[error(
+        "--kv {spec}: window `{window}`: expected w<recent>s<sinks>, e.g. w16s1, or a share of \
+         the context up to 100% as w1.5%s1"
+    )]
     Window {
         /// The whole spec.
         spec: String,
@@ -156,16 +228,18 @@ impl KvSpec {
             spec: spec.into(),
             why: format!("{e}"),
         })?;
-        let window = window.or(preset_window).unwrap_or(defaults.window);
+        let window = window
+            .or(preset_window)
+            .unwrap_or_else(|| defaults.window.into());
         let compressed = dtype.is_compressed() || layers.iter().any(|(_, d)| d.is_compressed());
         let window = if !compressed {
-            KvWindow::default()
+            WindowSpec::default()
         } else if center && window.sinks == 0 {
             // The first token is an attention sink whose key lies far from the calibrated mean
             // (calibration leaves it out): centering would lengthen that one vector, and its
             // coding error lands on the score that takes most of the attention mass. Measured
             // on the demo model (ctx 1024): tq3+c without an exact sink +33% ppl vs +20% plain.
-            KvWindow { sinks: 1, ..window }
+            WindowSpec { sinks: 1, ..window }
         } else {
             window
         };
@@ -178,17 +252,22 @@ impl KvSpec {
         })
     }
 
+    /// The window of a cache whose sequences hold up to `ctx` tokens.
+    pub fn window_at(&self, ctx: usize) -> KvWindow {
+        self.window.at(ctx)
+    }
+
     /// The name printed in tables: the preset or dtype, `/prod` for prod keys, the window
     /// when it has one, `+c` when centered, then the overrides (`tq4/prod`, `tq3+c`,
-    /// `balanced(k4v3@w45s1[1:tq4])+c`, `k4v2@w15s1[1:tq4]`).
+    /// `balanced(k4v3@w4.4%s1[1:tq4])+c`, `k4v2@w15s1[1:tq4]`).
     pub fn label(&self, spec: &str) -> String {
-        let w = self.window;
         let mut inner = self.dtype.to_string();
         if self.key_mode == KeyMode::Prod {
             inner.push_str("/prod");
         }
-        if w.is_active() {
-            inner.push_str(&format!("@w{}s{}", w.recent, w.sinks));
+        if self.window.is_active() {
+            inner.push('@');
+            inner.push_str(&self.window.text());
         }
         let overrides: String = self
             .layers
@@ -242,7 +321,8 @@ impl KvSpec {
         let dtypes = self.layer_dtypes(n_layers.max(1), extra);
         let layer_bits = |d: KvDtype| {
             let side = if d.is_compressed() {
-                self.window.bits_overhead(ctx) + if self.center { 32.0 / ctx as f64 } else { 0.0 }
+                self.window_at(ctx).bits_overhead(ctx)
+                    + if self.center { 32.0 / ctx as f64 } else { 0.0 }
             } else {
                 0.0
             };
@@ -251,11 +331,16 @@ impl KvSpec {
         dtypes.iter().map(|&d| layer_bits(d)).sum::<f64>() / dtypes.len() as f64
     }
 
-    /// The cache policy of this spec with its own overrides, then `extra`, and (if centered)
-    /// `centers`; default outlier channels.
-    pub fn policy(&self, extra: &[(i64, KvDtype)], centers: Option<Arc<KvCenters>>) -> KvPolicy {
+    /// The cache policy of this spec for sequences of up to `ctx` tokens, with its own
+    /// overrides, then `extra`, and (if centered) `centers`; default outlier channels.
+    pub fn policy(
+        &self,
+        ctx: usize,
+        extra: &[(i64, KvDtype)],
+        centers: Option<Arc<KvCenters>>,
+    ) -> KvPolicy {
         KvPolicy {
-            window: self.window,
+            window: self.window_at(ctx),
             layers: self.all_layers(extra),
             key_mode: self.key_mode,
             centers: if self.center { centers } else { None },
@@ -352,16 +437,16 @@ pub fn check_spec<B: Backend>(
     Ok(dtypes)
 }
 
-/// Checks `spec` against `model` ([`check_spec`]) and builds its policy. A calibration pass
-/// on a built-in text runs when the spec is centered (the per-head means) or some layer has a
-/// fractional width (its outlier channels, chosen by channel energy); `cal` caches it across
-/// the specs of one command.
+/// Checks `spec` against `model` ([`check_spec`]) and builds its policy for sequences of up
+/// to `ctx` tokens. A calibration pass on a built-in text runs when the spec is centered (the
+/// per-head means) or some layer has a fractional width (its outlier channels, chosen by
+/// channel energy); `cal` caches it across the specs of one command.
 pub fn build_policy<B: Backend>(
     model: &Transformer<B>,
     tokenizer: &Tokenizer,
     spec: &KvSpec,
     label: &str,
-    layers: &[(i64, KvDtype)],
+    (ctx, layers): (usize, &[(i64, KvDtype)]),
     cal: &mut Option<Arc<KvCalibration>>,
 ) -> Result<KvPolicy> {
     let c = model.config();
@@ -382,7 +467,7 @@ pub fn build_policy<B: Backend>(
     }
     let fractional = dtypes.iter().any(|&d| has_fractional_width(d));
     if !center && !fractional {
-        return Ok(spec.policy(layers, None));
+        return Ok(spec.policy(ctx, layers, None));
     }
     let cal = match cal {
         Some(c) => c.clone(),
@@ -398,7 +483,7 @@ pub fn build_policy<B: Backend>(
             fresh
         }
     };
-    let mut policy = spec.policy(layers, center.then(|| Arc::new(cal.centers.clone())));
+    let mut policy = spec.policy(ctx, layers, center.then(|| Arc::new(cal.centers.clone())));
     if fractional {
         policy.outliers = Some(Arc::new(cal.outliers(center)?));
     }
@@ -411,26 +496,34 @@ fn has_fractional_width(dtype: KvDtype) -> bool {
         if key_bits.is_fractional() || value_bits.is_fractional())
 }
 
-/// `w16s1`, `w16`, `s1` (the window of `spec`).
-fn parse_window(spec: &str, w: &str) -> Result<KvWindow, KvSpecError> {
+/// `w16s1`, `w16`, `s1`, `w1.5%s1` (the window of `spec`).
+fn parse_window(spec: &str, w: &str) -> Result<WindowSpec, KvSpecError> {
     let bad = || KvSpecError::Window {
         spec: spec.into(),
         window: w.into(),
     };
-    let mut out = KvWindow::default();
+    let mut out = WindowSpec::default();
     let mut rest = w;
     while !rest.is_empty() {
         let (tag, tail) = rest.split_at(rest.chars().next().map_or(0, char::len_utf8));
         let digits = tail
-            .find(|c: char| !c.is_ascii_digit())
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .unwrap_or(tail.len());
-        let n = tail[..digits].parse::<usize>().map_err(|_| bad())?;
+        let number = &tail[..digits];
+        let share = tag == "w" && tail[digits..].starts_with('%');
         match tag {
-            "w" => out.recent = n,
-            "s" => out.sinks = n,
+            "w" if share => {
+                let pct = number.parse::<f64>().map_err(|_| bad())?;
+                if !(0.0..=100.0).contains(&pct) {
+                    return Err(bad());
+                }
+                out.recent = Recent::Share(pct / 100.0);
+            }
+            "w" => out.recent = Recent::Tokens(number.parse().map_err(|_| bad())?),
+            "s" => out.sinks = number.parse().map_err(|_| bad())?,
             _ => return Err(bad()),
         }
-        rest = &tail[digits..];
+        rest = &tail[digits + usize::from(share)..];
     }
     Ok(out)
 }
@@ -453,8 +546,12 @@ mod tests {
             let bits = spec.bits_per_element(64, 1024, 30, &[]);
             assert!(bits <= budget, "{name}: {bits} bits > {budget}");
             assert!((bits - reported).abs() < 5e-4, "{name}: {bits} bits");
-            // A longer context only amortises the window further.
-            assert!(spec.bits_per_element(64, 4096, 30, &[]) < bits, "{name}");
+            // Longer contexts stay within the budget (the windows of balanced and compact
+            // grow with the context, tiny's is amortised).
+            for ctx in [2048, 4096, 8192, 32768] {
+                let at = spec.bits_per_element(64, ctx, 30, &[]);
+                assert!(at <= budget, "{name} at {ctx}: {at} bits");
+            }
         }
         let tiny = KvSpec::parse("tiny", KvDefaults::default()).unwrap();
         assert!(tiny.center && tiny.dtype == "tq2".parse().unwrap());
@@ -494,7 +591,7 @@ mod tests {
         assert!(!p.window.is_active(), "plain dtypes stay plain");
         let w = KvSpec::parse("tq3@w16s2", none).unwrap();
         assert_eq!(
-            w.window,
+            w.window_at(1024),
             KvWindow {
                 recent: 16,
                 sinks: 2
@@ -502,6 +599,41 @@ mod tests {
         );
         let f = KvSpec::parse("f16@w16", none).unwrap();
         assert!(!f.window.is_active(), "16-bit caches have no window");
+    }
+
+    #[test]
+    fn a_window_may_be_a_share_of_the_context() {
+        let none = KvDefaults::default();
+        let s = KvSpec::parse("tq3@w1.5%s1", none).unwrap();
+        assert_eq!(s.window.recent, Recent::Share(0.015));
+        for (ctx, recent) in [(1000, 15), (1024, 15), (4096, 61), (40, 1), (10, 0)] {
+            assert_eq!(s.window_at(ctx), KvWindow { recent, sinks: 1 }, "ctx {ctx}");
+        }
+        assert_eq!(s.label("tq3@w1.5%s1"), "tq3@w1.5%s1");
+        // The same bits per element at every context, up to the sink's share.
+        let (a, b) = (
+            s.bits_per_element(64, 2000, 30, &[]),
+            s.bits_per_element(64, 8000, 30, &[]),
+        );
+        assert!((a - b).abs() < 16.0 / 2000.0 + 1e-9, "{a} vs {b}");
+        assert!(
+            KvSpec::parse("tq3@w100%", none)
+                .unwrap()
+                .window_at(64)
+                .recent
+                == 64
+        );
+        for bad in [
+            "tq3@w101%",
+            "tq3@w1.2.3%",
+            "tq3@s1%",
+            "tq3@w%",
+            "tq3@w-1%",
+            "tq3@w1%%",
+        ] {
+            let e = KvSpec::parse(bad, none).unwrap_err().to_string();
+            assert!(e.contains("share of the context"), "{bad}: {e}");
+        }
     }
 
     #[test]
@@ -539,7 +671,7 @@ mod tests {
         assert!(c.center && c.key_mode == KeyMode::Mse);
         // Centering keeps the first token exact (its key lies far from the mean).
         assert_eq!(
-            c.window,
+            c.window_at(1024),
             KvWindow {
                 recent: 0,
                 sinks: 1
@@ -547,12 +679,12 @@ mod tests {
         );
         assert_eq!(c.label("tq3+c"), "tq3@w0s1+c");
         assert_eq!(
-            KvSpec::parse("f16+c", none).unwrap().window,
+            KvSpec::parse("f16+c", none).unwrap().window_at(1024),
             KvWindow::default()
         );
         let all = KvSpec::parse("k4v3/prod@w16s1+c", none).unwrap();
         assert_eq!(
-            all.window,
+            all.window_at(1024),
             KvWindow {
                 recent: 16,
                 sinks: 1
@@ -560,16 +692,13 @@ mod tests {
         );
         assert_eq!(all.label("k4v3/prod@w16s1+c"), "k4v3/prod@w16s1+c");
         let preset = KvSpec::parse("balanced/prod+c", none).unwrap();
-        assert_eq!(
-            preset.window,
-            KvWindow {
-                recent: 45,
-                sinks: 1
-            }
-        );
+        // Its window is a share of the context: 45 tokens at 1024, 180 at 4096.
+        for (ctx, recent) in [(1024, 45), (4096, 180)] {
+            assert_eq!(preset.window_at(ctx), KvWindow { recent, sinks: 1 });
+        }
         assert_eq!(
             preset.label("balanced/prod+c"),
-            "balanced(k4v3/prod@w45s1[1:tq4])+c"
+            "balanced(k4v3/prod@w4.4%s1[1:tq4])+c"
         );
         // Command-line defaults, and a spec that overrides them.
         let d = KvDefaults {
@@ -588,9 +717,12 @@ mod tests {
             key: vec![0.0; 2],
             value: vec![0.0; 2],
         });
-        assert_eq!(p.policy(&[], Some(centers.clone())).key_mode, KeyMode::Prod);
-        assert!(p.policy(&[], Some(centers.clone())).centers.is_none());
-        assert!(c.policy(&[], Some(centers)).centers.is_some());
+        assert_eq!(
+            p.policy(1024, &[], Some(centers.clone())).key_mode,
+            KeyMode::Prod
+        );
+        assert!(p.policy(1024, &[], Some(centers.clone())).centers.is_none());
+        assert!(c.policy(1024, &[], Some(centers)).centers.is_some());
     }
 
     #[test]
@@ -652,7 +784,7 @@ mod tests {
             assert!(c.center && c.layers == [(0, d("tq3"))], "{text}");
         }
         // --kv-layers comes after the spec's own overrides and wins where both name a layer.
-        let policy = s.policy(&[(1, d("int8"))], None);
+        let policy = s.policy(1024, &[(1, d("int8"))], None);
         assert_eq!(policy.layers.first(), Some(&(1, d("tq4"))));
         assert_eq!(policy.layers.last(), Some(&(1, d("int8"))));
         let dtypes = s.layer_dtypes(6, &[(1, d("int8"))]);
@@ -744,7 +876,7 @@ mod tests {
         let identity = |text: &str| {
             let spec = KvSpec::parse(text, none).unwrap();
             let mut layout = KvLayout::uniform(4, 2, 64, spec.dtype, 16, 64).unwrap();
-            spec.policy(&[], None).apply(&mut layout).unwrap();
+            spec.policy(1024, &[], None).apply(&mut layout).unwrap();
             CacheIdentity::new(&[7; 32], &layout)
         };
         let base = identity("k4v2@w15s1");
@@ -757,7 +889,7 @@ mod tests {
         // The same layers reached by a spec override or by --kv-layers are the same cache.
         let spec = KvSpec::parse("k4v2@w15s1", none).unwrap();
         let mut layout = KvLayout::uniform(4, 2, 64, spec.dtype, 16, 64).unwrap();
-        spec.policy(&[(1, "tq4".parse().unwrap())], None)
+        spec.policy(1024, &[(1, "tq4".parse().unwrap())], None)
             .apply(&mut layout)
             .unwrap();
         assert_eq!(

@@ -269,7 +269,7 @@ fn run_on<B: Backend>(backend: B, args: &EvalSensitivityArgs) -> Result<()> {
         &loaded.tokenizer,
         &spec,
         &label,
-        &[],
+        (args.ctx, &[]),
         &mut cal,
     )?;
     let mut windows = Vec::with_capacity(texts.len());
@@ -331,7 +331,7 @@ fn run_on<B: Backend>(backend: B, args: &EvalSensitivityArgs) -> Result<()> {
                     &loaded.tokenizer,
                     &spec,
                     &label,
-                    &extra,
+                    (args.ctx, &extra),
                     &mut cal,
                 )?;
                 let kl = kl_of(spec.dtype, &policy)?;

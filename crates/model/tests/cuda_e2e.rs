@@ -265,6 +265,17 @@ fn random_tiny_models_match_cpu() {
             head_dim: 128,
             ffn: 384,
         },
+        // Gemma 3's head_dim (the coded pools' keys-as-M kernels only).
+        Shape {
+            arch: "LlamaForCausalLM",
+            vocab: 320,
+            hidden: 192,
+            layers: 2,
+            heads: 4,
+            kv_heads: 1,
+            head_dim: 256,
+            ffn: 256,
+        },
     ];
     for (i, s) in shapes.iter().enumerate() {
         let dir = std::env::temp_dir().join(format!("turbokv-cuda-e2e-{}-{i}", std::process::id()));
@@ -309,7 +320,7 @@ fn random_tiny_models_match_cpu() {
                 s.arch
             );
         }
-        if matches!(s.head_dim, 64 | 128) {
+        if matches!(s.head_dim, 64 | 128 | 256) {
             windowed_codes_match(&cpu, &gpu, s, &prompt);
         }
         batched_step_matches(&cpu, &gpu, s);

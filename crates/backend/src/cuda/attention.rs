@@ -1,21 +1,22 @@
 //! Attention launches: the tensor-core tile kernel for prefill spans and the split-K decode
 //! kernels, with the split count chosen from the shape. Every path takes attention sinks (a
 //! device pointer to one logit per query head, null for none, added to each row's softmax
-//! denominator); on 16-bit pools every path also takes a sliding window (a runtime
-//! parameter, 0 for none: each row's key range starts at its window's first key). Windows
-//! over coded pools are refused ([`variant_unsupported`]).
+//! denominator) and a sliding window (a runtime parameter, 0 for none: each row's key range
+//! starts at its window's first key; coded pools stage whole runs of 16 keys and mask the
+//! keys before it, their exact split too).
 
 use cudarc::driver::LaunchConfig;
 
 use super::codes::{
     CODE_HEAD_DIMS, CODE_TILE, CODE_WARPS, CodeVariant, DESC_WORDS, KEYS_AS_M_MAX_GROUP,
+    coded_max_group,
 };
 use super::kernels::{DECODE_SETS, MANY_PAIRS};
 use super::launch::Launches;
 use super::ops::{addr, check_geometry, expect_cols, ints, opc};
 use super::step::grow;
 use super::{CudaBackend, CudaKvPool, CudaTensor, CudaVector, DECODE_VARIANTS, DecodeVariant};
-use crate::backend::{AttnGeometry, SeqSpan, VariantNeeds};
+use crate::backend::{AttnGeometry, SeqSpan};
 use crate::shape::shape;
 use crate::{Backend, Error};
 use turbokv_codec::KvDtype;
@@ -43,21 +44,6 @@ const MIN_SPLIT_KEYS: usize = 64;
 /// (4-tile splits): 5 stages −0.18 ms per decode step; at batch 8 and 32 (long splits) 5 were
 /// slower.
 const ATTN_DEEP_STAGES: usize = 5;
-
-/// Why the CUDA attention kernels cannot run a layer that `needs` a window and/or sinks over a
-/// pool whose coded format is `coded` (its name; `None` for 16-bit pools), or `None` when they
-/// can: sinks on every pool, sliding windows over 16-bit pools only (the coded kernels' exact
-/// split and staging in runs of 16 keys take no window yet).
-pub(super) fn variant_unsupported(needs: VariantNeeds, coded: Option<&str>) -> Option<String> {
-    match coded {
-        Some(format) if needs.window => Some(format!("a sliding window over a {format} cache")),
-        _ => None,
-    }
-}
-
-/// What [`variant_unsupported`] admits, for error messages.
-pub(super) const VARIANTS_SUPPORTED: &str =
-    "attention sinks on every cache; sliding windows over f16/bf16 caches";
 
 /// The `window` kernel parameter: 0 for none; a window wider than any position fits (as the
 /// 32-bit maximum, which sees every key).
@@ -198,12 +184,17 @@ impl CudaBackend {
             && g.head_dim.is_multiple_of(4)
             && (4..=256).contains(&g.head_dim)
             && g.group() * g.head_dim <= ATTN_MAX_ELEMS;
-        if fits && dtype.is_compressed() && g.group() > DEC_MAX_GROUP {
+        let coded_most = coded_max_group(g.head_dim);
+        if fits && dtype.is_compressed() && g.group() > coded_most {
             return Err(Error::UnsupportedAttention {
                 backend: "cuda",
-                detail: format!("{} query heads per kv head over a {dtype} cache", g.group()),
+                detail: format!(
+                    "{} query heads per kv head over a {dtype} cache of head_dim {}",
+                    g.group(),
+                    g.head_dim
+                ),
                 supported: format!(
-                    "at most {DEC_MAX_GROUP} query heads per kv head on coded caches"
+                    "at most {coded_most} query heads per kv head on coded caches of this head_dim"
                 ),
             });
         }
@@ -224,8 +215,8 @@ impl CudaBackend {
     }
 
     /// Attention over the cache (which holds this step's keys and values already), with a
-    /// sliding window where `window` is some (16-bit pools only) and a sink logit per query
-    /// head where `sinks` is some.
+    /// sliding window where `window` is some and a sink logit per query head where `sinks` is
+    /// some.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn attention_impl(
         &self,
@@ -274,20 +265,17 @@ impl CudaBackend {
         }
         let grp = g.group();
         let coded = pool.codes.as_ref();
-        if coded.is_some() && window.is_some() {
-            return Err(shape(
-                "attention",
-                "a sliding window over a coded pool".into(),
-            ));
-        }
         if window == Some(0) {
             return Err(shape("attention", "a sliding window of 0 tokens".into()));
         }
-        if coded.is_some() && grp > DEC_MAX_GROUP {
+        let coded_max_group = coded.map(|c| c.variant.max_group());
+        if let Some(most) = coded_max_group.filter(|&most| grp > most) {
             return Err(shape(
                 "attention",
                 format!(
-                    "{grp} query heads per kv head over a coded pool (at most {DEC_MAX_GROUP})"
+                    "{grp} query heads per kv head over a coded pool of head_dim {} (at most \
+                     {most})",
+                    g.head_dim
                 ),
             ));
         }
@@ -319,6 +307,7 @@ impl CudaBackend {
             ),
             None => None,
         };
+        // (Head dims above the template's have only these: the group was checked above.)
         let keys_as_m = grp <= KEYS_AS_M_MAX_GROUP;
         let dec = match code_kernel {
             Some(_) => None,
@@ -459,7 +448,9 @@ impl CudaBackend {
             _ if code_kernel.is_some() && keys_as_m => {
                 &self.k.attn_codes_m[code_kernel.unwrap_or(0)]
             }
-            _ if code_kernel.is_some() => &self.k.attn_codes[code_kernel.unwrap_or(0)],
+            _ if code_kernel.is_some() => self.k.attn_codes[code_kernel.unwrap_or(0)]
+                .as_ref()
+                .ok_or_else(|| shape("attention", "no template kernel at this head_dim".into()))?,
             (Some(i), _) => &self.k.attn_dec[i],
             (None, Some(i)) => &self.k.attn_rows[2 * i + usize::from(deep)],
             (None, None) => {
@@ -515,11 +506,10 @@ impl CudaBackend {
                 let ([xk, xv, xt], [sinks, recent]) = exact_args;
                 a.ptr(xk).ptr(xv).ptr(xt).arg(sinks).arg(recent);
             }
-            // The 16-bit kernels' last parameter.
-            None => {
-                a.arg(window_param(window));
-            }
+            None => {}
         }
+        // Every kernel's last parameter.
+        a.arg(window_param(window));
         // Coded values were summed in their rotated basis and without their mean.
         if let Some(c) = coded.filter(|c| c.values_rotated || c.centers.is_some()) {
             let fi = CODE_HEAD_DIMS.iter().position(|&d| d == hd).unwrap_or(0);
@@ -657,40 +647,8 @@ fn rows_kernel_index(head_dim: usize, group: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::{
-        DECODE_SETS, DECODE_VARIANTS, decode_choice, keys_seen, variant_unsupported, wave_splits,
-        window_param,
+        DECODE_SETS, DECODE_VARIANTS, decode_choice, keys_seen, wave_splits, window_param,
     };
-    use crate::backend::VariantNeeds;
-
-    #[test]
-    fn variants_admitted_are_sinks_anywhere_and_windows_over_16_bit_pools() {
-        let window = VariantNeeds {
-            window: true,
-            sinks: false,
-        };
-        let sinks = VariantNeeds {
-            window: false,
-            sinks: true,
-        };
-        let both = VariantNeeds {
-            window: true,
-            sinks: true,
-        };
-        assert_eq!(variant_unsupported(VariantNeeds::default(), None), None);
-        assert_eq!(
-            variant_unsupported(VariantNeeds::default(), Some("tq3")),
-            None
-        );
-        assert_eq!(variant_unsupported(window, None), None);
-        let e = variant_unsupported(window, Some("tq3")).unwrap();
-        assert!(e.contains("sliding window") && e.contains("tq3"), "{e}");
-        for coded in [None, Some("int8"), Some("tq3")] {
-            assert_eq!(variant_unsupported(sinks, coded), None);
-        }
-        assert_eq!(variant_unsupported(both, None), None);
-        let e = variant_unsupported(both, Some("int8")).unwrap();
-        assert!(e.contains("sliding window") && e.contains("int8"), "{e}");
-    }
 
     #[test]
     fn window_parameter_and_keys_seen() {

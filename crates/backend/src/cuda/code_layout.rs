@@ -186,8 +186,8 @@ mod tests {
         w
     }
 
-    /// Codes<3, R>::group for group g of a run (R = 16 or 32): the f16 of its 4 codes and
-    /// which codes of the run they are.
+    /// Codes<3, R>::group for group g of a run (R = 16, 32 or 64): the f16 of its 4 codes and
+    /// which codes of the run they are (group g is halfword j = g / U of unit u = g % U).
     fn nibbles3_group(
         w: &[u32],
         r: usize,
@@ -196,7 +196,7 @@ mod tests {
         hi: [u32; 2],
     ) -> ([u16; 4], usize) {
         let units = r / 16;
-        let (j, u) = if units == 2 { (g >> 1, g & 1) } else { (g, 0) };
+        let (j, u) = (g / units, g % units);
         let hw = |j: usize| (w[(units * j + u) / 2] >> (16 * ((units * j + u) % 2))) & 0xffff;
         let sel = if j < 3 {
             hw(j) & 0x7777
@@ -243,9 +243,9 @@ mod tests {
     #[test]
     fn zeroed_records_stay_zero() {
         // Unwritten slots of a fresh pool read back as code 0, as the CPU pool's do.
-        for (bits, run) in [(3u8, 32usize), (3, 16), (4, 32), (4, 16)] {
+        for (bits, run) in [(3u8, 64usize), (3, 32), (3, 16), (4, 64), (4, 32), (4, 16)] {
             let layout = RecordLayout::for_role(bits, run);
-            let mut rec = vec![0u8; 128 * usize::from(bits) / 8];
+            let mut rec = vec![0u8; 256 * usize::from(bits) / 8];
             layout.to_codec(bits, &mut rec);
             assert!(rec.iter().all(|&b| b == 0), "{layout:?}");
         }
@@ -254,9 +254,17 @@ mod tests {
     #[test]
     fn layouts_round_trip_every_record() {
         let mut rng = Rng(7);
-        for (bits, run) in [(3u8, 32usize), (3, 16), (3, 8), (4, 32), (4, 16), (2, 16)] {
+        for (bits, run) in [
+            (3u8, 64usize),
+            (3, 32),
+            (3, 16),
+            (3, 8),
+            (4, 32),
+            (4, 16),
+            (2, 16),
+        ] {
             let layout = RecordLayout::for_role(bits, run);
-            for dims in [64usize, 128] {
+            for dims in [64usize, 128, 256] {
                 for _ in 0..50 {
                     let codec = random_record(&mut rng, dims * usize::from(bits) / 8);
                     let mut rec = codec.clone();
@@ -275,7 +283,7 @@ mod tests {
         let mut rng = Rng(11);
         let c3 = centroids(3);
         let (lo3, hi3) = table(&c3);
-        for run in [16usize, 32] {
+        for run in [16usize, 32, 64] {
             let layout = RecordLayout::for_role(3, run);
             for _ in 0..200 {
                 let codes: Vec<u8> = (0..run).map(|_| rng.below(8)).collect();
@@ -312,7 +320,7 @@ mod tests {
     #[test]
     fn four_bit_codebooks_are_symmetric_in_f16() {
         // SignMagnitude4 decodes c[7 - m] as -c[8 + m]; exact only if the f16 tables agree.
-        for dims in [64usize, 128] {
+        for dims in [64usize, 128, 256] {
             let codec =
                 LayerCodec::new("tq4".parse().unwrap(), dims, 0, &Default::default()).unwrap();
             let Some(DeviceFormat::HadamardMse(h)) = codec.key.device_format() else {

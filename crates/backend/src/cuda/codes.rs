@@ -27,6 +27,15 @@ pub(crate) const CODE_WARPS: usize = 4;
 /// The largest GQA group (query heads per kv head) of the keys-as-M coded kernels (the 8
 /// columns of their MMAs); larger groups take the template's kernels.
 pub(crate) const KEYS_AS_M_MAX_GROUP: usize = 8;
+/// The largest GQA group the coded kernels take at `head_dim`: the template's 16 MMA rows, or
+/// the keys-as-M kernels' 8 columns above [`CODE_TEMPLATE_MAX_HEAD_DIM`].
+pub(crate) fn coded_max_group(head_dim: usize) -> usize {
+    if head_dim <= CODE_TEMPLATE_MAX_HEAD_DIM {
+        16
+    } else {
+        KEYS_AS_M_MAX_GROUP
+    }
+}
 /// Tile bytes a coded kernel keeps in flight (attention.cu `code_stages`).
 const CODE_BYTES_IN_FLIGHT: usize = 49152;
 
@@ -38,7 +47,10 @@ fn code_stages(tile_bytes: usize) -> usize {
 }
 
 /// Head dims with coded kernels.
-pub(crate) const CODE_HEAD_DIMS: [usize; 2] = [64, 128];
+pub(crate) const CODE_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+/// The largest head dim with the template's coded kernels (any GQA group up to 16); above it
+/// only the keys-as-M kernels exist (groups up to [`KEYS_AS_M_MAX_GROUP`]).
+pub(crate) const CODE_TEMPLATE_MAX_HEAD_DIM: usize = 128;
 /// How one role's codes are read by a kernel: one byte per coordinate (int8, fp8) or
 /// TurboQuant-MSE codes of 2-4 bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +140,17 @@ impl CodeVariant {
             self.key.tag(),
             self.value.tag()
         )
+    }
+
+    /// Whether the template's kernel (`kernel_name(false)`) is instantiated: head dims up to
+    /// [`CODE_TEMPLATE_MAX_HEAD_DIM`] (attention.cu `ATTN_CODES_FORMS`).
+    pub(crate) fn has_template(&self) -> bool {
+        self.head_dim <= CODE_TEMPLATE_MAX_HEAD_DIM
+    }
+
+    /// The largest GQA group its kernels take ([`coded_max_group`]).
+    pub(crate) fn max_group(&self) -> usize {
+        coded_max_group(self.head_dim)
     }
 
     /// Threads per block.
@@ -374,7 +397,8 @@ pub(crate) fn pool_codes(
 
 /// What the CUDA backend stores KV caches as.
 pub(crate) const ACCEPTED: &str = "f16, bf16 (head_dim a multiple of 4, ≤ 256); int8, fp8, tq2, \
-     tq3, tq4 and k{b}v{b} with whole b in 2-4 (head_dim 64 or 128, MSE keys; a recent window and sinks kept at f16)";
+     tq3, tq4 and k{b}v{b} with whole b in 2-4 (head_dim 64, 128 or 256, at most 16 query heads \
+     per kv head, 8 at head_dim 256; MSE keys; a recent window and sinks kept at f16)";
 
 #[cfg(test)]
 mod tests {
@@ -387,8 +411,11 @@ mod tests {
         for v in &all {
             assert!(v.kernel_name(false).starts_with("attn_codes_"));
             assert!(v.kernel_name(true).starts_with("attn_codes_m_"));
-            // Three blocks per SM fit an H200's 228 KiB.
-            assert!(v.smem_bytes() <= 72 * 1024, "{v:?}");
+            // Three blocks per SM fit an H200's 228 KiB up to the template's head dims; at
+            // head_dim 256 one block does (two for TurboQuant).
+            let limit = if v.has_template() { 72 } else { 227 };
+            assert!(v.smem_bytes() <= limit * 1024, "{v:?}");
+            assert_eq!(v.has_template(), v.head_dim <= 128);
         }
     }
 

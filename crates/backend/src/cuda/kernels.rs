@@ -40,12 +40,13 @@ pub(crate) struct Kernels {
     /// Copies of graph inputs from mapped page-locked memory (elementwise.cu).
     pub upload_words: CudaFunction,
     pub write_kv: CudaFunction,
-    /// The coded pools' write (encoder) and output un-rotation for head_dim 64, 128
-    /// (write_kv.cu).
-    pub write_kv_codes: [CudaFunction; 2],
-    pub attn_unrotate: [CudaFunction; 2],
-    /// The decode template on coded K/V, one per `codes::CodeVariant::all()` entry.
-    pub attn_codes: Vec<CudaFunction>,
+    /// The coded pools' write (encoder) and output un-rotation for head_dim 64, 128, 256
+    /// (write_kv.cu; `codes::CODE_HEAD_DIMS`).
+    pub write_kv_codes: [CudaFunction; 3],
+    pub attn_unrotate: [CudaFunction; 3],
+    /// The decode template on coded K/V, one per `codes::CodeVariant::all()` entry (`None`
+    /// where it is not instantiated: `CodeVariant::has_template`).
+    pub attn_codes: Vec<Option<CudaFunction>>,
     /// The keys-as-M coded decode kernels (GQA groups up to 8), in the same order.
     pub attn_codes_m: Vec<CudaFunction>,
     /// Attention partials for head_dim 64, 128, 256 (compile-time) and any other.
@@ -380,11 +381,23 @@ impl Kernels {
             gpu_sleep: f(&ew, "gpu_sleep")?,
             upload_words: f(&ew, "upload_words")?,
             write_kv: f(&kv, "write_kv")?,
-            write_kv_codes: [f(&kv, "write_kv_codes_64")?, f(&kv, "write_kv_codes_128")?],
-            attn_unrotate: [f(&kv, "attn_unrotate_64")?, f(&kv, "attn_unrotate_128")?],
+            write_kv_codes: [
+                f(&kv, "write_kv_codes_64")?,
+                f(&kv, "write_kv_codes_128")?,
+                f(&kv, "write_kv_codes_256")?,
+            ],
+            attn_unrotate: [
+                f(&kv, "attn_unrotate_64")?,
+                f(&kv, "attn_unrotate_128")?,
+                f(&kv, "attn_unrotate_256")?,
+            ],
             attn_codes: super::codes::CodeVariant::all()
                 .iter()
-                .map(|v| f(&at, &v.kernel_name(false)))
+                .map(|v| {
+                    v.has_template()
+                        .then(|| f(&at, &v.kernel_name(false)))
+                        .transpose()
+                })
                 .collect::<Result<_, _>>()?,
             attn_codes_m: super::codes::CodeVariant::all()
                 .iter()

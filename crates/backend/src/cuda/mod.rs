@@ -431,7 +431,7 @@ impl CudaBackend {
             .chain(&k.attn_mma)
             .chain(&k.attn_mma8)
             .chain(&k.attn_dec)
-            .chain(&k.attn_codes)
+            .chain(k.attn_codes.iter().flatten())
             .chain(&k.attn_codes_m)
         {
             // The opt-in limit covers static and dynamic shared memory together.
@@ -455,10 +455,14 @@ impl CudaBackend {
             .zip(&k.attn_dec)
             .map(|(v, f)| resident(f, v.threads(), v.smem_bytes()))
             .collect::<Result<Vec<_>, _>>()?;
+        // (0 where the template is not instantiated: never launched.)
         let code_slots = codes::CodeVariant::all()
             .iter()
             .zip(&k.attn_codes)
-            .map(|(v, f)| resident(f, v.threads(), v.smem_bytes()))
+            .map(|(v, f)| {
+                f.as_ref()
+                    .map_or(Ok(0), |f| resident(f, v.threads(), v.smem_bytes()))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let code_m_slots = codes::CodeVariant::all()
             .iter()

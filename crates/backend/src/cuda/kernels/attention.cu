@@ -896,7 +896,8 @@ ATTN_MMA(attn_mma8_128, 128, 8)
 // ---- The exact split of a windowed coded pool ------------------------------------------
 // A coded pool with a full-precision window (cuda/exact.rs) keeps f16 copies of each query's
 // sinks (keys 0 .. sinks-1) and recent keys (the last `recent`, the query's own included) in
-// exact blocks, in the basis the codes are read in. The coded kernels then run one split
+// exact blocks, in the basis the codes are read in (with a sliding window, those before its
+// first key masked, as the codes before it are). The coded kernels then run one split
 // more: splits 0 .. n_splits-2 read the codes of keys sinks .. kend-recent-1, and the last
 // one (`attn_exact_split`) the exact keys; the fused merge treats it as any other split.
 struct ExactArgs {
@@ -921,7 +922,7 @@ __device__ __forceinline__ CodedRange coded_range(const ExactArgs& x, int kend) 
 template <int D, int NW>
 __device__ __noinline__ void attn_exact_split(float* sh, const ExactArgs& x, const float* qrow,
     float qscale, int g, int r, int kh, int sp, int n_heads, int n_kv, int n_splits, u32 seq,
-    int kend, int block_size, float* part_ml, float* part_acc)
+    int kend, int wlo, int block_size, float* part_ml, float* part_acc)
 {
     constexpr int E = D / 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -937,11 +938,11 @@ __device__ __noinline__ void attn_exact_split(float* sh, const ExactArgs& x, con
         for (int i = 0; i < E; i++) acc[i] = 0.f;
         for (int c0 = 0; c0 < n; c0 += 32) {
             const int i = c0 + lane;
-            const bool live = i < n;
+            const int t = i < ns ? i : rlo + (i - ns);
+            const bool live = i < n && t >= wlo;   // keys before a sliding window are masked
             u64 at = 0;
             float s = -INFINITY;
             if (live) {
-                const int t = i < ns ? i : rlo + (i - ns);
                 const int slot = exact_slot(x.tbl, seq, t / block_size);
                 at = (((u64)slot * n_kv + kh) * block_size + (t % block_size)) * D;
                 const uint2* kp = (const uint2*)(x.k + at);
@@ -1123,7 +1124,7 @@ struct Kv16 {
 
 // Whether format F stages tiles from any key (the 16-bit rows); the coded formats stage whole
 // runs of 16 keys, so a window's range starts at the run holding its first key, the keys
-// before it masked (the coded kernels are launched without a window so far).
+// before it masked.
 template <class F> struct StagesFromAnyKey { static constexpr bool value = false; };
 template <int D, bool BF16> struct StagesFromAnyKey<Kv16<D, BF16>> { static constexpr bool value = true; };
 
@@ -1144,7 +1145,7 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u
         pdl_wait();
         attn_exact_split<D, NW>(sh, xa, qkv + (u64)r * width + (u64)kh * g * D, scale * 1.4426950408889634f,
                                 g, r, kh, sp, n_heads, n_kv, n_splits, tok_seq[r], (int)pos + 1,
-                                block_size, part_ml, part_acc);
+                                window_lo((int)pos, window), block_size, part_ml, part_acc);
         attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
         return;
     }
@@ -1434,14 +1435,17 @@ template <int R> struct Codes<4, R> {
 // unit's spare codes gathered from bit 3 of its three halfwords.
 template <int R> struct Codes3Units {
     static constexpr int U = R / 16;
-    static_assert(U == 1 || U == 2, "runs of 16 or 32 codes");
-    __device__ static constexpr int dim(int g, int j) {
-        return U == 2 ? 16 * (g & 1) + 4 * (g >> 1) + j : 4 * g + j;
-    }
+    static_assert(U == 1 || U == 2 || U == 4, "runs of 16, 32 or 64 codes");
+    __device__ static constexpr int dim(int g, int j) { return 16 * (g % U) + 4 * (g / U) + j; }
     __device__ static __forceinline__ void group(const u32* w, int g, const u32* lo, const u32* hi,
                                                  u32& a, u32& b) {
         u32 sel;
-        if constexpr (U == 2) {
+        if constexpr (U == 4) {   // halfword 4j + u is half u & 1 of word 2j + u / 2
+            const int j = g >> 2, u = g & 3;
+            auto hw = [&](int jj) { return w[2 * jj + (u >> 1)] >> (16 * (u & 1)); };
+            sel = j < 3 ? hw(j) & 0x7777u
+                        : ((hw(0) >> 3) & 0x1111u) | ((hw(1) >> 2) & 0x2222u) | ((hw(2) >> 1) & 0x4444u);
+        } else if constexpr (U == 2) {
             const int j = g >> 1;
             const u32 s = j < 3 ? w[j] & 0x77777777u
                                 : ((w[0] >> 3) & 0x11111111u) | ((w[1] >> 2) & 0x22222222u) |
@@ -1669,7 +1673,7 @@ __device__ __forceinline__ u32 movmatrix_trans(u32 x) {
 
 template <int D, int KB, int VB, int TK, int STAGES, int NW>
 __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const u32* fmt,
-                                                  const ExactArgs& xa)
+                                                  const ExactArgs& xa, int window)
 {
     constexpr int NTH = NW * 32, KPW = TK / NW, NS = KPW / 16;   // 16-key steps per warp
     static_assert(KPW % 16 == 0, "a warp's keys are whole 16-key steps");
@@ -1687,14 +1691,17 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
         pdl_wait();
         attn_exact_split<D, NW>(sh, xa, qkv + (u64)r * width + (u64)kh * g * D, scale * 1.4426950408889634f,
                                 g, r, kh, sp, n_heads, n_kv, n_splits, tok_seq[r], (int)pos + 1,
-                                block_size, part_ml, part_acc);
+                                window_lo((int)pos, window), block_size, part_ml, part_acc);
         attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
         return;
     }
     const CodedRange cr = coded_range(xa, (int)pos + 1);
     const int kend = cr.hi;
-    const int chunk = ((kend + n_coded - 1) / n_coded + TK - 1) / TK * TK;
-    const int k0 = sp * chunk;
+    const int wlo = window_lo((int)pos, window);
+    const int base = wlo & ~15;        // runs of 16 keys are staged whole
+    const int klo = max(cr.lo, wlo);   // keys below are masked
+    const int chunk = ((kend - base + n_coded - 1) / n_coded + TK - 1) / TK * TK;
+    const int k0 = base + sp * chunk;
     const int k1 = min(k0 + chunk, kend);
     const int ntiles = k1 > k0 ? (k1 - k0 + TK - 1) / TK : 0;
     const PagedKv kv(tables + seq_tbl[tok_seq[r]], n_kv, kh, block_size);
@@ -1756,7 +1763,7 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
             const u16* ksc = (const u16*)(ks + TK * KROW);
             const float sa = KC::KS * f16_to_f32(ksc[ka]), sb = KC::KS * f16_to_f32(ksc[kb]);
             const int pa = key0 + 16 * st + q, pb = pa + 8;
-            const bool la = pa < k1 && pa >= cr.lo, lb = pb < k1 && pb >= cr.lo;
+            const bool la = pa < k1 && pa >= klo, lb = pb < k1 && pb >= klo;
             s[st][0] = la ? s[st][0] * sa : -INFINITY;
             s[st][1] = la ? s[st][1] * sa : -INFINITY;
             s[st][2] = lb ? s[st][2] * sb : -INFINITY;
@@ -1873,27 +1880,34 @@ constexpr int code_stages(int d, int kb, int vb, int tk) {
 #define ATTN_EXACT_PARAMS const u16* __restrict__ xk, const u16* __restrict__ xv, \
     const u32* __restrict__ xtbl, int x_sinks, int x_recent
 // attn_codes_{D}_{KB}_{VB}: the template on coded K / V of KB / VB bits (8: int8, f8: fp8), 128-key
-// tiles, 4 warps. The list must match CODE_WIDTHS in cuda/codes.rs.
+// tiles, 4 warps; `window` > 0: a sliding window. The list must match CODE_FORMS and
+// CodeVariant::has_template in cuda/codes.rs.
 #define ATTN_CODES(D, KB, VB) \
     extern "C" __global__ void __launch_bounds__(128, 3) attn_codes_##D##_##KB##_##VB(ATTN_PARAMS, \
-        const u32* __restrict__ fmt, ATTN_EXACT_PARAMS) { \
+        const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
         extern __shared__ float sh[]; \
         const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
-        attn_decode_impl<KvCodes<D, KB, VB>, D, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt, xa); \
+        attn_decode_impl<KvCodes<D, KB, VB>, D, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt, xa, \
+                                                                                   window); \
     }
-// attn_codes_m_{D}_{KB}_{VB}: the keys-as-M kernel (g <= 8), same tiles, 4 blocks per SM.
-#define ATTN_CODES_M(D, KB, VB) \
-    extern "C" __global__ void __launch_bounds__(128, 4) attn_codes_m_##D##_##KB##_##VB(ATTN_PARAMS, \
-        const u32* __restrict__ fmt, ATTN_EXACT_PARAMS) { \
+// attn_codes_m_{D}_{KB}_{VB}: the keys-as-M kernel (g <= 8), same tiles, MB blocks per SM (4;
+// 2 at head_dim 256, whose query and accumulator fragments alone are 96 registers).
+#define ATTN_CODES_M(D, KB, VB, MB) \
+    extern "C" __global__ void __launch_bounds__(128, MB) attn_codes_m_##D##_##KB##_##VB(ATTN_PARAMS, \
+        const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
         extern __shared__ float sh[]; \
         const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
-        attn_codes_m_impl<D, KB, VB, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt, xa); \
+        attn_codes_m_impl<D, KB, VB, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt, xa, window); \
     }
-#define ATTN_CODES_BOTH(D, KB, VB) ATTN_CODES(D, KB, VB) ATTN_CODES_M(D, KB, VB)
-#define ATTN_CODES_D(D) \
-    ATTN_CODES_BOTH(D, 8, 8) ATTN_CODES_BOTH(D, f8, f8) \
-    ATTN_CODES_BOTH(D, 4, 4) ATTN_CODES_BOTH(D, 4, 3) ATTN_CODES_BOTH(D, 4, 2) \
-    ATTN_CODES_BOTH(D, 3, 4) ATTN_CODES_BOTH(D, 3, 3) ATTN_CODES_BOTH(D, 3, 2) \
-    ATTN_CODES_BOTH(D, 2, 4) ATTN_CODES_BOTH(D, 2, 3) ATTN_CODES_BOTH(D, 2, 2)
-ATTN_CODES_D(64)
-ATTN_CODES_D(128)
+#define ATTN_CODES_BOTH(D, KB, VB) ATTN_CODES(D, KB, VB) ATTN_CODES_M(D, KB, VB, 4)
+#define ATTN_CODES_FORMS(X, ...) \
+    X(__VA_ARGS__, 8, 8) X(__VA_ARGS__, f8, f8) \
+    X(__VA_ARGS__, 4, 4) X(__VA_ARGS__, 4, 3) X(__VA_ARGS__, 4, 2) \
+    X(__VA_ARGS__, 3, 4) X(__VA_ARGS__, 3, 3) X(__VA_ARGS__, 3, 2) \
+    X(__VA_ARGS__, 2, 4) X(__VA_ARGS__, 2, 3) X(__VA_ARGS__, 2, 2)
+ATTN_CODES_FORMS(ATTN_CODES_BOTH, 64)
+ATTN_CODES_FORMS(ATTN_CODES_BOTH, 128)
+// Head dim 256 (Gemma 3): the keys-as-M kernels only (its GQA groups are at most 8; the
+// template's accumulators would not fit in registers).
+#define ATTN_CODES_M256(D, KB, VB) ATTN_CODES_M(D, KB, VB, 2)
+ATTN_CODES_FORMS(ATTN_CODES_M256, 256)

@@ -304,6 +304,7 @@ __device__ __forceinline__ void write_kv_codes_impl(float* sh,
     }
 WRITE_KV_CODES(64)
 WRITE_KV_CODES(128)
+WRITE_KV_CODES(256)
 
 // The attention output of coded values back in the original basis: out ← Rᵀ·out (TurboQuant
 // values: FWHT, ×1/σ, then the signs, as Rotation::inverse) + the value mean of the head's
@@ -346,3 +347,4 @@ __device__ __forceinline__ void attn_unrotate_impl(float* out, u16* out_bf16, in
     }
 ATTN_UNROTATE(64)
 ATTN_UNROTATE(128)
+ATTN_UNROTATE(256)

@@ -443,24 +443,14 @@ impl Backend for CudaBackend {
         self.gelu_mul_impl(gate_up, out)
     }
 
-    /// Sinks over every pool; sliding windows over 16-bit pools (Gemma 3's and gpt-oss's
-    /// local layers, whose rings are 16-bit), not over coded ones
-    /// (`attention::variant_unsupported`).
+    /// Sinks and sliding windows over every pool, 16-bit and coded (`attention.rs`).
     fn supports_attention_variant(
         &self,
         _: &AttnGeometry,
-        dtype: KvDtype,
-        needs: VariantNeeds,
+        _: KvDtype,
+        _: VariantNeeds,
     ) -> Result<(), Error> {
-        let coded = dtype.is_compressed().then(|| dtype.to_string());
-        match super::attention::variant_unsupported(needs, coded.as_deref()) {
-            None => Ok(()),
-            Some(detail) => Err(Error::UnsupportedAttention {
-                backend: "cuda",
-                detail,
-                supported: super::attention::VARIANTS_SUPPORTED.into(),
-            }),
-        }
+        Ok(())
     }
 
     fn attention_variant(
@@ -472,14 +462,6 @@ impl Backend for CudaBackend {
         variant: &AttnVariant<'_, CudaVector>,
         out: &mut CudaTensor,
     ) -> Result<(), Error> {
-        let coded = pool.codes.as_ref().map(|_| "coded");
-        if let Some(detail) = super::attention::variant_unsupported(variant.needs(), coded) {
-            return Err(Error::UnsupportedAttention {
-                backend: "cuda",
-                detail,
-                supported: super::attention::VARIANTS_SUPPORTED.into(),
-            });
-        }
         self.attention_impl(qkv, g, spans, pool, variant.window, variant.sinks, out)
     }
 
