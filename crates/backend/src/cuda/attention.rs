@@ -500,13 +500,10 @@ impl CudaBackend {
             .ptr(ob)
             .arg(prefetch_i)
             .ptr(sinks);
-        match coded {
-            Some(c) => {
-                a.ptr(addr(&c.desc, &self.stream));
-                let ([xk, xv, xt], [sinks, recent]) = exact_args;
-                a.ptr(xk).ptr(xv).ptr(xt).arg(sinks).arg(recent);
-            }
-            None => {}
+        if let Some(c) = coded {
+            a.ptr(addr(&c.desc, &self.stream));
+            let ([xk, xv, xt], [sinks, recent]) = exact_args;
+            a.ptr(xk).ptr(xv).ptr(xt).arg(sinks).arg(recent);
         }
         // Every kernel's last parameter.
         a.arg(window_param(window));
