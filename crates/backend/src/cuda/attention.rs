@@ -39,6 +39,8 @@ const SPLIT_OVERHEAD_KEYS: usize = 128;
 const MMA_TK: usize = 32;
 /// Fewest keys a decode split covers.
 const MIN_SPLIT_KEYS: usize = 64;
+/// Exact (f16) keys of a windowed coded pool per split: attention.cu `EXACT_KEYS_PER_SPLIT`.
+const EXACT_KEYS_PER_SPLIT: usize = 64;
 /// Pipeline stages of the row kernel for splits of fewer tiles than this (they are requested
 /// whole at the start; 3 stages otherwise). On the H200 at llama3-8b batch 1, ctx 4096
 /// (4-tile splits): 5 stages −0.18 ms per decode step; at batch 8 and 32 (long splits) 5 were
@@ -318,8 +320,12 @@ impl CudaBackend {
         let dec_kernel = dec.map(|(i, _)| i);
         let rows_kernel =
             rows_kernel_index(hd, grp).filter(|_| dec_kernel.is_none() && code_kernel.is_none());
-        // A windowed coded pool's exact keys are one split more (attention.cu `attn_exact_split`).
+        // A windowed coded pool's exact keys are splits of their own, EXACT_KEYS_PER_SPLIT
+        // keys each (attention.cu `exact_splits`).
         let exact = pool.exact.as_ref();
+        let exact_splits = exact.map_or(0, |x| {
+            (x.slots.window.sinks + x.slots.window.recent).div_ceil(EXACT_KEYS_PER_SPLIT)
+        });
         let splits = match (code_kernel, dec) {
             (Some(i), _) => {
                 let slots = if keys_as_m {
@@ -327,7 +333,7 @@ impl CudaBackend {
                 } else {
                     self.code_slots[i]
                 };
-                wave_splits(pairs, max_ctx, slots, CODE_TILE) + usize::from(exact.is_some())
+                wave_splits(pairs, max_ctx, slots, CODE_TILE) + exact_splits
             }
             (None, Some((_, s))) => s,
             (None, None) => self.split_count(rows, g.n_kv_heads, max_ctx),

@@ -36,6 +36,11 @@ pub(crate) fn coded_max_group(head_dim: usize) -> usize {
         KEYS_AS_M_MAX_GROUP
     }
 }
+/// Shared memory of a windowed pool's exact split (attention.cu `attn_exact_split`): the
+/// group's pre-scaled f32 queries and one chunk of 32 keys' f16 K and V rows.
+fn exact_split_smem_bytes(head_dim: usize) -> usize {
+    4 * head_dim * coded_max_group(head_dim) + 2 * 32 * head_dim * 2
+}
 /// Tile bytes a coded kernel keeps in flight (attention.cu `code_stages`).
 const CODE_BYTES_IN_FLIGHT: usize = 49152;
 
@@ -158,12 +163,15 @@ impl CodeVariant {
         32 * CODE_WARPS
     }
 
-    /// Dynamic shared memory: the pipeline's K and V tiles (code records and scales), or the
-    /// warps' final states, whichever is larger (the merge's is added by the launch).
+    /// Dynamic shared memory: the pipeline's K and V tiles (code records and scales), the
+    /// warps' final states or an exact split's rows, whichever is largest (the merge's is
+    /// added by the launch).
     pub(crate) fn smem_bytes(&self) -> usize {
         let row = |f: CodeForm| self.head_dim * usize::from(f.bits()) / 8 + 2;
         let tile = CODE_TILE * (row(self.key) + row(self.value));
-        (code_stages(tile) * tile).max(CODE_WARPS * 16 * (self.head_dim + 2) * 4)
+        (code_stages(tile) * tile)
+            .max(CODE_WARPS * 16 * (self.head_dim + 2) * 4)
+            .max(exact_split_smem_bytes(self.head_dim))
     }
 }
 

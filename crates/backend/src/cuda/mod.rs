@@ -12,7 +12,8 @@
 //!   scratch buffer and multiplied with f32 accumulation and f32 output.
 //! - [`CudaMatrix`]: row-major `[rows, cols]` bf16 (GGUF formats dequantized on the host).
 //! - [`CudaKvPool`]: per layer, K and V each `[num_blocks, kv_heads, block_size, head_dim]`
-//!   16-bit values (f16 or bf16), the same layout as the CPU pool.
+//!   16-bit values (f16 or bf16), the same layout as the CPU pool; coded pools (int8, fp8,
+//!   TurboQuant) keep the codec's bytes per token in GPU-friendly bit orders (`codes.rs`).
 //!
 //! All work runs on one stream in submission order; host-visible results appear at
 //! [`Backend::to_host`](crate::Backend::to_host), which synchronises.
@@ -27,7 +28,8 @@
 //! spans (head_dim 64/128), a tensor-core split-K kernel for decode rows (head_dim 64/128, up
 //! to 16 query heads per kv head), a SIMT row-parallel split-K kernel for the other decode rows
 //! (head_dim 256, or with the tensor-core one off; up to 8 query heads per kv head), and the
-//! original tiled kernel for everything else. Sampling ends a step with
+//! original tiled kernel for everything else. Coded pools have their own decode kernels, which
+//! read the codes in registers (head_dim 64/128/256, windows and sinks included). Sampling ends a step with
 //! [`Backend::to_host_top_k`](crate::Backend::to_host_top_k): a device selection
 //! (`kernels/sample.cu`) that writes only each row's candidates, max and log-sum-exp into
 //! mapped host memory; greedy decoding can instead end it with

@@ -897,15 +897,24 @@ ATTN_MMA(attn_mma8_128, 128, 8)
 // A coded pool with a full-precision window (cuda/exact.rs) keeps f16 copies of each query's
 // sinks (keys 0 .. sinks-1) and recent keys (the last `recent`, the query's own included) in
 // exact blocks, in the basis the codes are read in (with a sliding window, those before its
-// first key masked, as the codes before it are). The coded kernels then run one split
-// more: splits 0 .. n_splits-2 read the codes of keys sinks .. kend-recent-1, and the last
-// one (`attn_exact_split`) the exact keys; the fused merge treats it as any other split.
+// first key masked, as the codes before it are). The coded kernels then run
+// `exact_splits` splits more: the first ones read the codes of keys sinks .. kend-recent-1,
+// the last ones (`attn_exact_split`) the exact keys, 64 each; the fused merge treats them as
+// any other split.
 struct ExactArgs {
     const u16* k;      // exact K blocks, [slot, n_kv, block_size, D] f16 (null: no window)
     const u16* v;
     const u32* tbl;    // the step's exact table
     int sinks, recent;
 };
+
+// The exact keys (sinks, then the recent window) are split into runs of this many, one split
+// each, so that a long window (a preset's share of a long context) is read by many blocks;
+// `attention.rs` sizes the grid with the same count (EXACT_KEYS_PER_SPLIT).
+constexpr int EXACT_KEYS_PER_SPLIT = 64;
+__device__ __forceinline__ int exact_splits(const ExactArgs& x) {
+    return x.tbl ? (x.sinks + x.recent + EXACT_KEYS_PER_SPLIT - 1) / EXACT_KEYS_PER_SPLIT : 0;
+}
 
 // The coded keys of a query whose keys are 0 .. kend-1: [lo, hi).
 struct CodedRange { int lo, hi; };
@@ -914,77 +923,121 @@ __device__ __forceinline__ CodedRange coded_range(const ExactArgs& x, int kend) 
     return {x.sinks, min(kend, max(x.sinks, kend - x.recent))};
 }
 
-// The exact split: for the g query heads of kv head kh of row r (span `seq`, keys 0 ..
-// kend-1), online softmax over the exact keys in chunks of 32 (lane j scores key c0 + j
-// against the pre-scaled query from shared memory, then every lane adds its dims of the
-// chunk's values), one warp per head; writes the partial of split `sp` as the coded splits
-// do (max in natural-log units, sum, unnormalised acc). smem: g · D floats.
+// The exact split `es` of a windowed pool: for the g query heads of kv head kh of row r
+// (span `seq`, keys 0 .. kend-1), online softmax over the exact keys es·64 .. es·64 + 63 of
+// the row's list (sinks, then recent). The keys come in chunks of 32 whose f16 K and V rows
+// all threads stage in shared memory at once (16-byte cp.async; rows past the list
+// zero-filled), so a chunk's reads are in flight together; then warp w takes query heads w,
+// w + NW, …: lane j scores key j (reading its row's words from lane j's own starting word,
+// so the 32 lanes hit 32 banks), and every lane adds its dims of the chunk's values. Writes
+// the partial of split `sp` as the coded splits do (max in natural-log units, sum,
+// unnormalised acc; an empty run writes an empty partial). smem: `exact_split_smem_bytes` in
+// codes.rs.
 template <int D, int NW>
 __device__ __noinline__ void attn_exact_split(float* sh, const ExactArgs& x, const float* qrow,
-    float qscale, int g, int r, int kh, int sp, int n_heads, int n_kv, int n_splits, u32 seq,
-    int kend, int wlo, int block_size, float* part_ml, float* part_acc)
+    float qscale, int g, int r, int kh, int sp, int es, int n_heads, int n_kv, int n_splits,
+    u32 seq, int kend, int wlo, int block_size, float* part_ml, float* part_acc)
 {
-    constexpr int E = D / 32;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int NTH = NW * 32, W = D / 2, E = D / 64, C = 32, PIECES = D / 8;
+    constexpr int HPW = (D <= 128 ? 16 : 8) / NW;   // query heads per warp, at most
+    static_assert(W % 32 == 0, "rows of whole 32-word bank rounds");
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int ns = min(x.sinks, kend);
     const int rlo = coded_range(x, kend).hi;
-    const int n = ns + (kend - rlo);
-    for (int e = threadIdx.x; e < g * D; e += NW * 32) sh[e] = qrow[e] * qscale;
-    __syncthreads();
-    for (int h = warp; h < g; h += NW) {
-        const float* qh = sh + h * D;
-        float m = -1e30f, l = 0.f, acc[E];
+    const int lo = es * EXACT_KEYS_PER_SPLIT;
+    const int n = min(ns + (kend - rlo), lo + EXACT_KEYS_PER_SPLIT);
+    float* qs = sh;                        // [g][D], pre-scaled
+    u32* ks = (u32*)(sh + g * D);          // [C][W] f16 pairs (16-byte aligned: D >= 64)
+    u32* vs = ks + C * W;
+    for (int e = tid; e < g * D; e += NTH) qs[e] = qrow[e] * qscale;
+    float m[HPW], l[HPW], acc[HPW][2 * E];
 #pragma unroll
-        for (int i = 0; i < E; i++) acc[i] = 0.f;
-        for (int c0 = 0; c0 < n; c0 += 32) {
-            const int i = c0 + lane;
-            const int t = i < ns ? i : rlo + (i - ns);
-            const bool live = i < n && t >= wlo;   // keys before a sliding window are masked
-            u64 at = 0;
+    for (int hh = 0; hh < HPW; hh++) {
+        m[hh] = -1e30f;
+        l[hh] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 2 * E; i++) acc[hh][i] = 0.f;
+    }
+    for (int c0 = lo; c0 < n; c0 += C) {
+        const int cn = min(C, n - c0);
+        for (int idx = tid; idx < C * PIECES; idx += NTH) {
+            const int j = idx / PIECES, piece = idx % PIECES;
+            const u16 *src_k = x.k, *src_v = x.v;
+            int bytes = 0;
+            if (j < cn) {
+                const int i = c0 + j, t = i < ns ? i : rlo + (i - ns);
+                const int slot = exact_slot(x.tbl, seq, t / block_size);
+                const u64 at = (((u64)slot * n_kv + kh) * block_size + (t % block_size)) * D + piece * 8;
+                src_k += at;
+                src_v += at;
+                bytes = 16;
+            }
+            cp_async16(smem_addr(ks + j * W + piece * 4), src_k, bytes);
+            cp_async16(smem_addr(vs + j * W + piece * 4), src_v, bytes);
+        }
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        const int i = c0 + lane, t = i < ns ? i : rlo + (i - ns);
+        const bool live = lane < cn && t >= wlo;   // keys before a sliding window are masked
+#pragma unroll
+        for (int hh = 0; hh < HPW; hh++) {
+            const int h = warp + hh * NW;
+            if (h >= g) break;   // uniform in the warp
+            const float* qh = qs + h * D;
             float s = -INFINITY;
             if (live) {
-                const int slot = exact_slot(x.tbl, seq, t / block_size);
-                at = (((u64)slot * n_kv + kh) * block_size + (t % block_size)) * D;
-                const uint2* kp = (const uint2*)(x.k + at);
+                const u32* kr = ks + lane * W;
                 float a = 0.f;
-#pragma unroll
-                for (int c = 0; c < D / 4; c++) {
-                    const uint2 w = kp[c];
-                    a = fmaf(qh[4 * c], f16_to_f32((u16)(w.x & 0xffffu)), a);
-                    a = fmaf(qh[4 * c + 1], f16_to_f32((u16)(w.x >> 16)), a);
-                    a = fmaf(qh[4 * c + 2], f16_to_f32((u16)(w.y & 0xffffu)), a);
-                    a = fmaf(qh[4 * c + 3], f16_to_f32((u16)(w.y >> 16)), a);
+#pragma unroll 8
+                for (int w0 = 0; w0 < W; w0++) {
+                    const int w = (w0 + lane) & (W - 1);
+                    const u32 kw = kr[w];
+                    const float2 qv = *(const float2*)(qh + 2 * w);
+                    a = fmaf(qv.x, f16_to_f32((u16)(kw & 0xffffu)), a);
+                    a = fmaf(qv.y, f16_to_f32((u16)(kw >> 16)), a);
                 }
                 s = a;
             }
             float cm = s;
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
-            const float mn = fmaxf(m, cm);
-            const float corr = exp2f(m - mn);
+            const float mn = fmaxf(m[hh], cm);
+            const float corr = exp2f(m[hh] - mn);
             const float p = live ? exp2f(s - mn) : 0.f;
             float ps = p;
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
-            l = l * corr + ps;
-            m = mn;
+            l[hh] = l[hh] * corr + ps;
+            m[hh] = mn;
 #pragma unroll
-            for (int i2 = 0; i2 < E; i2++) acc[i2] *= corr;
-            const int cn = min(32, n - c0);
-            for (int j = 0; j < cn; j++) {
+            for (int e2 = 0; e2 < 2 * E; e2++) acc[hh][e2] *= corr;
+            // Rows past the list are zeros and their weights 0: no bound needed.
+#pragma unroll 8
+            for (int j = 0; j < C; j++) {
                 const float pj = __shfl_sync(0xffffffffu, p, j);
-                const u64 aj = __shfl_sync(0xffffffffu, at, j);
-                const u16* vr = x.v + aj;
+                const u32* vr = vs + j * W;
 #pragma unroll
-                for (int i2 = 0; i2 < E; i2++) acc[i2] = fmaf(pj, f16_to_f32(vr[lane + 32 * i2]), acc[i2]);
+                for (int e2 = 0; e2 < E; e2++) {
+                    const u32 vw = vr[lane + 32 * e2];
+                    acc[hh][2 * e2] = fmaf(pj, f16_to_f32((u16)(vw & 0xffffu)), acc[hh][2 * e2]);
+                    acc[hh][2 * e2 + 1] = fmaf(pj, f16_to_f32((u16)(vw >> 16)), acc[hh][2 * e2 + 1]);
+                }
             }
         }
+        __syncthreads();   // the next chunk overwrites the staged rows
+    }
+#pragma unroll
+    for (int hh = 0; hh < HPW; hh++) {
+        const int h = warp + hh * NW;
+        if (h >= g) break;
         const u64 b = ((u64)r * n_heads + kh * g + h) * n_splits + sp;
 #pragma unroll
-        for (int i2 = 0; i2 < E; i2++) part_acc[b * D + lane + 32 * i2] = acc[i2];
+        for (int e2 = 0; e2 < E; e2++)
+            *(float2*)(part_acc + b * D + 2 * (lane + 32 * e2)) = make_float2(acc[hh][2 * e2], acc[hh][2 * e2 + 1]);
         if (lane == 0) {
-            part_ml[2 * b] = l > 0.f ? m * 0.6931471805599453f : -INFINITY;
-            part_ml[2 * b + 1] = l;
+            part_ml[2 * b] = l[hh] > 0.f ? m[hh] * 0.6931471805599453f : -INFINITY;
+            part_ml[2 * b + 1] = l[hh];
         }
     }
     __syncthreads();   // the merge reuses sh
@@ -1140,11 +1193,11 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u
     const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
     const u32 pos = tok_pos[r];
-    const int n_coded = n_splits - (xa.tbl ? 1 : 0);
-    if (sp == n_coded) {   // the exact split of a windowed pool
+    const int n_coded = n_splits - exact_splits(xa);
+    if (sp >= n_coded) {   // an exact split of a windowed pool
         pdl_wait();
         attn_exact_split<D, NW>(sh, xa, qkv + (u64)r * width + (u64)kh * g * D, scale * 1.4426950408889634f,
-                                g, r, kh, sp, n_heads, n_kv, n_splits, tok_seq[r], (int)pos + 1,
+                                g, r, kh, sp, sp - n_coded, n_heads, n_kv, n_splits, tok_seq[r], (int)pos + 1,
                                 window_lo((int)pos, window), block_size, part_ml, part_acc);
         attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
         return;
@@ -1686,11 +1739,11 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
     const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5, c = lane & 3, q = lane >> 2;
     const u32 pos = tok_pos[r];
-    const int n_coded = n_splits - (xa.tbl ? 1 : 0);
-    if (sp == n_coded) {   // the exact split of a windowed pool
+    const int n_coded = n_splits - exact_splits(xa);
+    if (sp >= n_coded) {   // an exact split of a windowed pool
         pdl_wait();
         attn_exact_split<D, NW>(sh, xa, qkv + (u64)r * width + (u64)kh * g * D, scale * 1.4426950408889634f,
-                                g, r, kh, sp, n_heads, n_kv, n_splits, tok_seq[r], (int)pos + 1,
+                                g, r, kh, sp, sp - n_coded, n_heads, n_kv, n_splits, tok_seq[r], (int)pos + 1,
                                 window_lo((int)pos, window), block_size, part_ml, part_acc);
         attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
         return;
