@@ -18,8 +18,6 @@
 //! fp8, single-part MSE TurboQuant) skip the tile and read the pages straight (`decode.rs`); this
 //! tiled loop serves prefill and the other formats.
 
-use half::f16;
-use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
 
 use turbokv_cache::KvWindow;
@@ -297,7 +295,6 @@ struct ExactTiles {
     present: Vec<bool>,
     /// Weights of the exact tokens for one row (the codes' weights are zeroed there).
     weights: Vec<f32>,
-    scratch: Vec<f32>,
 }
 
 impl ExactTiles {
@@ -312,11 +309,10 @@ impl ExactTiles {
             values: vec![0.0; n * wv],
             present: vec![false; n],
             weights: vec![0.0; n],
-            scratch: Vec::new(),
         }
     }
 
-    /// Loads the f16 copies of positions `p0..p0 + n` (slots from `slot0`) that any query at
+    /// Loads the exact copies (working basis) of positions `p0..p0 + n` (slots from `slot0`) that any query at
     /// or after `first_qpos` reads exactly; returns whether there were any.
     #[allow(clippy::too_many_arguments)]
     fn load(
@@ -329,7 +325,7 @@ impl ExactTiles {
         n: usize,
         first_qpos: usize,
     ) -> Result<bool, Error> {
-        let (Some(w), Some(c)) = (self.window, pool.codec()) else {
+        let (Some(w), Some(_)) = (self.window, pool.codec()) else {
             return Ok(false);
         };
         // Exactness only shrinks as the query moves on, except for sinks.
@@ -337,8 +333,6 @@ impl ExactTiles {
         if !(p0..p0 + n).any(candidate) {
             return Ok(false);
         }
-        let d = c.codec.key.head_dim();
-        self.scratch.resize(d, 0.0);
         let mut any = false;
         for j in 0..n {
             self.present[j] = false;
@@ -348,14 +342,8 @@ impl ExactTiles {
             let Some((k, v)) = pool.exact_kv(block, head, slot0 + j) else {
                 continue;
             };
-            k.reinterpret_cast::<f16>()
-                .convert_to_f32_slice(&mut self.scratch);
-            let kw = &mut self.keys[j * self.wk..(j + 1) * self.wk];
-            c.codec.key.exact_to_work(&self.scratch, kw)?;
-            v.reinterpret_cast::<f16>()
-                .convert_to_f32_slice(&mut self.scratch);
-            let vw = &mut self.values[j * self.wv..(j + 1) * self.wv];
-            c.codec.value.exact_to_work(&self.scratch, vw)?;
+            self.keys[j * self.wk..(j + 1) * self.wk].copy_from_slice(k);
+            self.values[j * self.wv..(j + 1) * self.wv].copy_from_slice(v);
             self.present[j] = true;
             any = true;
         }

@@ -15,9 +15,6 @@
 
 use std::cell::RefCell;
 
-use half::f16;
-use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
-
 use super::attention::{Partial, Task, finish_row};
 use super::direct::{self, Fmt, Page, Pages};
 use super::kv::{CpuKvPool, Half, KvStorage};
@@ -176,9 +173,8 @@ struct Scratch {
     /// Exact (window) tokens: key positions, and their values in the working basis.
     exact_pos: Vec<usize>,
     exact_v: Vec<f32>,
-    /// One f16 vector converted to f32, and one in the working basis.
+    /// One finished output row.
     tmp: Vec<f32>,
-    kw: Vec<f32>,
 }
 
 thread_local! {
@@ -334,26 +330,17 @@ fn rescore_exact(
     let (wk, wv, nk) = (c.codec.key.work_dim(), g.head_dim, t.k1 - t.k0);
     let sinks = t.k0..w.sinks.min(t.k1);
     let recent = (qpos + 1).saturating_sub(w.recent).max(t.k0).max(sinks.end)..t.k1;
-    sc.tmp.resize(g.head_dim, 0.0);
-    sc.kw.resize(wk, 0.0);
     for p in sinks.chain(recent) {
         let block = pool.block_of(s.blocks, p)?;
         let Some((k, v)) = pool.exact_kv(block, t.head, p % bs) else {
             continue;
         };
-        k.reinterpret_cast::<f16>()
-            .convert_to_f32_slice(&mut sc.tmp);
-        c.codec.key.exact_to_work(&sc.tmp, &mut sc.kw)?;
         for r in 0..rows {
-            sc.p[r * nk + p - t.k0] = g.scale * ops::dot(&sc.qw[r * wk..(r + 1) * wk], &sc.kw);
+            sc.p[r * nk + p - t.k0] = g.scale * ops::dot(&sc.qw[r * wk..(r + 1) * wk], k);
         }
-        v.reinterpret_cast::<f16>()
-            .convert_to_f32_slice(&mut sc.tmp);
         let e = sc.exact_pos.len();
         sc.exact_v.resize((e + 1) * wv, 0.0);
-        c.codec
-            .value
-            .exact_to_work(&sc.tmp, &mut sc.exact_v[e * wv..(e + 1) * wv])?;
+        sc.exact_v[e * wv..(e + 1) * wv].copy_from_slice(v);
         sc.exact_pos.push(p);
     }
     Ok(!sc.exact_pos.is_empty())

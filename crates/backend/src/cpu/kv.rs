@@ -73,18 +73,21 @@ pub(crate) struct CodecStore {
     /// This layer's per-head mean key and value (`[kv_heads, head_dim]` each), subtracted
     /// before encoding (see [`turbokv_cache::KvCenters`]); attention adds the value mean back.
     centers: Option<(Vec<f32>, Vec<f32>)>,
-    /// f16 copies of K and V of blocks that may still hold sink or recent-window tokens,
-    /// keyed by physical block id, each `[kv_heads, block_size, head_dim]`. Blocks that fall
-    /// wholly behind every future query's window are dropped on write, so this holds at most
-    /// about `sequences × (recent / block_size + sink blocks + 2)` blocks after prefill.
+    /// The exact copies of K and V of blocks that may still hold sink or recent-window
+    /// tokens, keyed by physical block id. Blocks that fall wholly behind every future
+    /// query's window are dropped on write, so this holds at most about `sequences × (recent
+    /// / block_size + sink blocks + 2)` blocks after prefill.
     shadow: HashMap<usize, Shadow>,
 }
 
-/// f16 bits of one block's K and V.
+/// One block's exact K and V: rounded to f16 (what the format keeps and counts) and then
+/// brought into the codec's working basis once, when written — not at every read, where the
+/// rotation of each window token cost more than reading thousands of codes. `k` is
+/// `[kv_heads, block_size, key work_dim]`, `v` likewise with the value work dim.
 #[derive(Debug)]
 struct Shadow {
-    k: Vec<u16>,
-    v: Vec<u16>,
+    k: Vec<f32>,
+    v: Vec<f32>,
 }
 
 #[derive(Debug)]
@@ -299,14 +302,24 @@ impl CpuKvPool {
                                 slot,
                             )?;
                             if c.window.is_active() {
-                                let len = self.kv_heads * self.block_size * d;
-                                let sh = c.shadow.entry(block).or_insert_with(|| Shadow {
-                                    k: vec![0; len],
-                                    v: vec![0; len],
+                                let cs = &mut **c;
+                                let (wk, wv) = (cs.codec.key.work_dim(), cs.codec.value.work_dim());
+                                let (heads, bs) = (self.kv_heads, self.block_size);
+                                let sh = cs.shadow.entry(block).or_insert_with(|| Shadow {
+                                    k: vec![0.0; heads * bs * wk],
+                                    v: vec![0.0; heads * bs * wv],
                                 });
-                                let at = (h * self.block_size + slot) * d;
-                                encode16(KvStorage::F16, k, &mut sh.k[at..at + d]);
-                                encode16(KvStorage::F16, v, &mut sh.v[at..at + d]);
+                                let mut rounded = [0f32; MAX_HEAD_DIM];
+                                let rounded = &mut rounded[..d];
+                                let (ak, av) = ((h * bs + slot) * wk, (h * bs + slot) * wv);
+                                round_to_f16(k, rounded);
+                                cs.codec
+                                    .key
+                                    .exact_to_work(rounded, &mut sh.k[ak..ak + wk])?;
+                                round_to_f16(v, rounded);
+                                cs.codec
+                                    .value
+                                    .exact_to_work(rounded, &mut sh.v[av..av + wv])?;
                             }
                         }
                     }
@@ -401,19 +414,21 @@ impl CpuKvPool {
         Ok(())
     }
 
-    /// f16 bits of K and V of token `slot` of (block, head) when a shadow copy exists.
+    /// The exact K and V of token `slot` of (block, head), in the codec's working basis
+    /// (key and value work dims), when a shadow copy exists.
     pub(crate) fn exact_kv(
         &self,
         block: usize,
         head: usize,
         slot: usize,
-    ) -> Option<(&[u16], &[u16])> {
+    ) -> Option<(&[f32], &[f32])> {
         let Store::Codec(c) = &self.store else {
             return None;
         };
         let sh = c.shadow.get(&block)?;
-        let at = (head * self.block_size + slot) * self.head_dim;
-        Some((&sh.k[at..at + self.head_dim], &sh.v[at..at + self.head_dim]))
+        let (wk, wv) = (c.codec.key.work_dim(), c.codec.value.work_dim());
+        let at = head * self.block_size + slot;
+        Some((&sh.k[at * wk..(at + 1) * wk], &sh.v[at * wv..(at + 1) * wv]))
     }
 
     /// Decodes tokens `slots` of (block, head) of a 16-bit pool into `out`
@@ -553,6 +568,13 @@ fn encode16(storage: KvStorage, src: &[f32], dst: &mut [u16]) {
                 *d = f16::from_f32(s).to_bits();
             }
         }
+    }
+}
+
+/// `src` rounded to f16 (the precision of a window's exact copies), into `dst`.
+fn round_to_f16(src: &[f32], dst: &mut [f32]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = f16::from_f32(s).to_f32();
     }
 }
 

@@ -7,8 +7,6 @@
 //! formats as [`super::attention`] (16-bit pages, codec blocks in the working basis, and
 //! the f16 copies of a policy's exact tokens).
 
-use half::f16;
-use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
 
 use super::attention::{finish_row, queries_in_work_basis};
@@ -158,7 +156,6 @@ fn run_task(
     let (mut kbuf, mut vbuf) = (vec![0f32; bs * wk], vec![0f32; bs * wv]);
     let (mut ek, mut ev) = (vec![0f32; bs * wk], vec![0f32; bs * wv]);
     let mut present = vec![false; bs];
-    let mut scratch = vec![0f32; d];
     let mut scores = vec![0f32; bs];
     let mut exact_w = vec![0f32; bs];
     let first_qpos = s.first_pos + t.q0;
@@ -172,20 +169,12 @@ fn run_task(
         pool.load_tile(block, t.head, slots.clone(), keys, values)?;
         // The f16 copies of the block's exact tokens, in the working basis.
         let mut any_exact = false;
-        if let (Some(_), Some(c)) = (exact_window, codec) {
+        if let (Some(_), Some(_)) = (exact_window, codec) {
             for j in 0..n {
                 present[j] = false;
                 if let Some((k, v)) = pool.exact_kv(block, t.head, slots.start + j) {
-                    k.reinterpret_cast::<f16>()
-                        .convert_to_f32_slice(&mut scratch);
-                    c.codec
-                        .key
-                        .exact_to_work(&scratch, &mut ek[j * wk..(j + 1) * wk])?;
-                    v.reinterpret_cast::<f16>()
-                        .convert_to_f32_slice(&mut scratch);
-                    c.codec
-                        .value
-                        .exact_to_work(&scratch, &mut ev[j * wv..(j + 1) * wv])?;
+                    ek[j * wk..(j + 1) * wk].copy_from_slice(k);
+                    ev[j * wv..(j + 1) * wv].copy_from_slice(v);
                     present[j] = true;
                     any_exact = true;
                 }

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# CPU decode at a deep context: turbokv per KV format and preset beside llama.cpp's own
+# `llama-bench` at the same depth (f16 KV, flash attention), one process after another in
+# one run, for each thread count. Not run by CI.
+#
+# llama-bench comes from the llama-cpp-python sdist's vendored llama.cpp, built with the
+# x86 features switched on explicitly (the native build crashes on the development machine):
+#   cmake -S vendor/llama.cpp -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
+#     -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAMA_CURL=OFF && cmake --build build --target llama-bench
+#
+# Usage: LLAMA_BENCH=path/to/llama-bench bench/cpu_decode_depth.sh [DEPTH] [THREADS] [KV ...]
+#   defaults: 8000, "2 1", bf16 tq3 k4v2[1:k4v4] compact k4v3[1:k4v4] balanced
+set -euo pipefail
+cd "$(dirname "$0")/.."
+depth=${1:-8000}
+threads=${2:-"2 1"}
+shift $(( $# > 2 ? 2 : $# ))
+kvs=("$@")
+[ ${#kvs[@]} -gt 0 ] || kvs=(bf16 tq3 'k4v2[1:k4v4]' compact 'k4v3[1:k4v4]' balanced)
+model=${TURBOKV_MODEL:-$HOME/.cache/turbokv/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+bin=${TURBOKV_BIN:-target/release/turbokv}
+out=bench/results/cpu_decode_d${depth}
+mkdir -p "$out"
+ctx=$(( (depth + 64 + 1023) / 1024 * 1024 ))
+for t in $threads; do
+  if [ -n "${LLAMA_BENCH:-}" ]; then
+    "$LLAMA_BENCH" -m "$model" -t "$t" -d "$depth" -p 0 -n 32 -fa on -r 2 -o json \
+      > "$out/llama_bench_t$t.json"
+  fi
+  for kv in "${kvs[@]}"; do
+    name=$(echo "$kv" | tr -c 'a-z0-9\n' '_')
+    "$bin" bench model --model "$model" --threads "$t" --kv "$kv" --prompt-tokens "$depth" \
+      --gen-tokens 32 --ctx "$ctx" --json "$out/turbokv_${name}_t$t.json"
+  done
+done
