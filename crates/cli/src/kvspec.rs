@@ -546,8 +546,8 @@ mod tests {
             let bits = spec.bits_per_element(64, 1024, 30, &[]);
             assert!(bits <= budget, "{name}: {bits} bits > {budget}");
             assert!((bits - reported).abs() < 5e-4, "{name}: {bits} bits");
-            // Longer contexts stay within the budget (the windows of balanced and compact
-            // grow with the context, tiny's is amortised).
+            // Longer contexts stay within the budget (the presets' windows grow with the
+            // context, their sinks and centers are amortised).
             for ctx in [2048, 4096, 8192, 32768] {
                 let at = spec.bits_per_element(64, ctx, 30, &[]);
                 assert!(at <= budget, "{name} at {ctx}: {at} bits");
