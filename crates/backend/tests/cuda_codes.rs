@@ -18,7 +18,7 @@
 use std::sync::{Arc, OnceLock};
 
 use turbokv_backend::cpu::{CpuBackend, CpuTensor};
-use turbokv_backend::cuda::{CudaBackend, CudaTensor};
+use turbokv_backend::cuda::{CudaBackend, CudaOptions, CudaTensor};
 use turbokv_backend::{AttnGeometry, Backend, Error, Rope, RopeStyle, SeqSpan};
 use turbokv_cache::{KvCenters, KvLayout, KvWindow};
 use turbokv_codec::{KeyMode, KvDtype, LayerCodec, bitpack};
@@ -32,6 +32,21 @@ fn gpu() -> Option<&'static CudaBackend> {
             None
         }
         Err(e) => panic!("the CUDA backend failed to start: {e}"),
+    })
+    .as_ref()
+}
+
+/// A backend whose prefill spans over coded pools run the coded decode kernels row by row
+/// (`CudaOptions::coded_prefill_tiles` off), not the tensor-core tiles.
+fn gpu_rows() -> Option<&'static CudaBackend> {
+    static B: OnceLock<Option<CudaBackend>> = OnceLock::new();
+    gpu()?;
+    B.get_or_init(|| {
+        let opts = CudaOptions {
+            coded_prefill_tiles: false,
+            ..CudaOptions::default()
+        };
+        Some(CudaBackend::with_options(0, &opts).expect("a second CUDA backend"))
     })
     .as_ref()
 }
@@ -601,6 +616,52 @@ fn sliding_windows_over_coded_pools_match_the_cpu_backend() {
                     seed,
                 );
             }
+        }
+    }
+}
+
+/// The prefill spans of the cases above (1,100, 37 and 20 tokens, then 19 beside a 5-token
+/// continuation and decode rows) run through tensor cores over dequantized codes by default;
+/// here the same on the decode kernels, row by row, for a few formats and windows.
+#[test]
+fn coded_prefill_on_the_decode_kernels_matches_the_cpu_backend() {
+    let Some(g) = gpu_rows() else { return };
+    let mut seed = 501;
+    for d in [64, 128] {
+        for (dtype, group, window, sliding) in [
+            ("tq3", 4, NO_WINDOW, None),
+            (
+                "k4v2",
+                8,
+                KvWindow {
+                    recent: 130,
+                    sinks: 1,
+                },
+                None,
+            ),
+            (
+                "int8",
+                16,
+                KvWindow {
+                    recent: 15,
+                    sinks: 1,
+                },
+                Some(300),
+            ),
+        ] {
+            seed += 1;
+            run_case(
+                g,
+                &Case {
+                    dtype,
+                    d,
+                    group,
+                    centered: true,
+                    window,
+                    sliding,
+                },
+                seed,
+            );
         }
     }
 }

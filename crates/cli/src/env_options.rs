@@ -8,6 +8,7 @@
 //! | `TURBOKV_GEMV_MAX_ROWS=N` | matmuls of at most N rows on the GEMV kernel (default 2, 0 = cuBLAS only) |
 //! | `TURBOKV_ATTN_BLOCKS_PER_SM=N` | SIMT decode attention splits until N blocks per SM (default 2, ≥ 1) |
 //! | `TURBOKV_PREFILL_WARPS=4\|8` | warps per block of the tensor-core prefill attention (default 4) |
+//! | `TURBOKV_CODED_PREFILL_TILES=0\|1` | prefill over coded caches through tensor cores (default 1; 0: the decode kernels per row) |
 //!
 //! A value that does not parse is an error naming the variable, never silently ignored.
 //!
@@ -79,6 +80,7 @@ fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<EnvOptions> {
         n @ (4 | 8) => n,
         n => bail!("TURBOKV_PREFILL_WARPS=\"{n}\": expected 4 or 8"),
     };
+    cuda.coded_prefill_tiles = flag("TURBOKV_CODED_PREFILL_TILES", cuda.coded_prefill_tiles)?;
     let step_graphs = flag("TURBOKV_STEP_GRAPHS", true)?;
     Ok(EnvOptions { cuda, step_graphs })
 }
@@ -104,6 +106,7 @@ mod tests {
         assert_eq!(o.cuda.gemv_max_rows, d.gemv_max_rows);
         assert_eq!(o.cuda.attention_blocks_per_sm, d.attention_blocks_per_sm);
         assert!(o.cuda.device_top_k && o.cuda.dec_mma && o.cuda.rope_gemv);
+        assert_eq!(o.cuda.coded_prefill_tiles, d.coded_prefill_tiles);
     }
 
     #[test]
@@ -114,9 +117,11 @@ mod tests {
             ("TURBOKV_GEMV_MAX_ROWS", "0"),
             ("TURBOKV_ATTN_BLOCKS_PER_SM", "4"),
             ("TURBOKV_PREFILL_WARPS", "8"),
+            ("TURBOKV_CODED_PREFILL_TILES", "0"),
         ])
         .unwrap();
         assert_eq!(o.cuda.prefill_warps, 8);
+        assert!(!o.cuda.coded_prefill_tiles);
         assert!(!o.step_graphs);
         assert!(!o.cuda.pdl);
         assert_eq!(o.cuda.gemv_max_rows, 0);
@@ -132,6 +137,7 @@ mod tests {
             ("TURBOKV_ATTN_BLOCKS_PER_SM", "0"),
             ("TURBOKV_ATTN_BLOCKS_PER_SM", "two"),
             ("TURBOKV_PREFILL_WARPS", "6"),
+            ("TURBOKV_CODED_PREFILL_TILES", "yes"),
         ] {
             let e = parse(&[(name, v)]).unwrap_err().to_string();
             assert!(e.contains(name) && e.contains(v), "{e}");

@@ -8,7 +8,7 @@
 use cudarc::driver::LaunchConfig;
 
 use super::codes::{
-    CODE_HEAD_DIMS, CODE_TILE, CODE_WARPS, CodeVariant, DESC_WORDS, KEYS_AS_M_MAX_GROUP,
+    CODE_HEAD_DIMS, CODE_TILE, CODE_WARPS, CodeVariant, DESC_WORDS, KEYS_AS_M_MAX_GROUP, PoolCodes,
     coded_max_group,
 };
 use super::kernels::{DECODE_SETS, MANY_PAIRS};
@@ -39,6 +39,8 @@ const SPLIT_OVERHEAD_KEYS: usize = 128;
 const MMA_TK: usize = 32;
 /// Fewest keys a decode split covers.
 const MIN_SPLIT_KEYS: usize = 64;
+/// Warps per block of the coded prefill tile kernel (attention.cu `ATTN_MMA_CODES`).
+const MMA_CODES_WARPS: usize = 4;
 /// Exact (f16) keys of a windowed coded pool per split: attention.cu `EXACT_KEYS_PER_SPLIT`.
 const EXACT_KEYS_PER_SPLIT: usize = 64;
 /// Pipeline stages of the row kernel for splits of fewer tiles than this (they are requested
@@ -281,6 +283,24 @@ impl CudaBackend {
                 ),
             ));
         }
+        let code_kernel = match coded {
+            Some(c) => Some(
+                CodeVariant::all()
+                    .iter()
+                    .position(|v| *v == c.variant)
+                    .ok_or_else(|| shape("attention", format!("no kernel for {:?}", c.variant)))?,
+            ),
+            None => None,
+        };
+        if let Some(i) = code_kernel
+            && self.coded_prefill_tiles
+            && coded.is_some_and(|c| c.variant.has_prefill())
+            && (16 * MMA_CODES_WARPS).is_multiple_of(grp)
+            && spans.iter().any(|s| s.n_tokens >= MMA_MIN_ROWS)
+        {
+            drop(st);
+            return self.attention_mma_codes(qkv, g, spans, pool, window, sinks, out, i);
+        }
         if coded.is_none()
             && matches!(g.head_dim, 64 | 128)
             && (16 * self.prefill_warps).is_multiple_of(grp)
@@ -299,16 +319,6 @@ impl CudaBackend {
         // The tensor-core split kernel, else the row-parallel kernel where it is
         // instantiated, else the tiled one.
         let pairs = rows * g.n_kv_heads;
-        // Coded pools: their kernel (every row, prefill included).
-        let code_kernel = match coded {
-            Some(c) => Some(
-                CodeVariant::all()
-                    .iter()
-                    .position(|v| *v == c.variant)
-                    .ok_or_else(|| shape("attention", format!("no kernel for {:?}", c.variant)))?,
-            ),
-            None => None,
-        };
         // (Head dims above the template's have only these: the group was checked above.)
         let keys_as_m = grp <= KEYS_AS_M_MAX_GROUP;
         let dec = match code_kernel {
@@ -513,23 +523,8 @@ impl CudaBackend {
         }
         // Every kernel's last parameter.
         a.arg(window_param(window));
-        // Coded values were summed in their rotated basis and without their mean.
-        if let Some(c) = coded.filter(|c| c.values_rotated || c.centers.is_some()) {
-            let fi = CODE_HEAD_DIMS.iter().position(|&d| d == hd).unwrap_or(0);
-            let vdesc = addr(&c.desc, &self.stream) + (DESC_WORDS * 4) as u64;
-            let vc = c.centers.as_ref().map_or(0, |(_, v)| addr(v, &self.stream));
-            let cfg = LaunchConfig {
-                grid_dim: (rows as u32, g.n_heads as u32, 1),
-                block_dim: (32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            l.kernel("attn_unrotate", &self.k.attn_unrotate[fi], cfg, false)
-                .ptr(op)
-                .ptr(ob)
-                .arg(nh)
-                .arg(nkv)
-                .ptr(vdesc)
-                .ptr(vc);
+        if let Some(c) = coded {
+            self.push_unrotate(&mut l, c, g, rows, op, ob)?;
         }
         let launch = st.admit(l.signature())?;
         st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
@@ -561,6 +556,232 @@ impl CudaBackend {
 }
 
 impl CudaBackend {
+    /// Appends the launch that takes a coded pool's attention output (`op`, and its bf16 copy
+    /// `ob`, `rows` rows) back to the original basis where its values were summed rotated or
+    /// without their mean.
+    fn push_unrotate<'a>(
+        &'a self,
+        l: &mut Launches<'a>,
+        c: &PoolCodes,
+        g: &AttnGeometry,
+        rows: usize,
+        op: u64,
+        ob: u64,
+    ) -> Result<(), Error> {
+        if !(c.values_rotated || c.centers.is_some()) {
+            return Ok(());
+        }
+        let [nh, nkv] = ints("attention", [g.n_heads, g.n_kv_heads])?;
+        let fi = CODE_HEAD_DIMS
+            .iter()
+            .position(|&d| d == g.head_dim)
+            .unwrap_or(0);
+        let vdesc = addr(&c.desc, &self.stream) + (DESC_WORDS * 4) as u64;
+        let vc = c.centers.as_ref().map_or(0, |(_, v)| addr(v, &self.stream));
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, g.n_heads as u32, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        l.kernel("attn_unrotate", &self.k.attn_unrotate[fi], cfg, false)
+            .ptr(op)
+            .ptr(ob)
+            .arg(nh)
+            .arg(nkv)
+            .ptr(vdesc)
+            .ptr(vc);
+        Ok(())
+    }
+
+    /// Attention of a step with prefill spans over a coded pool, through tensor cores: the
+    /// keys each span's rows read from codes (`[max(sinks, first window key), last position −
+    /// recent]`, from its first run of 16) are dequantized into f16 rows of a scratch
+    /// (`codes_dequant_*`), then `attn_mma_codes_*` runs the tile kernel over them and the
+    /// exact blocks (sinks and recent window), and the output is rotated back. Variant `vi`
+    /// of [`CodeVariant::all`]; spans, tables and metadata checked and uploaded by the caller.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_mma_codes(
+        &self,
+        qkv: &CudaTensor,
+        g: &AttnGeometry,
+        spans: &[SeqSpan<'_>],
+        pool: &CudaKvPool,
+        window: Option<usize>,
+        sinks: u64,
+        out: &mut CudaTensor,
+        vi: usize,
+    ) -> Result<(), Error> {
+        let coded = pool
+            .codes
+            .as_ref()
+            .ok_or_else(|| shape("attention", "a 16-bit pool on the coded path".into()))?;
+        let dequant = self
+            .k
+            .codes_dequant
+            .get(vi)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| {
+                shape(
+                    "attention",
+                    "no coded prefill kernel at this head_dim".into(),
+                )
+            })?;
+        let (grp, hd, rows) = (g.group(), g.head_dim, qkv.rows);
+        let exact = pool.exact.as_ref();
+        let (n_sinks, recent) =
+            exact.map_or((0, 0), |x| (x.slots.window.sinks, x.slots.window.recent));
+        // Words uploaded together: the tiles (first row, rows; heaviest first, as
+        // `attention_mma`), each span's scratch base (i32: its first key's row minus that
+        // key), then the runs to dequantize (span, first key).
+        let qt = 16 * MMA_CODES_WARPS / grp;
+        let mut order: Vec<(usize, u32, u32)> = Vec::new();
+        for s in spans {
+            for i in (0..s.n_tokens).step_by(qt) {
+                let n = qt.min(s.n_tokens - i);
+                let keys = keys_seen(s.first_pos + i, window) + n - 1;
+                order.push((keys, (s.first_row + i) as u32, n as u32));
+            }
+        }
+        order.sort_unstable_by_key(|t| std::cmp::Reverse(t.0));
+        let mut words: Vec<u32> = order.iter().flat_map(|&(_, row, n)| [row, n]).collect();
+        let n_tiles = order.len();
+        let mut runs = Vec::new();
+        let mut keys = 0usize;
+        for (si, s) in spans.iter().enumerate() {
+            let first = s.first_pos + 1 - keys_seen(s.first_pos, window);
+            let lo = first.max(n_sinks) / 16 * 16;
+            let hi = (s.first_pos + s.n_tokens).saturating_sub(recent);
+            let mut base = 0i64;
+            if hi > lo {
+                let end = hi.next_multiple_of(16);
+                base = keys as i64 - lo as i64;
+                for k in (lo..end).step_by(16) {
+                    runs.extend([si as u32, k as u32]);
+                }
+                keys += end - lo;
+            }
+            let base = i32::try_from(base)
+                .map_err(|_| shape("attention", format!("scratch row {base} out of range")))?;
+            words.push(base as u32);
+        }
+        let n_runs = runs.len() / 2;
+        words.extend_from_slice(&runs);
+        let mut st = self.lock_state("attention")?;
+        let sc = st.sc();
+        let may_alloc = !sc.defer;
+        let ob = addr(
+            grow(&self.stream, &mut sc.bf16, rows * g.n_heads * hd, may_alloc)?,
+            &self.stream,
+        );
+        let half = keys.max(1) * g.n_kv_heads * hd;
+        let dk = addr(
+            grow(&self.stream, &mut sc.code_rows, 2 * half, may_alloc)?,
+            &self.stream,
+        );
+        let dv = dk + 2 * half as u64;
+        let tp = addr(sc.upload_tiles(&self.stream, &words)?, &self.stream);
+        let bases = tp + 4 * 2 * n_tiles as u64;
+        let runs_p = bases + 4 * spans.len() as u64;
+        let m = sc.meta()?;
+        let meta = [
+            addr(&m.pos, &self.stream),
+            addr(&m.seq, &self.stream),
+            addr(&m.seq_tbl, &self.stream),
+            addr(&m.tables, &self.stream),
+        ];
+        let (xp, [xs, xr]) = match exact {
+            Some(x) => {
+                let table = addr(sc.upload_exact(&self.stream, &x.slots.table)?, &self.stream);
+                (
+                    [addr(&x.k, &self.stream), addr(&x.v, &self.stream), table],
+                    ints("attention", [n_sinks, recent])?,
+                )
+            }
+            None => ([0; 3], [0; 2]),
+        };
+        let [width, nh, nkv, bs] = ints(
+            "attention",
+            [g.qkv_width(), g.n_heads, g.n_kv_heads, pool.block_size],
+        )?;
+        let (qp, kp, vp, op) = (
+            addr(&qkv.buf, &self.stream),
+            addr(&pool.k, &self.stream),
+            addr(&pool.v, &self.stream),
+            addr(&out.buf, &self.stream),
+        );
+        let fmt = addr(&coded.desc, &self.stream);
+        let mut l = Launches::new(opc::ATTN_MMA);
+        if n_runs > 0 {
+            let cfg = LaunchConfig {
+                grid_dim: (n_runs as u32, g.n_kv_heads as u32, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            l.kernel("codes_dequant", dequant, cfg, false)
+                .ptr(runs_p)
+                .ptr(bases)
+                .ptr(meta[2])
+                .ptr(meta[3])
+                .ptr(kp)
+                .ptr(vp)
+                .arg(bs)
+                .arg(nkv)
+                .ptr(fmt)
+                .ptr(dk)
+                .ptr(dv);
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (n_tiles as u32, g.n_kv_heads as u32, 1),
+            block_dim: (32 * MMA_CODES_WARPS as u32, 1, 1),
+            shared_mem_bytes: (2 * 2 * MMA_TK * (hd + 8) * 2) as u32,
+        };
+        l.kernel(
+            "attn_mma_codes",
+            &self.k.attn_mma_codes[usize::from(hd == 128)],
+            cfg,
+            false,
+        )
+        .ptr(qp)
+        .arg(width)
+        .arg(nh)
+        .arg(nkv)
+        .arg(g.scale)
+        .ptr(meta[0])
+        .ptr(meta[1])
+        .ptr(bases)
+        .ptr(dk)
+        .ptr(dv)
+        .arg(bs)
+        .ptr(tp)
+        .ptr(op)
+        .ptr(ob)
+        .ptr(sinks)
+        .ptr(xp[0])
+        .ptr(xp[1])
+        .ptr(xp[2])
+        .arg(xs)
+        .arg(xr)
+        .arg(window_param(window));
+        self.push_unrotate(&mut l, coded, g, rows, op, ob)?;
+        let launch = st.admit(l.signature())?;
+        st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
+        if !launch {
+            return Ok(());
+        }
+        // SAFETY: every tile lies inside one span (checked against the pool with its
+        // tables); each run of 16 keys from a multiple of 16 lies in one pool block (coded
+        // pools have power-of-two block sizes of 16 or more), every run's keys and every
+        // coded key a tile stages have scratch rows (`base[span] + key` inside the `keys`
+        // rows sized above: a tile stages the keys of its rows, which its span's runs
+        // cover); the scratch holds K then V, `keys · n_kv · head_dim` halves each; exact
+        // keys have slots in the exact table laid out by the write of these spans; head_dim
+        // is 64 or 128 (the kernels'); sinks, when not null, hold n_heads floats; out and the
+        // bf16 scratch hold rows·n_heads·head_dim values; smem (≤ 35 KiB) is below the
+        // opt-in limit.
+        unsafe { self.launch(&mut l) }?;
+        Ok(())
+    }
+
     /// The decode template instantiation and split count (see [`decode_choice`]).
     fn decode_choice(
         &self,

@@ -153,6 +153,22 @@ impl CodeVariant {
         self.head_dim <= CODE_TEMPLATE_MAX_HEAD_DIM
     }
 
+    /// Whether prefill spans take the tensor-core path (`codes_dequant_*`, then
+    /// `attn_mma_codes_*`): the tile kernel's head dims, 64 and 128.
+    pub(crate) fn has_prefill(&self) -> bool {
+        matches!(self.head_dim, 64 | 128)
+    }
+
+    /// The name of its dequantization kernel (attention.cu `CODES_DEQUANT`).
+    pub(crate) fn dequant_name(&self) -> String {
+        format!(
+            "codes_dequant_{}_{}_{}",
+            self.head_dim,
+            self.key.tag(),
+            self.value.tag()
+        )
+    }
+
     /// The largest GQA group its kernels take ([`coded_max_group`]).
     pub(crate) fn max_group(&self) -> usize {
         coded_max_group(self.head_dim)

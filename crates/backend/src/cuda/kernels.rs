@@ -49,6 +49,12 @@ pub(crate) struct Kernels {
     pub attn_codes: Vec<Option<CudaFunction>>,
     /// The keys-as-M coded decode kernels (GQA groups up to 8), in the same order.
     pub attn_codes_m: Vec<CudaFunction>,
+    /// The coded prefill's dequantization into f16 rows, in the same order (`None` where
+    /// there is no tile kernel: `CodeVariant::has_prefill`).
+    pub codes_dequant: Vec<Option<CudaFunction>>,
+    /// The tensor-core tile kernel over a coded pool's dequantized rows and exact blocks, for
+    /// head_dim 64 and 128.
+    pub attn_mma_codes: [CudaFunction; 2],
     /// Attention partials for head_dim 64, 128, 256 (compile-time) and any other.
     pub attn_partial: [CudaFunction; 4],
     /// Row-parallel attention for head_dim 64/128/256 × up to 4/8 query heads per kv head ×
@@ -403,6 +409,15 @@ impl Kernels {
                 .iter()
                 .map(|v| f(&at, &v.kernel_name(true)))
                 .collect::<Result<_, _>>()?,
+            codes_dequant: super::codes::CodeVariant::all()
+                .iter()
+                .map(|v| {
+                    v.has_prefill()
+                        .then(|| f(&at, &v.dequant_name()))
+                        .transpose()
+                })
+                .collect::<Result<_, _>>()?,
+            attn_mma_codes: [f(&at, "attn_mma_codes_64")?, f(&at, "attn_mma_codes_128")?],
             topk_rows: f(&sm, "topk_rows")?,
             argmax_rows: f(&sm, "argmax_rows")?,
             moe_route: f(&moe, "moe_route")?,

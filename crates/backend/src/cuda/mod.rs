@@ -245,6 +245,11 @@ pub struct CudaOptions {
     /// Warps per block of the tensor-core prefill attention: 4 (64 query vectors per block)
     /// or 8 (128: each K/V tile read from L2 once for twice the queries). Others are an error.
     pub prefill_warps: usize,
+    /// Prefill spans over a coded pool (head_dim 64 or 128) run through tensor cores: the keys
+    /// they read from codes are dequantized once per launch into f16 rows, then a tile kernel
+    /// reads those and the exact blocks. Default on; off runs the coded decode kernels for
+    /// every row, which unpack each key once per row (tests cover both).
+    pub coded_prefill_tiles: bool,
 }
 
 /// See [`CudaOptions::gemv_max_rows`]. On an H200 (llama3-8b shapes) the GEMV kernel beat
@@ -263,6 +268,7 @@ impl Default for CudaOptions {
             rope_gemv: true,
             decode_variant: None,
             prefill_warps: 4,
+            coded_prefill_tiles: true,
         }
     }
 }
@@ -295,6 +301,8 @@ pub struct CudaBackend {
     decode_variant: Option<DecodeVariant>,
     /// See [`CudaOptions::prefill_warps`].
     prefill_warps: usize,
+    /// See [`CudaOptions::coded_prefill_tiles`].
+    coded_prefill_tiles: bool,
     /// Blocks of each decode variant (index of [`DECODE_VARIANTS`]) resident on the whole GPU
     /// at once, from the occupancy calculator with its pipeline's shared memory.
     decode_slots: Vec<usize>,
@@ -508,6 +516,7 @@ impl CudaBackend {
             rope_gemv: opts.rope_gemv,
             decode_variant: opts.decode_variant,
             prefill_warps: opts.prefill_warps,
+            coded_prefill_tiles: opts.coded_prefill_tiles,
             decode_slots,
             code_slots,
             code_m_slots,

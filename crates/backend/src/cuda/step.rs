@@ -41,8 +41,12 @@ pub(crate) struct Scratch {
     /// Row indices (gather_rows); separate from `idx` so that a CUDA graph, whose inputs are
     /// all uploaded before it runs, reads each from its own buffer.
     pub rows_idx: Option<CudaSlice<u32>>,
-    /// Query tiles `(first row, rows)` of the tensor-core prefill attention.
+    /// Query tiles `(first row, rows)` of the tensor-core prefill attention (over a coded
+    /// pool: then each span's scratch base and the runs of keys to dequantize).
     pub tiles: Option<CudaSlice<u32>>,
+    /// A coded pool's keys, then its values, dequantized to f16 rows for the tensor-core
+    /// prefill attention (`[key, kv_heads, head_dim]` each).
+    pub code_rows: Option<CudaSlice<u16>>,
     /// Graph mode: no allocation, and uploads are queued in `pending` until
     /// [`Scratch::flush`] (run just before the graph is launched).
     pub defer: bool,

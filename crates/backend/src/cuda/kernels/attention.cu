@@ -372,9 +372,11 @@ struct PagedKv {
 // zeros from k1 on, nothing for position `skip` (its row is filled later, after the PDL wait).
 // Every chunk's source offset is computed first (the block-table reads issued together), then
 // the copies, so no copy waits on its own table read. The caller commits the group.
-template <int D, int TK, int NTH, class Dst>
+// `kv` maps a position to its row (`row(p, d)`): PagedKv, or the coded prefill's scratch and
+// exact blocks (ScratchRows, ExactRows).
+template <int D, int TK, int NTH, class Dst, class Rows>
 __device__ __forceinline__ void stage_rows(unsigned char* ks, unsigned char* vs, int t0, int k1,
-    int skip, const PagedKv& kv, const u16* k_cache, const u16* v_cache, int tid, Dst dst)
+    int skip, const Rows& kv, const u16* k_cache, const u16* v_cache, int tid, Dst dst)
 {
     constexpr int CH = D / 8, N = (TK * CH + NTH - 1) / NTH;
     u64 off[N];
@@ -397,9 +399,9 @@ __device__ __forceinline__ void stage_rows(unsigned char* ks, unsigned char* vs,
 }
 
 // stage_rows into rows of RS halves at ks and vs (row-major, no swizzle).
-template <int D, int TK, int RS, int NTH = NT>
+template <int D, int TK, int RS, int NTH = NT, class Rows = PagedKv>
 __device__ __forceinline__ void stage_kv_tile(u16* ks, u16* vs, int t0, int k1, int skip,
-    const PagedKv& kv, const u16* k_cache, const u16* v_cache, int tid)
+    const Rows& kv, const u16* k_cache, const u16* v_cache, int tid)
 {
     stage_rows<D, TK, NTH>((unsigned char*)ks, (unsigned char*)vs, t0, k1, skip, kv, k_cache,
                            v_cache, tid, [](int j, int c) { return (j * RS + c * 8) * 2; });
@@ -1964,3 +1966,230 @@ ATTN_CODES_FORMS(ATTN_CODES_BOTH, 128)
 // template's accumulators would not fit in registers).
 #define ATTN_CODES_M256(D, KB, VB) ATTN_CODES_M(D, KB, VB, 2)
 ATTN_CODES_FORMS(ATTN_CODES_M256, 256)
+
+// ---- Prefill over a coded pool: the codes dequantized once, then tensor-core tiles -----
+// The coded decode kernels unpack every key once per query row: for a prefill chunk that is
+// the whole cost (a 32k prompt took minutes). Here each key of a launch is unpacked once
+// (`codes_dequant_*`, into f16 rows of a scratch `[key, n_kv, D]`, in the codes' basis:
+// rotated and centred as the exact copies are, with the query rotated by the encoder launch)
+// and the tile kernel's flash attention (`MmaRows`, 64 query vectors per block) reads the
+// scratch. A windowed pool's rows read their sinks and recent keys from the exact blocks
+// instead: the key tiles are the coded keys of any row of the block, then the exact ones
+// (sinks, then the recent band), each row masking the keys it does not read from that source.
+// The online softmax does not depend on the order of the tiles.
+
+// Scratch row of position p: rows `base + p` (the span's base, `[key, n_kv, D]`).
+struct ScratchRows {
+    long long base;
+    int n_kv, kh;
+    __device__ __forceinline__ u64 row(int p, int d) const {
+        return ((u64)(base + p) * n_kv + kh) * d;
+    }
+};
+// Exact-block row of position p of span `seq` (every position a tile stages has a slot: the
+// exact table holds each block some query of the span reads exactly).
+struct ExactRows {
+    const u32* tbl;
+    u32 seq;
+    int n_kv, kh, block_size;
+    __device__ __forceinline__ u64 row(int p, int d) const {
+        const int b = p / block_size, slot = max(exact_slot(tbl, seq, b), 0);
+        return (((u64)slot * n_kv + kh) * block_size + (p - b * block_size)) * d;
+    }
+};
+
+// Run `run` (R codes of B bits, RB bytes) of the record at `slot` of a pool block `blk`
+// (records of `row_bytes`, then f16 scales at `soff`) as f16 code × scale at out[run·R + dim].
+template <int B, int R, int RB>
+__device__ __forceinline__ void dequant_run(const unsigned char* blk, int slot, int row_bytes,
+    int run, int soff, float code_scale, const u32* lo, const u32* hi, u16* out)
+{
+    u32 w[(RB + 3) / 4];
+    load_run<RB>(blk + slot * row_bytes + run * RB, w);
+    const float sc = code_scale * f16_to_f32(((const u16*)(blk + soff))[slot]);
+    out += run * R;
+#pragma unroll
+    for (int gi = 0; gi < R / 4; gi++) {
+        u32 x[2];
+        Codes<B, R>::group(w, gi, lo, hi, x[0], x[1]);
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            out[Codes<B, R>::dim(gi, e)] = f32_to_f16(f16_to_f32((u16)(x[e >> 1] >> (16 * (e & 1)))) * sc);
+    }
+}
+
+// One block per (run of 16 keys, kv head), 128 threads: runs[2i] = span, runs[2i + 1] = the
+// run's first key (a multiple of 16: a run lies in one block of the pool); key p of span s
+// goes to scratch row base[s] + p. Thread t < 64 unpacks key run t % 4 of the run's key t / 4,
+// every thread value run t % 8 of key t / 8 (the record layouts of `KvCodes`). Values are
+// code × scale rounded to f16, as the decode kernels' MMAs see the codes (up to that rounding).
+template <int D, int KB, int VB>
+__device__ __forceinline__ void codes_dequant_impl(const u32* __restrict__ runs,
+    const int* __restrict__ base, const u32* __restrict__ seq_tbl, const u32* __restrict__ tables,
+    const unsigned char* __restrict__ k_pool, const unsigned char* __restrict__ v_pool,
+    int block_size, int n_kv, const u32* __restrict__ fmt, u16* __restrict__ dk, u16* __restrict__ dv)
+{
+    using KC = KvCodes<D, KB, VB>;
+    const KC f(fmt);
+    const int tid = threadIdx.x, kh = blockIdx.y;
+    const u32 s = runs[2 * blockIdx.x];
+    const int key0 = (int)runs[2 * blockIdx.x + 1];
+    const PagedKv kv(tables + seq_tbl[s], n_kv, kh, block_size);
+    const long long row0 = (long long)base[s] + key0;
+    auto out = [&](u16* d, int j) { return d + ((u64)(row0 + j) * n_kv + kh) * D; };
+    int slot;
+    if (tid < 64) {
+        const int j = tid >> 2;
+        const u64 hb = kv.head_block(key0 + j, slot);
+        dequant_run<KB, KC::KR, KC::KRB>(k_pool + hb * (u64)f.ktot, slot, KC::KROW, tid & 3, f.ksoff,
+                                         KC::KS, f.klo, f.khi, out(dk, j));
+    }
+    const int j = tid >> 3;
+    const u64 hb = kv.head_block(key0 + j, slot);
+    dequant_run<VB, KC::VR, KC::VRB>(v_pool + hb * (u64)f.vtot, slot, KC::VROW, tid & 7, f.vsoff,
+                                     KC::VS, f.vlo, f.vhi, out(dv, j));
+}
+
+// One block per (tile of consecutive query rows of one span, kv head), as attn_mma_impl (f16
+// MMAs, 4 warps, 64 query vectors), over the scratch rows (base[span] + key) and, for a
+// windowed pool (xa.tbl not null), the exact blocks. Row p reads keys max(sinks, its window's
+// first) .. p - recent from the scratch, and its window's keys below `sinks` and above
+// p - recent from the exact blocks. dynamic smem: 2 * 2 * MMA_TK * (D + 8) halves.
+template <int D, int NW>
+__device__ __forceinline__ void attn_mma_codes_impl(u16* sh,
+    const float* __restrict__ qkv, int width, int n_heads, int n_kv, float scale,
+    const u32* __restrict__ tok_pos, const u32* __restrict__ tok_seq, const int* __restrict__ base,
+    const u16* __restrict__ dk, const u16* __restrict__ dv, const ExactArgs& xa, int block_size,
+    const u32* __restrict__ tiles, float* __restrict__ out, u16* __restrict__ out_bf16,
+    int window, const float* __restrict__ sinks)
+{
+    constexpr int NTD = D / 8, RS = D + 8;
+    const int g = n_heads / n_kv;
+    const int kh = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const u32 first_row = tiles[2 * blockIdx.x], n_rows = tiles[2 * blockIdx.x + 1];
+    const int pos0 = (int)tok_pos[first_row];
+    const u32 seq = tok_seq[first_row];
+    const int kmax = pos0 + (int)n_rows;
+    const int S = xa.tbl ? xa.sinks : 0, R = xa.tbl ? xa.recent : 0;
+    const int wlo = window_lo(pos0, window);   // the earliest key of any row of the tile
+    // Coded keys of some row: [clo, chi); exact: the sinks [wlo, shi), the recent band [rlo, kmax).
+    const int clo = max(S, wlo), chi = kmax - R;
+    const int shi = min(S, kmax), rlo = max(clo, pos0 + 1 - R);
+    auto count = [](int lo, int hi) { return hi > lo ? (hi - lo + MMA_TK - 1) / MMA_TK : 0; };
+    const int nc = count(clo, chi);
+    const int ns = xa.tbl ? count(wlo, shi) : 0, nr = xa.tbl ? count(rlo, kmax) : 0;
+    const int ntiles = nc + ns + nr;
+    // Tile t's first key and end; true for an exact tile.
+    auto tile_of = [&](int t, int& k0, int& k1) {
+        if (t < nc) { k0 = clo + t * MMA_TK; k1 = chi; return false; }
+        if (t < nc + ns) { k0 = wlo + (t - nc) * MMA_TK; k1 = shi; return true; }
+        k0 = rlo + (t - nc - ns) * MMA_TK; k1 = kmax;
+        return true;
+    };
+    const ScratchRows coded{(long long)base[seq], n_kv, kh};
+    const ExactRows exact{xa.tbl, seq, n_kv, kh, block_size};
+    const int v0 = 16 * warp + (lane >> 2), v1 = v0 + 8;
+    const int r0 = v0 / g, h0 = v0 - r0 * g, r1 = v1 / g, h1 = v1 - r1 * g;
+    const bool ok0 = r0 < (int)n_rows, ok1 = r1 < (int)n_rows;
+    const int p0 = pos0 + r0, p1 = pos0 + r1;
+    const int w0 = window_lo(p0, window), w1 = window_lo(p1, window);
+    const float qs = scale * 1.4426950408889634f;
+    MmaRows<D, false> w;
+    w.init(ok0 ? qkv + (u64)(first_row + r0) * width + (u64)(kh * g + h0) * D : nullptr,
+           ok1 ? qkv + (u64)(first_row + r1) * width + (u64)(kh * g + h1) * D : nullptr, qs, lane);
+    auto issue = [&](int t) {
+        if (t < ntiles) {
+            u16* kst = sh + (t & 1) * 2 * MMA_TK * RS;
+            int k0, k1;
+            if (tile_of(t, k0, k1))
+                stage_kv_tile<D, MMA_TK, RS, 32 * NW>(kst, kst + MMA_TK * RS, k0, k1, -1, exact,
+                                                      xa.k, xa.v, tid);
+            else
+                stage_kv_tile<D, MMA_TK, RS, 32 * NW>(kst, kst + MMA_TK * RS, k0, k1, -1, coded,
+                                                      dk, dv, tid);
+        }
+        cp_async_commit();
+    };
+    // Whether row p (window from wl) reads `key` of a tile ending at k1 from this tile's source.
+    auto reads = [&](bool ex, int key, int k1, int p, int wl) {
+        if (key >= k1 || key < wl || key > p) return false;
+        return ex ? key < S || key > p - R : key >= S && key <= p - R;
+    };
+    issue(0);
+    for (int t = 0; t < ntiles; t++) {
+        issue(t + 1);
+        cp_async_wait<1>();
+        __syncthreads();
+        int k0, k1;
+        const bool ex = tile_of(t, k0, k1);
+        const u16* kst = sh + (t & 1) * 2 * MMA_TK * RS;
+        const u16* vst = kst + MMA_TK * RS;
+        float s[4][4];
+        w.template scores<4>(s, kst, lane);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int key = k0 + nt * 8 + (lane & 3) * 2 + e;
+                if (!ok0 || !reads(ex, key, k1, p0, w0)) s[nt][e] = -INFINITY;
+                if (!ok1 || !reads(ex, key, k1, p1, w1)) s[nt][2 + e] = -INFINITY;
+            }
+        }
+        u32 pa[2][4];
+        w.template softmax<4>(s, pa);
+        w.template accumulate<4>(pa, vst, lane);
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+    w.reduce_l();
+    if (sinks) {   // the sink's softmax term, in the scores' log2 units
+        if (ok0) w.l0 += exp2f(sinks[kh * g + h0] * 1.4426950408889634f - w.m0);
+        if (ok1) w.l1 += exp2f(sinks[kh * g + h1] * 1.4426950408889634f - w.m1);
+    }
+    const float i0 = w.l0 > 0.f ? 1.0f / w.l0 : 0.f, i1 = w.l1 > 0.f ? 1.0f / w.l1 : 0.f;
+    const u64 ow = (u64)n_heads * D;
+#pragma unroll
+    for (int nd = 0; nd < NTD; nd++) {
+        const int dim = nd * 8 + (lane & 3) * 2;
+        if (ok0) {
+            const u64 at = (u64)(first_row + r0) * ow + (u64)(kh * g + h0) * D + dim;
+            const float a = w.o[nd][0] * i0, b = w.o[nd][1] * i0;
+            *(float2*)(out + at) = make_float2(a, b);
+            *(u32*)(out_bf16 + at) = pack_bf16(a, b);
+        }
+        if (ok1) {
+            const u64 at = (u64)(first_row + r1) * ow + (u64)(kh * g + h1) * D + dim;
+            const float a = w.o[nd][2] * i1, b = w.o[nd][3] * i1;
+            *(float2*)(out + at) = make_float2(a, b);
+            *(u32*)(out_bf16 + at) = pack_bf16(a, b);
+        }
+    }
+}
+
+// codes_dequant_{D}_{KB}_{VB} for every coded form at head_dim 64 and 128 (the tile kernel's);
+// same order as attn_codes (CodeVariant::all, the first two head dims).
+#define CODES_DEQUANT(D, KB, VB) \
+    extern "C" __global__ void __launch_bounds__(128) codes_dequant_##D##_##KB##_##VB( \
+        const u32* runs, const int* base, const u32* seq_tbl, const u32* tables, \
+        const unsigned char* k_pool, const unsigned char* v_pool, int block_size, int n_kv, \
+        const u32* fmt, u16* dk, u16* dv) { \
+        codes_dequant_impl<D, KB, VB>(runs, base, seq_tbl, tables, k_pool, v_pool, block_size, \
+                                      n_kv, fmt, dk, dv); \
+    }
+ATTN_CODES_FORMS(CODES_DEQUANT, 64)
+ATTN_CODES_FORMS(CODES_DEQUANT, 128)
+
+// attn_mma_codes_{64,128}: the tile kernel over a coded pool's scratch and exact blocks.
+#define ATTN_MMA_CODES(D) \
+    extern "C" __global__ void __launch_bounds__(128) attn_mma_codes_##D( \
+        const float* qkv, int width, int n_heads, int n_kv, float scale, const u32* tok_pos, \
+        const u32* tok_seq, const int* base, const u16* dk, const u16* dv, int block_size, \
+        const u32* tiles, float* out, u16* out_bf16, const float* sinks, ATTN_EXACT_PARAMS, \
+        int window) { \
+        extern __shared__ float shf[]; \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
+        attn_mma_codes_impl<D, 4>((u16*)shf, qkv, width, n_heads, n_kv, scale, tok_pos, tok_seq, \
+                                  base, dk, dv, xa, block_size, tiles, out, out_bf16, window, sinks); \
+    }
+ATTN_MMA_CODES(64)
+ATTN_MMA_CODES(128)
