@@ -666,6 +666,51 @@ fn coded_prefill_on_the_decode_kernels_matches_the_cpu_backend() {
     }
 }
 
+/// Groups that do not divide the tile kernel's 64 query vectors (the demo model's 3 query
+/// heads per kv head, and 6) take the tensor-core prefill too, the last vectors of each tile
+/// idle.
+#[test]
+fn coded_prefill_tiles_take_groups_that_do_not_divide_64() {
+    let Some(g) = gpu() else { return };
+    for (seed, (dtype, d, group, window)) in [
+        (
+            "tq3",
+            64,
+            3,
+            KvWindow {
+                recent: 15,
+                sinks: 1,
+            },
+        ),
+        ("k4v2", 128, 6, NO_WINDOW),
+        (
+            "int8",
+            64,
+            5,
+            KvWindow {
+                recent: 130,
+                sinks: 1,
+            },
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        run_case(
+            g,
+            &Case {
+                dtype,
+                d,
+                group,
+                centered: seed % 2 == 0,
+                window,
+                sliding: None,
+            },
+            601 + seed as u64,
+        );
+    }
+}
+
 #[test]
 fn unsupported_coded_pools_are_refused() {
     let Some(g) = gpu() else { return };

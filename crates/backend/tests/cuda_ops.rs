@@ -659,9 +659,10 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) {
         let mut go = poison(g, row, cols);
         g.attention(&gq, &geo, &spans, &gpool, &mut go).unwrap();
         // With head_dim 64/128 the tensor-core kernels run (prefill tiles, or the decode
-        // kernel), whose queries and softmax weights are rounded to the cache's 16-bit type
-        // (bf16: 2⁻⁹ relative) for the MMAs.
-        let mma = matches!(case.d, 64 | 128);
+        // kernel; at 256 the keys-as-M decode kernel for every row), whose queries and
+        // softmax weights are rounded to the cache's 16-bit type (bf16: 2⁻⁹ relative) for
+        // the MMAs.
+        let mma = matches!(case.d, 64 | 128) || (case.d == 256 && case.heads <= 8 * case.kv_heads);
         let (atol, rtol) = if mma { (1e-2, 2e-2) } else { (2e-3, 1e-2) };
         let e = close(
             &what.replace("write_kv", "attention"),
@@ -742,7 +743,7 @@ fn write_kv_and_attention_match_cpu() {
     let Some(g) = gpu() else { return };
     let mut seed = 100;
     // Decode rows: head_dim 64/128 takes the tensor-core decode kernel (in the unfused form),
-    // 96 and group 12 otherwise the tiled kernel, the rest the row-parallel one.
+    // 256 the keys-as-M one, 96 and group 12 the tiled kernel.
     for d in [64, 96, 128, 256] {
         for (group, dtype) in [1, 4, 8, 12]
             .into_iter()
@@ -1659,7 +1660,7 @@ fn run_window_case(backends: &[&CudaBackend], case: &WindowCase, seed: u64) {
 
 /// Sliding windows and attention sinks (with a window and alone) on every 16-bit attention
 /// path against the CPU backend: bf16 and f16 pools, GQA groups 1/4/8, head_dim 64/128/256 on the default kernels (tensor-core prefill
-/// and decode template; the row kernel for 256) and on the SIMT ones (the row kernel, the
+/// and decode template; the keys-as-M decode kernel for 256) and on the SIMT ones (the row kernel, the
 /// tiled kernel for group 12 and head_dim 96), every decode template variant forced, and the
 /// 8-warp prefill tiles.
 #[test]
@@ -1707,7 +1708,7 @@ fn window_attention_matches_cpu() {
         ..test_options()
     };
     let wide = CudaBackend::with_options(0, &opts).expect("a backend");
-    for d in [64, 128] {
+    for d in [64, 128, 256] {
         let mut bs: Vec<&CudaBackend> = others
             .iter()
             .filter(|(hd, _)| *hd == d)

@@ -11,7 +11,7 @@ use super::codes::{
     CODE_HEAD_DIMS, CODE_TILE, CODE_WARPS, CodeVariant, DESC_WORDS, KEYS_AS_M_MAX_GROUP, PoolCodes,
     coded_max_group,
 };
-use super::kernels::{DECODE_SETS, MANY_PAIRS};
+use super::kernels::{DEC_M_MAX_GROUP, DECODE_SETS, MANY_PAIRS};
 use super::launch::Launches;
 use super::ops::{addr, check_geometry, expect_cols, ints, opc};
 use super::step::grow;
@@ -295,7 +295,6 @@ impl CudaBackend {
         if let Some(i) = code_kernel
             && self.coded_prefill_tiles
             && coded.is_some_and(|c| c.variant.has_prefill())
-            && (16 * MMA_CODES_WARPS).is_multiple_of(grp)
             && spans.iter().any(|s| s.n_tokens >= MMA_MIN_ROWS)
         {
             drop(st);
@@ -323,7 +322,7 @@ impl CudaBackend {
         let keys_as_m = grp <= KEYS_AS_M_MAX_GROUP;
         let dec = match code_kernel {
             Some(_) => None,
-            None => (self.dec_mma && grp <= DEC_MAX_GROUP)
+            None => (self.dec_mma && grp <= dec_max_group(hd))
                 .then(|| self.decode_choice(hd, pairs, max_ctx))
                 .flatten(),
         };
@@ -632,7 +631,8 @@ impl CudaBackend {
             exact.map_or((0, 0), |x| (x.slots.window.sinks, x.slots.window.recent));
         // Words uploaded together: the tiles (first row, rows; heaviest first, as
         // `attention_mma`), each span's scratch base (i32: its first key's row minus that
-        // key), then the runs to dequantize (span, first key).
+        // key), then the runs to dequantize (span, first key). A group that does not divide
+        // the block's 64 query vectors (the demo model's 3) leaves the last few idle.
         let qt = 16 * MMA_CODES_WARPS / grp;
         let mut order: Vec<(usize, u32, u32)> = Vec::new();
         for s in spans {
@@ -852,6 +852,16 @@ pub(super) fn wave_splits(pairs: usize, max_ctx: usize, slots: usize, tile: usiz
         (pairs * s).div_ceil(slots) * (keys + SPLIT_OVERHEAD_KEYS)
     };
     (1..=most).min_by_key(|&s| (cost(s), s)).unwrap_or(1)
+}
+
+/// The largest GQA group of the 16-bit decode kernels at `head_dim`: the template's 16 MMA
+/// rows, or the keys-as-M kernels' 8 columns at head_dim 256.
+fn dec_max_group(head_dim: usize) -> usize {
+    if head_dim == 256 {
+        DEC_M_MAX_GROUP
+    } else {
+        DEC_MAX_GROUP
+    }
 }
 
 /// Index of the row-parallel attention kernel for a head_dim and group (before the pipeline

@@ -120,14 +120,22 @@ const fn dec(head_dim: usize, tile: usize, stages: usize, warps: usize) -> Decod
     }
 }
 
-/// Every instantiation of the 16-bit decode template (see [`DECODE_SETS`] for which runs when).
-pub const DECODE_VARIANTS: [DecodeVariant; 5] = [
+/// Every instantiation of the 16-bit decode template (see [`DECODE_SETS`] for which runs when);
+/// at head_dim 256 the keys-as-M kernel (attention.cu `ATTN_DEC16_M`, GQA groups up to
+/// [`DEC_M_MAX_GROUP`]).
+pub const DECODE_VARIANTS: [DecodeVariant; 7] = [
     dec(64, 64, 2, 4),
     dec(64, 64, 3, 4),
     dec(128, 64, 2, 4),
     dec(128, 64, 3, 4),
     dec(128, 32, 2, 2),
+    dec(256, 32, 3, 2),
+    dec(256, 64, 2, 4),
 ];
+
+/// The largest GQA group of the 16-bit decode kernels at head_dim 256 (the keys-as-M
+/// kernels' 8 MMA columns); the template's at 64 and 128 take 16.
+pub const DEC_M_MAX_GROUP: usize = 8;
 
 /// The decode variants of one head_dim by the launch they suit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,7 +157,7 @@ pub const MANY_PAIRS: usize = 32;
 /// bandwidth more than tiles in flight (one tile in flight, 3-7 blocks per SM, beat 2-4 tiles
 /// in flight at 1-2 blocks per SM), and 2-warp blocks of 32 keys beat 4-warp blocks of 64 when
 /// there are many pairs, but not for one sequence (more splits to merge).
-pub const DECODE_SETS: [DecodeSet; 2] = [
+pub const DECODE_SETS: [DecodeSet; 3] = [
     DecodeSet {
         few: dec(64, 64, 2, 4),
         many: dec(64, 64, 2, 4),
@@ -159,6 +167,11 @@ pub const DECODE_SETS: [DecodeSet; 2] = [
         few: dec(128, 64, 2, 4),
         many: dec(128, 32, 2, 2),
         short: dec(128, 64, 3, 4),
+    },
+    DecodeSet {
+        few: dec(256, 64, 2, 4),
+        many: dec(256, 32, 3, 2),
+        short: dec(256, 64, 2, 4),
     },
 ];
 

@@ -2193,3 +2193,202 @@ ATTN_CODES_FORMS(CODES_DEQUANT, 128)
     }
 ATTN_MMA_CODES(64)
 ATTN_MMA_CODES(128)
+
+// ---- 16-bit decode with the keys as the MMAs' M (head_dim 256) -------------------------
+// At head_dim 256 the template's fragments (16 query heads × 256 dims of accumulators per
+// warp, and the queries) do not fit in registers, and the SIMT row kernel reads at half
+// SDPA's speed. As the coded keys-as-M kernel: per 16 keys of a warp, Sᵀ = K·Qᵀ (K rows by
+// ldmatrix from the staged tile, the g ≤ 8 query heads as the B fragment's 8 columns) and
+// Oᵀ = Vᵀ·Pᵀ (V by ldmatrix.trans, Pᵀ from the scores by movmatrix), MMAs in the cache's
+// 16-bit type, dims in order. Tiles, splits, `prefetch` and the merge as the template's
+// (Kv16 staging: rows of D values, 16-byte chunks XOR-swizzled by the row).
+// grid = (rows, n_kv, n_splits), NW warps. Requires d == D, g <= 8.
+// dynamic smem: max(STAGES · 2 · TK · D halves, NW · 8 · (D + 2) floats, merge's).
+__device__ __forceinline__ void ldmatrix_x4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+
+template <int D, bool BF16, int TK, int STAGES, int NW>
+__device__ __forceinline__ void attn_dec16_m_impl(float* sh, ATTN_PARAMS, int window)
+{
+    constexpr int NTH = NW * 32, KPW = TK / NW, NS = KPW / 16;   // 16-key steps per warp
+    static_assert(KPW % 16 == 0, "a warp's keys are whole 16-key steps");
+    using F = Kv16<D, BF16>;
+    constexpr int KT = F::template k_tile_bytes<TK>(), STAGE_BYTES = 2 * KT;
+    const int g = n_heads / n_kv;
+    const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5, c = lane & 3, q = lane >> 2;
+    const u32 pos = tok_pos[r];
+    const int kend = (int)pos + 1;
+    const int wlo = window_lo((int)pos, window);
+    const int chunk = ((kend - wlo + n_splits - 1) / n_splits + TK - 1) / TK * TK;
+    const int k0 = wlo + sp * chunk;
+    const int k1 = min(k0 + chunk, kend);
+    const int ntiles = k1 > k0 ? (k1 - k0 + TK - 1) / TK : 0;
+    const PagedKv kv(tables + seq_tbl[tok_seq[r]], n_kv, kh, block_size);
+    const F f(nullptr);
+    unsigned char* stage = (unsigned char*)sh;   // [STAGES][K tile, V tile]
+    auto issue = [&](int t) {
+        if (t < ntiles) {
+            unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
+            f.template stage<TK, NTH>(ks, ks + KT, k0 + t * TK, k1, prefetch ? (int)pos : -1, kv,
+                                      k_cache, v_cache, tid);
+        }
+        cp_async_commit();
+    };
+    // With `prefetch`, the newest key (written by the kernel ahead) is copied in after the wait.
+    const int tn = ((int)pos - k0) / TK;
+    auto fill_newest = [&](int t) {
+        if (!prefetch || (int)pos < k0 || (int)pos >= k1 || t != tn || t >= ntiles) return;
+        const int row = (int)pos - k0 - t * TK;
+        unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES + row * F::ROW_BYTES;
+        f.template fill_row<NTH>(ks, ks + KT, row, (int)pos, kv, k_cache, v_cache, tid);
+    };
+    if (!prefetch) pdl_wait();
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; t++) issue(t);
+    if (prefetch) pdl_wait();
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; t++) fill_newest(t);
+
+    // Head q's query (zero past g) as B fragments: dims 16kk + 2c, +1 and 16kk + 2c + 8, +9.
+    u32 qb[D / 16][2];
+    {
+        const float* qh = q < g ? qkv + (u64)r * width + (u64)(kh * g + q) * D : nullptr;
+        const float qs = scale * 1.4426950408889634f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            const int d0 = 16 * kk + 2 * c;
+            float2 x = make_float2(0.f, 0.f), y = x;
+            if (qh) { x = *(const float2*)(qh + d0); y = *(const float2*)(qh + d0 + 8); }
+            qb[kk][0] = pack16<BF16>(x.x * qs, x.y * qs);
+            qb[kk][1] = pack16<BF16>(y.x * qs, y.y * qs);
+        }
+    }
+    // o[nd]: Oᵀ rows (dims) 16nd + q and 16nd + q + 8, columns (heads) 2c, 2c + 1.
+    float o[D / 16][4];
+#pragma unroll
+    for (int nd = 0; nd < D / 16; nd++) { o[nd][0] = 0.f; o[nd][1] = 0.f; o[nd][2] = 0.f; o[nd][3] = 0.f; }
+    float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;   // heads 2c, 2c + 1 (log2 units)
+    // ldmatrix rows of this lane: K (A = 16 keys × 16 dims: matrices keys 0-7 / 8-15 × dims
+    // 0-7, then × dims 8-15) and V (A = Vᵀ, 16 dims × 16 keys, from .trans of keys 0-7 × dims
+    // 0-7 / 8-15, then keys 8-15).
+    const int krow = (lane & 7) + 8 * ((lane >> 3) & 1), kch = lane >> 4;
+    const int vrow = (lane & 7) + 8 * (lane >> 4), vch = (lane >> 3) & 1;
+    for (int t = 0; t < ntiles; t++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();          // tile t landed for all; tile t-1's stage is free
+        issue(t + STAGES - 1);
+        fill_newest(t + STAGES - 1);
+        const unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
+        const unsigned char* vs = ks + KT;
+        const int kw = warp * KPW;                 // the warp's first key in the tile
+        const int key0 = k0 + t * TK + kw;
+        float s[NS][4];
+#pragma unroll
+        for (int st = 0; st < NS; st++) {
+            s[st][0] = 0.f; s[st][1] = 0.f; s[st][2] = 0.f; s[st][3] = 0.f;
+            const int row = kw + 16 * st + krow;
+            const unsigned char* kr = ks + row * F::ROW_BYTES;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+                u32 a[4];
+                ldmatrix_x4(a, smem_addr(kr + (((2 * kk + kch) ^ (row & 7)) << 4)));
+                mma16<BF16>(s[st], a, qb[kk][0], qb[kk][1]);
+            }
+            const int pa = key0 + 16 * st + q, pb = pa + 8;
+            if (pa >= k1) { s[st][0] = -INFINITY; s[st][1] = -INFINITY; }
+            if (pb >= k1) { s[st][2] = -INFINITY; s[st][3] = -INFINITY; }
+        }
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int st = 0; st < NS; st++) {
+            mx0 = fmaxf(mx0, fmaxf(s[st][0], s[st][2]));
+            mx1 = fmaxf(mx1, fmaxf(s[st][1], s[st][3]));
+        }
+#pragma unroll
+        for (int x = 4; x < 32; x <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+        }
+        const float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);
+        m0 = mx0; m1 = mx1;
+        l0 *= c0; l1 *= c1;
+#pragma unroll
+        for (int nd = 0; nd < D / 16; nd++) { o[nd][0] *= c0; o[nd][1] *= c1; o[nd][2] *= c0; o[nd][3] *= c1; }
+#pragma unroll
+        for (int st = 0; st < NS; st++) {
+            s[st][0] = exp2f(s[st][0] - m0); s[st][1] = exp2f(s[st][1] - m1);
+            s[st][2] = exp2f(s[st][2] - m0); s[st][3] = exp2f(s[st][3] - m1);
+            l0 += s[st][0] + s[st][2];
+            l1 += s[st][1] + s[st][3];
+            const u32 pb0 = movmatrix_trans(pack16<BF16>(s[st][0], s[st][1]));
+            const u32 pb1 = movmatrix_trans(pack16<BF16>(s[st][2], s[st][3]));
+            const int row = kw + 16 * st + vrow;
+            const unsigned char* vr = vs + row * F::ROW_BYTES;
+#pragma unroll
+            for (int nd = 0; nd < D / 16; nd++) {
+                u32 a[4];
+                ldmatrix_x4_trans(a, smem_addr(vr + (((2 * nd + vch) ^ (row & 7)) << 4)));
+                mma16<BF16>(o[nd], a, pb0, pb1);
+            }
+        }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+    }
+    __syncthreads();              // stages are reused for the warps' states
+    // Per warp: m[8], l[8], acc[8][D] (log2 units).
+    float* ws = sh + (u64)warp * 8 * (D + 2);
+    if (q == 0) { ws[2 * c] = m0; ws[2 * c + 1] = m1; ws[8 + 2 * c] = l0; ws[8 + 2 * c + 1] = l1; }
+#pragma unroll
+    for (int nd = 0; nd < D / 16; nd++) {
+        const int dx = 16 * nd + q, dy = dx + 8;
+        ws[16 + (2 * c) * D + dx] = o[nd][0];
+        ws[16 + (2 * c + 1) * D + dx] = o[nd][1];
+        ws[16 + (2 * c) * D + dy] = o[nd][2];
+        ws[16 + (2 * c + 1) * D + dy] = o[nd][3];
+    }
+    __syncthreads();
+    for (int e = tid; e < g * D; e += NTH) {
+        const int h = e / D, dd = e - h * D;
+        float mx = -1e30f;
+#pragma unroll
+        for (int wi = 0; wi < NW; wi++) mx = fmaxf(mx, sh[wi * 8 * (D + 2) + h]);
+        float lt = 0.0f, at = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < NW; wi++) {
+            const float* pw = sh + wi * 8 * (D + 2);
+            const float wt = exp2f(pw[h] - mx);
+            lt = fmaf(pw[8 + h], wt, lt);
+            at = fmaf(pw[16 + h * D + dd], wt, at);
+        }
+        const u64 b = ((u64)r * n_heads + kh * g + h) * n_splits + sp;
+        part_acc[b * D + dd] = at;
+        if (dd == 0) {
+            part_ml[2 * b] = lt > 0.0f ? mx * 0.6931471805599453f : -INFINITY;
+            part_ml[2 * b + 1] = lt;
+        }
+    }
+    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
+}
+
+// attn_dec_256_{TK}_{ST}_{NW}: the keys-as-M 16-bit decode kernel (is_bf16 picks the type),
+// named as the template's instantiations (DECODE_VARIANTS in kernels.rs).
+#define ATTN_DEC16_M(D, TK, ST, NW) \
+    extern "C" __global__ void __launch_bounds__(NW * 32) attn_dec_##D##_##TK##_##ST##_##NW(ATTN_PARAMS, \
+                                                                                      int window) { \
+        extern __shared__ float sh[]; \
+        if (is_bf16) attn_dec16_m_impl<D, true, TK, ST, NW>(sh, ATTN_ARGS, window); \
+        else attn_dec16_m_impl<D, false, TK, ST, NW>(sh, ATTN_ARGS, window); \
+    }
+ATTN_DEC16_M(256, 32, 3, 2)
+ATTN_DEC16_M(256, 64, 2, 4)
