@@ -129,8 +129,8 @@ pub const DECODE_VARIANTS: [DecodeVariant; 7] = [
     dec(128, 64, 2, 4),
     dec(128, 64, 3, 4),
     dec(128, 32, 2, 2),
-    dec(256, 32, 3, 2),
     dec(256, 64, 2, 4),
+    dec(256, 32, 2, 2),
 ];
 
 /// The largest GQA group of the 16-bit decode kernels at head_dim 256 (the keys-as-M
@@ -170,7 +170,7 @@ pub const DECODE_SETS: [DecodeSet; 3] = [
     },
     DecodeSet {
         few: dec(256, 64, 2, 4),
-        many: dec(256, 32, 3, 2),
+        many: dec(256, 32, 2, 2),
         short: dec(256, 64, 2, 4),
     },
 ];

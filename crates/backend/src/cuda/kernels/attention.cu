@@ -2390,5 +2390,5 @@ __device__ __forceinline__ void attn_dec16_m_impl(float* sh, ATTN_PARAMS, int wi
         if (is_bf16) attn_dec16_m_impl<D, true, TK, ST, NW>(sh, ATTN_ARGS, window); \
         else attn_dec16_m_impl<D, false, TK, ST, NW>(sh, ATTN_ARGS, window); \
     }
-ATTN_DEC16_M(256, 32, 3, 2)
 ATTN_DEC16_M(256, 64, 2, 4)
+ATTN_DEC16_M(256, 32, 2, 2)
