@@ -333,6 +333,54 @@ fn window_survives_split_k_decode() {
 }
 
 #[test]
+fn windowed_decode_matches_reference_for_wide_groups_and_tiled_formats() {
+    // A window and sinks that end mid-block, so a block is read partly from codes and partly
+    // from copies.
+    let window = KvWindow {
+        recent: 37,
+        sinks: 3,
+    };
+    // Direct decode: groups of 8 and 9 query heads per kv head take more than one kernel
+    // call of rows.
+    for name in ["k4v2", "k4v3", "int8"] {
+        let dtype: KvDtype = name.parse().unwrap();
+        for (n_heads, n_kv, d) in [(8, 1, 128), (9, 1, 64), (18, 2, 64)] {
+            let err = check_windowed(dtype, window, n_heads, n_kv, d, &[300, 1, 1, 1], 21);
+            assert!(
+                err < 2e-4,
+                "{name} heads {n_heads}/{n_kv} d {d}: relative error {err}"
+            );
+        }
+    }
+    // Tiled decode with the same window: prod keys and a fractional width.
+    let prod = Variant {
+        prod_keys: true,
+        centered: false,
+    };
+    let err = check_with(
+        "tq3".parse().unwrap(),
+        window,
+        prod,
+        9,
+        1,
+        64,
+        &[300, 1, 1],
+        22,
+    );
+    assert!(err < 2e-4, "tq3/prod: relative error {err}");
+    let err = check_windowed(
+        "tq3.5".parse().unwrap(),
+        window,
+        8,
+        2,
+        128,
+        &[300, 1, 1],
+        23,
+    );
+    assert!(err < 2e-4, "tq3.5: relative error {err}");
+}
+
+#[test]
 fn prod_keys_and_fractional_widths_match_decoded_reference() {
     // Prod keys carry sign coordinates in the working basis (twice the head dim).
     let prod = Variant {

@@ -201,41 +201,48 @@ fn run_task(
     let mut kbuf = vec![0f32; bs * wk];
     let mut vbuf = vec![0f32; bs * wv];
     let mut scores = vec![0f32; bs];
-    let mut exact = ExactTiles::new(codec, bs, wk, wv);
-    let first_qpos = s.first_pos + t.q0;
+    let mut exact = ExactTiles::new(codec);
+    let (first_qpos, last_qpos) = (s.first_pos + t.q0, s.first_pos + t.q1 - 1);
     let mut p0 = t.k0;
     while p0 < t.k1 {
         let n = (bs - p0 % bs).min(t.k1 - p0);
         let block = pool.block_of(s.blocks, p0)?;
-        let slots = p0 % bs..p0 % bs + n;
-        let (keys, values) = (&mut kbuf[..n * wk], &mut vbuf[..n * wv]);
-        pool.load_tile(block, t.head, slots.clone(), keys, values)?;
-        let any_exact = exact.load(pool, block, t.head, p0, slots.start, n, first_qpos)?;
+        let slot0 = p0 % bs;
+        exact.load(pool, block, t.head, p0, slot0..slot0 + n, first_qpos);
+        // Only the keys some row reads from the codes are decoded: the coded range starts
+        // where the first row's does and ends where the last row's does.
+        let lo = exact.coded(first_qpos, p0, 0..n).start;
+        let hi = exact.coded(last_qpos, p0, 0..n).end.max(lo);
+        pool.load_tile(
+            block,
+            t.head,
+            slot0 + lo..slot0 + hi,
+            &mut kbuf[lo * wk..hi * wk],
+            &mut vbuf[lo * wv..hi * wv],
+        )?;
+        let (keys, values) = (&kbuf[..n * wk], &vbuf[..n * wv]);
         for qi in t.q0..t.q1 {
             let qpos = s.first_pos + qi;
             let visible = (qpos + 1).saturating_sub(p0).min(n);
             if visible == 0 {
                 continue;
             }
+            let coded = exact.coded(qpos, p0, 0..visible);
             for gh in 0..group {
                 let r = (qi - t.q0) * group + gh;
                 let q = &qw[r * wk..(r + 1) * wk];
                 let sc = &mut scores[..visible];
-                ops::scores(q, &keys[..visible * wk], g.scale, sc);
-                if any_exact {
-                    exact.rescore(q, g.scale, qpos, p0, sc);
-                }
+                let (c0, c1) = (coded.start, coded.end);
+                ops::scores(q, &keys[c0 * wk..c1 * wk], g.scale, &mut sc[c0..c1]);
+                exact.rescore(q, g.scale, 0..visible, coded.clone(), sc);
                 let block_max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let m_new = m[r].max(block_max);
                 let corr = (m[r] - m_new).exp();
                 let block_sum = ops::exp_shift_sum(sc, m_new);
                 l[r] = l[r] * corr + block_sum;
                 let out = &mut acc[r * wv..(r + 1) * wv];
-                if any_exact {
-                    exact.accumulate(out, corr, qpos, p0, sc, &values[..visible * wv]);
-                } else {
-                    ops::weighted_sum(out, corr, sc, &values[..visible * wv]);
-                }
+                ops::weighted_sum(out, corr, &sc[c0..c1], &values[c0 * wv..c1 * wv]);
+                exact.accumulate(out, 0..visible, coded.clone(), sc);
                 m[r] = m_new;
             }
         }
@@ -282,107 +289,131 @@ pub(super) fn finish_row(
     Ok(())
 }
 
-/// Sink and recent-window tokens of the current block in the working basis, from their f16
-/// copies, for the query rows that read them exactly.
-struct ExactTiles {
+/// Sink and recent-window tokens of the current block in the working basis, read straight
+/// from the pool's f16 copies, for the query rows that read them exactly. A row's exact keys
+/// in a block are a prefix (sinks) and a suffix (its recent window) of the block's keys, so
+/// the codes are read for the range between ([`ExactTiles::coded`]) and the copies for the
+/// rest, each as one contiguous run.
+pub(super) struct ExactTiles<'a> {
     window: Option<KvWindow>,
     wk: usize,
     wv: usize,
-    keys: Vec<f32>,
-    values: Vec<f32>,
-    /// Per slot of the current block (from the block's first visible slot): whether an f16
-    /// copy was loaded, i.e. whether some row of the task may read it exactly.
-    present: Vec<bool>,
-    /// Weights of the exact tokens for one row (the codes' weights are zeroed there).
-    weights: Vec<f32>,
+    /// The copies of the current block's loaded slots (`[n, wk]`, `[n, wv]`), when some row
+    /// of the task may read one of them exactly and the block has copies.
+    run: Option<(&'a [f32], &'a [f32])>,
 }
 
-impl ExactTiles {
-    fn new(codec: Option<&CodecStore>, bs: usize, wk: usize, wv: usize) -> Self {
+impl<'a> ExactTiles<'a> {
+    pub(super) fn new(codec: Option<&CodecStore>) -> Self {
         let window = codec.map(|c| c.window).filter(KvWindow::is_active);
-        let n = if window.is_some() { bs } else { 0 };
+        let wk = codec.map_or(0, |c| c.codec.key.work_dim());
+        let wv = codec.map_or(0, |c| c.codec.value.work_dim());
         ExactTiles {
             window,
             wk,
             wv,
-            keys: vec![0.0; n * wk],
-            values: vec![0.0; n * wv],
-            present: vec![false; n],
-            weights: vec![0.0; n],
+            run: None,
         }
     }
 
-    /// Loads the exact copies (working basis) of positions `p0..p0 + n` (slots from `slot0`) that any query at
-    /// or after `first_qpos` reads exactly; returns whether there were any.
-    #[allow(clippy::too_many_arguments)]
-    fn load(
+    /// Takes the copies of positions `p0..p0 + slots.len()` (`slots` of `block`) when a query
+    /// at or after `first_qpos` may read one of them exactly.
+    pub(super) fn load(
         &mut self,
-        pool: &CpuKvPool,
+        pool: &'a CpuKvPool,
         block: usize,
         head: usize,
         p0: usize,
-        slot0: usize,
-        n: usize,
+        slots: std::ops::Range<usize>,
         first_qpos: usize,
-    ) -> Result<bool, Error> {
-        let (Some(w), Some(_)) = (self.window, pool.codec()) else {
-            return Ok(false);
+    ) {
+        self.run = None;
+        let Some(w) = self.window else {
+            return;
         };
-        // Exactness only shrinks as the query moves on, except for sinks.
-        let candidate = |p: usize| p < w.sinks || p + w.recent > first_qpos;
-        if !(p0..p0 + n).any(candidate) {
-            return Ok(false);
+        // Exactness only shrinks as the query moves on, except for sinks; the block's last
+        // position is the likeliest to be in the first query's window.
+        let last = p0 + slots.len().saturating_sub(1);
+        if slots.is_empty() || !(p0 < w.sinks || last + w.recent > first_qpos) {
+            return;
         }
-        let mut any = false;
-        for j in 0..n {
-            self.present[j] = false;
-            if !candidate(p0 + j) {
-                continue;
-            }
-            let Some((k, v)) = pool.exact_kv(block, head, slot0 + j) else {
-                continue;
-            };
-            self.keys[j * self.wk..(j + 1) * self.wk].copy_from_slice(k);
-            self.values[j * self.wv..(j + 1) * self.wv].copy_from_slice(v);
-            self.present[j] = true;
-            any = true;
-        }
-        Ok(any)
+        self.run = pool.exact_run(block, head, slots);
     }
 
-    fn is_exact(&self, qpos: usize, p: usize, j: usize) -> bool {
-        self.present[j] && self.window.is_some_and(|w| w.is_exact(qpos, p))
-    }
-
-    /// Replaces the codes' scores of the tokens this row reads exactly.
-    fn rescore(&self, q: &[f32], scale: f32, qpos: usize, p0: usize, scores: &mut [f32]) {
-        for (j, sc) in scores.iter_mut().enumerate() {
-            if self.is_exact(qpos, p0 + j, j) {
-                *sc = scale * ops::dot(q, &self.keys[j * self.wk..(j + 1) * self.wk]);
-            }
-        }
-    }
-
-    /// The online-softmax value update with exact tokens' values from their copies.
-    fn accumulate(
-        &mut self,
-        acc: &mut [f32],
-        corr: f32,
+    /// The keys of `j` (indices into the loaded block, position `p0 + j`) that the query at
+    /// `qpos` reads from the codes; the keys of `j` before and after them it reads exactly.
+    pub(super) fn coded(
+        &self,
         qpos: usize,
         p0: usize,
-        p: &mut [f32],
-        coded: &[f32],
+        j: std::ops::Range<usize>,
+    ) -> std::ops::Range<usize> {
+        match (self.window, self.run) {
+            (Some(w), Some(_)) => {
+                // Exact: p0 + j < sinks, or p0 + j + recent > qpos.
+                let a = w.sinks.saturating_sub(p0).clamp(j.start, j.end);
+                let b = (qpos + 1)
+                    .saturating_sub(w.recent)
+                    .saturating_sub(p0)
+                    .clamp(a, j.end);
+                a..b
+            }
+            _ => j,
+        }
+    }
+
+    /// The copies of keys `j` of the loaded block (`[j.len(), wk]`, `[j.len(), wv]`), if it has
+    /// copies and `j` is not empty.
+    pub(super) fn copies(&self, j: std::ops::Range<usize>) -> Option<(&'a [f32], &'a [f32])> {
+        let (keys, values) = self.run.filter(|_| !j.is_empty())?;
+        let (wk, wv) = (self.wk, self.wv);
+        Some((
+            &keys[j.start * wk..j.end * wk],
+            &values[j.start * wv..j.end * wv],
+        ))
+    }
+
+    /// Scores of the keys of `j` outside `coded` (from [`Self::coded`]) from their copies:
+    /// `out[i]` is key `j.start + i`'s.
+    pub(super) fn rescore(
+        &self,
+        q: &[f32],
+        scale: f32,
+        j: std::ops::Range<usize>,
+        coded: std::ops::Range<usize>,
+        out: &mut [f32],
     ) {
-        let n = p.len();
-        for (j, pj) in p.iter_mut().enumerate() {
-            let e = self.is_exact(qpos, p0 + j, j);
-            self.weights[j] = if e { *pj } else { 0.0 };
-            if e {
-                *pj = 0.0;
+        let Some((keys, _)) = self.run else {
+            return;
+        };
+        let (wk, s) = (self.wk, j.start);
+        for r in [j.start..coded.start, coded.end..j.end] {
+            if !r.is_empty() {
+                let o = &mut out[r.start - s..r.end - s];
+                ops::scores(q, &keys[r.start * wk..r.end * wk], scale, o);
             }
         }
-        ops::weighted_sum(acc, corr, p, coded);
-        ops::weighted_sum(acc, 1.0, &self.weights[..n], &self.values[..n * self.wv]);
+    }
+
+    /// Adds the values of the keys of `j` outside `coded` from their copies with weights `p`
+    /// (`p[i]` for key `j.start + i`).
+    pub(super) fn accumulate(
+        &self,
+        acc: &mut [f32],
+        j: std::ops::Range<usize>,
+        coded: std::ops::Range<usize>,
+        p: &[f32],
+    ) {
+        let Some((_, values)) = self.run else {
+            return;
+        };
+        let (wv, s) = (self.wv, j.start);
+        for r in [j.start..coded.start, coded.end..j.end] {
+            if !r.is_empty() {
+                let v = &values[r.start * wv..r.end * wv];
+                ops::weighted_sum(acc, 1.0, &p[r.start - s..r.end - s], v);
+            }
+        }
     }
 }
 

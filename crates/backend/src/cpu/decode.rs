@@ -10,12 +10,13 @@
 //!
 //! The scores of a task (`rows × keys`) live in a per-thread scratch that is reused across
 //! tasks and layers; the key range of a task is bounded by the planner (`MAX_KEY_CHUNK`).
-//! Sink and recent-window tokens are rescored from their f16 copies and their values added
-//! from the copies, as in the tiled path.
+//! Sink and recent-window tokens are not read from the codes at all: their f16 copies (f32 in
+//! the working basis) are pages of their own format, scored and summed by the same multi-row
+//! kernels, run by run, as in the tiled path.
 
 use std::cell::RefCell;
 
-use super::attention::{Partial, Task, finish_row};
+use super::attention::{ExactTiles, Partial, Task, finish_row};
 use super::direct::{self, Fmt, Page, Pages};
 use super::kv::{CpuKvPool, Half, KvStorage};
 use super::{CpuTensor, ops, shape};
@@ -170,9 +171,6 @@ struct Scratch {
     vscale: Vec<f32>,
     /// Key scale (times the softmax scale) of every key of the task.
     kscale: Vec<f32>,
-    /// Exact (window) tokens: key positions, and their values in the working basis.
-    exact_pos: Vec<usize>,
-    exact_v: Vec<f32>,
     /// One finished output row.
     tmp: Vec<f32>,
 }
@@ -224,10 +222,13 @@ fn run_in(
     }
 
     // The pages of the task, with the key and value scales of every key (the softmax scale
-    // folded into the key scales).
+    // folded into the key scales). Keys the query reads exactly go to pages of their copies
+    // instead, with the softmax scale as their key scale and 1 as their value scale.
     sc.kscale.resize(nk, 0.0);
     sc.vscale.resize(nk, 0.0);
     let (mut kpages, mut vpages) = (Vec::new(), Vec::new());
+    let (mut ekpages, mut evpages) = (Vec::new(), Vec::new());
+    let mut exact = ExactTiles::new(codec);
     let mut p0 = t.k0;
     while p0 < t.k1 {
         let n = (bs - p0 % bs).min(t.k1 - p0);
@@ -242,26 +243,53 @@ fn run_in(
             views.k.prefetch_scales(pool, b, t.head);
             views.v.prefetch_scales(pool, b, t.head);
         }
-        let (slot0, off) = (p0 % bs, p0 - t.k0);
-        let (ks, vs) = (&mut sc.kscale[off..off + n], &mut sc.vscale[off..off + n]);
-        kpages.push(
-            views
-                .k
-                .page(pool, block, t.head, slot0, n, off, g.scale, Some(ks))?,
-        );
-        vpages.push(
-            views
-                .v
-                .page(pool, block, t.head, slot0, n, off, 1.0, Some(vs))?,
-        );
+        let slot0 = p0 % bs;
+        exact.load(pool, block, t.head, p0, slot0..slot0 + n, qpos);
+        let coded = exact.coded(qpos, p0, 0..n);
+        if !coded.is_empty() {
+            let (n, off) = (coded.len(), p0 - t.k0 + coded.start);
+            let (ks, vs) = (&mut sc.kscale[off..off + n], &mut sc.vscale[off..off + n]);
+            let slot = slot0 + coded.start;
+            kpages.push(
+                views
+                    .k
+                    .page(pool, block, t.head, slot, n, off, g.scale, Some(ks))?,
+            );
+            vpages.push(
+                views
+                    .v
+                    .page(pool, block, t.head, slot, n, off, 1.0, Some(vs))?,
+            );
+        }
+        for r in [0..coded.start, coded.end..n] {
+            let Some((k, v)) = exact.copies(r.clone()) else {
+                continue;
+            };
+            let (n, off) = (r.len(), p0 - t.k0 + r.start);
+            sc.kscale[off..off + n].fill(g.scale);
+            sc.vscale[off..off + n].fill(1.0);
+            let page = |bytes| Page { bytes, n, off };
+            ekpages.push(page(direct::f32_bytes(k)));
+            evpages.push(page(direct::f32_bytes(v)));
+        }
         p0 += n;
     }
+    let ekp = Pages {
+        fmt: Fmt::F32,
+        stride: 4 * wk,
+        list: &ekpages,
+    };
+    let evp = Pages {
+        fmt: Fmt::F32,
+        stride: 4 * wv,
+        list: &evpages,
+    };
 
     // Pass 1: every score.
     sc.p.resize(rows * nk, 0.0);
     let (kp, vp) = (views.k.pages(&kpages), views.v.pages(&vpages));
     direct::scores(kp, &sc.qw, rows, &sc.kscale, &mut sc.p, nk);
-    let any_exact = rescore_exact(t, s, g, pool, qpos, sc)?;
+    direct::scores(ekp, &sc.qw, rows, &sc.kscale, &mut sc.p, nk);
 
     // Softmax numerators of the whole range, one max and one exp pass per row.
     let mut m = vec![f32::NEG_INFINITY; rows];
@@ -271,17 +299,7 @@ fn run_in(
         l[r] = ops::exp_shift_sum(pr, m[r]);
     }
 
-    // Exact tokens take their values from the copies; the codes' weights are zeroed there.
     let mut acc = vec![0f32; rows * wv];
-    if any_exact {
-        for (e, &p) in sc.exact_pos.iter().enumerate() {
-            let v = &sc.exact_v[e * wv..(e + 1) * wv];
-            for r in 0..rows {
-                let w = std::mem::take(&mut sc.p[r * nk + p - t.k0]);
-                ops::scale_axpy(&mut acc[r * wv..(r + 1) * wv], 1.0, w, v);
-            }
-        }
-    }
     if views.v.scale.is_some() {
         for pr in sc.p.chunks_exact_mut(nk) {
             pr.iter_mut().zip(&sc.vscale).for_each(|(p, s)| *p *= s);
@@ -290,6 +308,7 @@ fn run_in(
 
     // Pass 2: the weighted value sum.
     direct::accumulate(vp, &sc.p, nk, &mut acc, rows);
+    direct::accumulate(evp, &sc.p, nk, &mut acc, rows);
 
     // A task that saw every key of its query finishes its rows here, in parallel.
     let whole = t.k0 == 0 && t.k1 == qpos + 1;
@@ -309,39 +328,4 @@ fn run_in(
         acc,
         done: whole,
     })
-}
-
-/// Replaces the scores of the keys the query reads exactly (sinks and the recent window, where
-/// an f16 copy exists) and keeps their values in the working basis (`exact_pos`, `exact_v`).
-/// Returns whether there were any.
-fn rescore_exact(
-    t: Task,
-    s: &SeqSpan<'_>,
-    g: &AttnGeometry,
-    pool: &CpuKvPool,
-    qpos: usize,
-    sc: &mut Scratch,
-) -> Result<bool, Error> {
-    sc.exact_pos.clear();
-    let Some(c) = pool.codec().filter(|c| c.window.is_active()) else {
-        return Ok(false);
-    };
-    let (w, bs, rows) = (c.window, pool.block_size(), g.group());
-    let (wk, wv, nk) = (c.codec.key.work_dim(), g.head_dim, t.k1 - t.k0);
-    let sinks = t.k0..w.sinks.min(t.k1);
-    let recent = (qpos + 1).saturating_sub(w.recent).max(t.k0).max(sinks.end)..t.k1;
-    for p in sinks.chain(recent) {
-        let block = pool.block_of(s.blocks, p)?;
-        let Some((k, v)) = pool.exact_kv(block, t.head, p % bs) else {
-            continue;
-        };
-        for r in 0..rows {
-            sc.p[r * nk + p - t.k0] = g.scale * ops::dot(&sc.qw[r * wk..(r + 1) * wk], k);
-        }
-        let e = sc.exact_pos.len();
-        sc.exact_v.resize((e + 1) * wv, 0.0);
-        sc.exact_v[e * wv..(e + 1) * wv].copy_from_slice(v);
-        sc.exact_pos.push(p);
-    }
-    Ok(!sc.exact_pos.is_empty())
 }

@@ -414,21 +414,23 @@ impl CpuKvPool {
         Ok(())
     }
 
-    /// The exact K and V of token `slot` of (block, head), in the codec's working basis
-    /// (key and value work dims), when a shadow copy exists.
-    pub(crate) fn exact_kv(
+    /// The exact K and V of tokens `slots` of (block, head), in the codec's working basis
+    /// (`[slots.len(), work_dim]` each, contiguous), when the block has a shadow copy. A
+    /// block's copy covers all of its slots or none of them.
+    pub(crate) fn exact_run(
         &self,
         block: usize,
         head: usize,
-        slot: usize,
+        slots: std::ops::Range<usize>,
     ) -> Option<(&[f32], &[f32])> {
         let Store::Codec(c) = &self.store else {
             return None;
         };
         let sh = c.shadow.get(&block)?;
         let (wk, wv) = (c.codec.key.work_dim(), c.codec.value.work_dim());
-        let at = head * self.block_size + slot;
-        Some((&sh.k[at * wk..(at + 1) * wk], &sh.v[at * wv..(at + 1) * wv]))
+        let at = head * self.block_size;
+        let (a, b) = (at + slots.start, at + slots.end);
+        Some((&sh.k[a * wk..b * wk], &sh.v[a * wv..b * wv]))
     }
 
     /// Decodes tokens `slots` of (block, head) of a 16-bit pool into `out`

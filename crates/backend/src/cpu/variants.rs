@@ -9,7 +9,7 @@
 
 use rayon::prelude::*;
 
-use super::attention::{finish_row, queries_in_work_basis};
+use super::attention::{ExactTiles, finish_row, queries_in_work_basis};
 use super::kv::CpuKvPool;
 use super::{CpuTensor, ROWS_PER_TASK, expect_cols, ops, shape};
 use crate::Error;
@@ -146,7 +146,6 @@ fn run_task(
     let (d, group, bs) = (g.head_dim, g.group(), pool.block_size());
     let codec = pool.codec();
     let (wk, wv) = codec.map_or((d, d), |c| (c.codec.key.work_dim(), d));
-    let exact_window = codec.map(|c| c.window).filter(|w| w.is_active());
     let rows = (t.q1 - t.q0) * group;
     let qw = queries_in_work_basis(qkv, s.first_row, t.q0..t.q1, t.head, g, codec, wk)?;
     let lo_of = |qpos: usize| variant.window.map_or(0, |w| (qpos + 1).saturating_sub(w));
@@ -154,32 +153,27 @@ fn run_task(
     let mut l = vec![0f32; rows];
     let mut acc = vec![0f32; rows * wv];
     let (mut kbuf, mut vbuf) = (vec![0f32; bs * wk], vec![0f32; bs * wv]);
-    let (mut ek, mut ev) = (vec![0f32; bs * wk], vec![0f32; bs * wv]);
-    let mut present = vec![false; bs];
     let mut scores = vec![0f32; bs];
-    let mut exact_w = vec![0f32; bs];
-    let first_qpos = s.first_pos + t.q0;
+    let mut exact = ExactTiles::new(codec);
+    let (first_qpos, last_qpos) = (s.first_pos + t.q0, s.first_pos + t.q1 - 1);
     let kend = s.first_pos + t.q1;
     let mut p0 = lo_of(first_qpos);
     while p0 < kend {
         let n = (bs - p0 % bs).min(kend - p0);
         let block = pool.block_of(s.blocks, p0)?;
-        let slots = p0 % bs..p0 % bs + n;
-        let (keys, values) = (&mut kbuf[..n * wk], &mut vbuf[..n * wv]);
-        pool.load_tile(block, t.head, slots.clone(), keys, values)?;
-        // The f16 copies of the block's exact tokens, in the working basis.
-        let mut any_exact = false;
-        if let (Some(_), Some(_)) = (exact_window, codec) {
-            for j in 0..n {
-                present[j] = false;
-                if let Some((k, v)) = pool.exact_kv(block, t.head, slots.start + j) {
-                    ek[j * wk..(j + 1) * wk].copy_from_slice(k);
-                    ev[j * wv..(j + 1) * wv].copy_from_slice(v);
-                    present[j] = true;
-                    any_exact = true;
-                }
-            }
-        }
+        let slot0 = p0 % bs;
+        exact.load(pool, block, t.head, p0, slot0..slot0 + n, first_qpos);
+        // Only the keys some row reads from the codes are decoded (see `attention::run_task`).
+        let lo = exact.coded(first_qpos, p0, 0..n).start;
+        let hi = exact.coded(last_qpos, p0, 0..n).end.max(lo);
+        pool.load_tile(
+            block,
+            t.head,
+            slot0 + lo..slot0 + hi,
+            &mut kbuf[lo * wk..hi * wk],
+            &mut vbuf[lo * wv..hi * wv],
+        )?;
+        let (keys, values) = (&kbuf[..n * wk], &vbuf[..n * wv]);
         for qi in t.q0..t.q1 {
             let qpos = s.first_pos + qi;
             let (a, b) = (lo_of(qpos).max(p0), (qpos + 1).min(p0 + n));
@@ -187,38 +181,22 @@ fn run_task(
                 continue;
             }
             let (j0, j1) = (a - p0, b - p0);
+            let coded = exact.coded(qpos, p0, j0..j1);
+            let (c0, c1) = (coded.start, coded.end);
             for gh in 0..group {
                 let r = (qi - t.q0) * group + gh;
                 let q = &qw[r * wk..(r + 1) * wk];
                 let sc = &mut scores[..j1 - j0];
-                ops::scores(q, &keys[j0 * wk..j1 * wk], g.scale, sc);
-                let exact = |j: usize| {
-                    any_exact
-                        && present[j]
-                        && exact_window.is_some_and(|w| w.is_exact(qpos, p0 + j))
-                };
-                for (i, v) in sc.iter_mut().enumerate() {
-                    if exact(j0 + i) {
-                        *v = g.scale * ops::dot(q, &ek[(j0 + i) * wk..(j0 + i + 1) * wk]);
-                    }
-                }
+                let keys = &keys[c0 * wk..c1 * wk];
+                ops::scores(q, keys, g.scale, &mut sc[c0 - j0..c1 - j0]);
+                exact.rescore(q, g.scale, j0..j1, coded.clone(), sc);
                 let m_new = m[r].max(ops::max(sc));
                 let corr = (m[r] - m_new).exp();
                 l[r] = l[r] * corr + ops::exp_shift_sum(sc, m_new);
                 let out = &mut acc[r * wv..(r + 1) * wv];
-                if any_exact {
-                    let ew = &mut exact_w[..j1 - j0];
-                    for (i, p) in sc.iter_mut().enumerate() {
-                        ew[i] = if exact(j0 + i) { *p } else { 0.0 };
-                        if exact(j0 + i) {
-                            *p = 0.0;
-                        }
-                    }
-                    ops::weighted_sum(out, corr, sc, &values[j0 * wv..j1 * wv]);
-                    ops::weighted_sum(out, 1.0, ew, &ev[j0 * wv..j1 * wv]);
-                } else {
-                    ops::weighted_sum(out, corr, sc, &values[j0 * wv..j1 * wv]);
-                }
+                let (p, v) = (&sc[c0 - j0..c1 - j0], &values[c0 * wv..c1 * wv]);
+                ops::weighted_sum(out, corr, p, v);
+                exact.accumulate(out, j0..j1, coded.clone(), sc);
                 m[r] = m_new;
             }
         }
