@@ -206,19 +206,18 @@ fn run_task(
     let mut p0 = t.k0;
     while p0 < t.k1 {
         let n = (bs - p0 % bs).min(t.k1 - p0);
-        let block = pool.block_of(s.blocks, p0)?;
-        let slot0 = p0 % bs;
-        exact.load(pool, block, t.head, p0, slot0..slot0 + n, first_qpos);
-        // Only the keys some row reads from the codes are decoded: the coded range starts
-        // where the first row's does and ends where the last row's does.
-        let lo = exact.coded(first_qpos, p0, 0..n).start;
-        let hi = exact.coded(last_qpos, p0, 0..n).end.max(lo);
-        pool.load_tile(
-            block,
-            t.head,
-            slot0 + lo..slot0 + hi,
-            &mut kbuf[lo * wk..hi * wk],
-            &mut vbuf[lo * wv..hi * wv],
+        let at = BlockRun {
+            p0,
+            n,
+            head: t.head,
+        };
+        load_block(
+            pool,
+            s.blocks,
+            at,
+            (first_qpos, last_qpos),
+            &mut exact,
+            (&mut kbuf, &mut vbuf),
         )?;
         let (keys, values) = (&kbuf[..n * wk], &vbuf[..n * wv]);
         for qi in t.q0..t.q1 {
@@ -287,6 +286,45 @@ pub(super) fn finish_row(
         }
     }
     Ok(())
+}
+
+/// Keys `p0 .. p0 + n` of one kv head, inside one block.
+#[derive(Clone, Copy)]
+pub(super) struct BlockRun {
+    pub p0: usize,
+    pub n: usize,
+    pub head: usize,
+}
+
+/// Loads a block's run of keys for the query rows at `first_qpos ..= last_qpos`: the exact
+/// copies into `exact`, and into `keys` / `values` (rows of the working dims, from the run's
+/// first key) only the keys some row reads from the codes — the coded range starts where the
+/// first row's does and ends where the last row's does.
+pub(super) fn load_block<'a>(
+    pool: &'a CpuKvPool,
+    blocks: &[u32],
+    at: BlockRun,
+    (first_qpos, last_qpos): (usize, usize),
+    exact: &mut ExactTiles<'a>,
+    (keys, values): (&mut [f32], &mut [f32]),
+) -> Result<(), Error> {
+    let BlockRun { p0, n, head } = at;
+    let (wk, wv) = (
+        keys.len() / pool.block_size(),
+        values.len() / pool.block_size(),
+    );
+    let block = pool.block_of(blocks, p0)?;
+    let slot0 = p0 % pool.block_size();
+    exact.load(pool, block, head, p0, slot0..slot0 + n, first_qpos);
+    let lo = exact.coded(first_qpos, p0, 0..n).start;
+    let hi = exact.coded(last_qpos, p0, 0..n).end.max(lo);
+    pool.load_tile(
+        block,
+        head,
+        slot0 + lo..slot0 + hi,
+        &mut keys[lo * wk..hi * wk],
+        &mut values[lo * wv..hi * wv],
+    )
 }
 
 /// Sink and recent-window tokens of the current block in the working basis, read straight

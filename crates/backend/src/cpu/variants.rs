@@ -9,7 +9,7 @@
 
 use rayon::prelude::*;
 
-use super::attention::{ExactTiles, finish_row, queries_in_work_basis};
+use super::attention::{BlockRun, ExactTiles, finish_row, load_block, queries_in_work_basis};
 use super::kv::CpuKvPool;
 use super::{CpuTensor, ROWS_PER_TASK, expect_cols, ops, shape};
 use crate::Error;
@@ -160,18 +160,18 @@ fn run_task(
     let mut p0 = lo_of(first_qpos);
     while p0 < kend {
         let n = (bs - p0 % bs).min(kend - p0);
-        let block = pool.block_of(s.blocks, p0)?;
-        let slot0 = p0 % bs;
-        exact.load(pool, block, t.head, p0, slot0..slot0 + n, first_qpos);
-        // Only the keys some row reads from the codes are decoded (see `attention::run_task`).
-        let lo = exact.coded(first_qpos, p0, 0..n).start;
-        let hi = exact.coded(last_qpos, p0, 0..n).end.max(lo);
-        pool.load_tile(
-            block,
-            t.head,
-            slot0 + lo..slot0 + hi,
-            &mut kbuf[lo * wk..hi * wk],
-            &mut vbuf[lo * wv..hi * wv],
+        let at = BlockRun {
+            p0,
+            n,
+            head: t.head,
+        };
+        load_block(
+            pool,
+            s.blocks,
+            at,
+            (first_qpos, last_qpos),
+            &mut exact,
+            (&mut kbuf, &mut vbuf),
         )?;
         let (keys, values) = (&kbuf[..n * wk], &vbuf[..n * wv]);
         for qi in t.q0..t.q1 {

@@ -75,24 +75,7 @@ impl CudaBackend {
         out: &mut CudaTensor,
     ) -> Result<(), Error> {
         let (grp, hd, rows) = (g.group(), g.head_dim, qkv.rows);
-        let qt = 16 * self.prefill_warps / grp;
-        let mut tiles = Vec::new();
-        // (keys read, first row, rows) per tile, the heaviest first: blocks start in grid
-        // order, so the last wave is light and the launch ends without a long tail. A tile
-        // reads from its first row's first key to its last row.
-        let mut order: Vec<(usize, u32, u32)> = Vec::new();
-        for s in spans {
-            for i in (0..s.n_tokens).step_by(qt) {
-                let n = qt.min(s.n_tokens - i);
-                let keys = keys_seen(s.first_pos + i, window) + n - 1;
-                order.push((keys, (s.first_row + i) as u32, n as u32));
-            }
-        }
-        order.sort_unstable_by_key(|t| std::cmp::Reverse(t.0));
-        for &(_, row, n) in &order {
-            tiles.push(row);
-            tiles.push(n);
-        }
+        let tiles = prefill_tiles(spans, window, 16 * self.prefill_warps / grp);
         let n_tiles = tiles.len() / 2;
         let mut st = self.lock_state("attention")?;
         let sc = st.sc();
@@ -102,13 +85,7 @@ impl CudaBackend {
             &self.stream,
         );
         let tp = addr(sc.upload_tiles(&self.stream, &tiles)?, &self.stream);
-        let m = sc.meta()?;
-        let meta = [
-            addr(&m.pos, &self.stream),
-            addr(&m.seq, &self.stream),
-            addr(&m.seq_tbl, &self.stream),
-            addr(&m.tables, &self.stream),
-        ];
+        let meta = sc.meta()?.addrs(&self.stream);
         let [width, nh, nkv, bs] = ints(
             "attention",
             [g.qkv_width(), g.n_heads, g.n_kv_heads, pool.block_size],
@@ -384,13 +361,7 @@ impl CudaBackend {
             )?,
             &self.stream,
         );
-        let m = sc.meta()?;
-        let meta = [
-            addr(&m.pos, &self.stream),
-            addr(&m.seq, &self.stream),
-            addr(&m.seq_tbl, &self.stream),
-            addr(&m.tables, &self.stream),
-        ];
+        let meta = sc.meta()?.addrs(&self.stream);
         let exact_args = match exact {
             Some(x) => {
                 let table = addr(sc.upload_exact(&self.stream, &x.slots.table)?, &self.stream);
@@ -629,22 +600,12 @@ impl CudaBackend {
         let exact = pool.exact.as_ref();
         let (n_sinks, recent) =
             exact.map_or((0, 0), |x| (x.slots.window.sinks, x.slots.window.recent));
-        // Words uploaded together: the tiles (first row, rows; heaviest first, as
-        // `attention_mma`), each span's scratch base (i32: its first key's row minus that
-        // key), then the runs to dequantize (span, first key). A group that does not divide
-        // the block's 64 query vectors (the demo model's 3) leaves the last few idle.
-        let qt = 16 * MMA_CODES_WARPS / grp;
-        let mut order: Vec<(usize, u32, u32)> = Vec::new();
-        for s in spans {
-            for i in (0..s.n_tokens).step_by(qt) {
-                let n = qt.min(s.n_tokens - i);
-                let keys = keys_seen(s.first_pos + i, window) + n - 1;
-                order.push((keys, (s.first_row + i) as u32, n as u32));
-            }
-        }
-        order.sort_unstable_by_key(|t| std::cmp::Reverse(t.0));
-        let mut words: Vec<u32> = order.iter().flat_map(|&(_, row, n)| [row, n]).collect();
-        let n_tiles = order.len();
+        // Words uploaded together: the tiles (as `attention_mma`'s), each span's scratch base
+        // (i32: its first key's row minus that key), then the runs to dequantize (span, first
+        // key). A group that does not divide the block's 64 query vectors (the demo model's
+        // 3) leaves the last few idle.
+        let mut words = prefill_tiles(spans, window, 16 * MMA_CODES_WARPS / grp);
+        let n_tiles = words.len() / 2;
         let mut runs = Vec::new();
         let mut keys = 0usize;
         for (si, s) in spans.iter().enumerate() {
@@ -682,13 +643,7 @@ impl CudaBackend {
         let tp = addr(sc.upload_tiles(&self.stream, &words)?, &self.stream);
         let bases = tp + 4 * 2 * n_tiles as u64;
         let runs_p = bases + 4 * spans.len() as u64;
-        let m = sc.meta()?;
-        let meta = [
-            addr(&m.pos, &self.stream),
-            addr(&m.seq, &self.stream),
-            addr(&m.seq_tbl, &self.stream),
-            addr(&m.tables, &self.stream),
-        ];
+        let meta = sc.meta()?.addrs(&self.stream);
         let (xp, [xs, xr]) = match exact {
             Some(x) => {
                 let table = addr(sc.upload_exact(&self.stream, &x.slots.table)?, &self.stream);
@@ -852,6 +807,23 @@ pub(super) fn wave_splits(pairs: usize, max_ctx: usize, slots: usize, tile: usiz
         (pairs * s).div_ceil(slots) * (keys + SPLIT_OVERHEAD_KEYS)
     };
     (1..=most).min_by_key(|&s| (cost(s), s)).unwrap_or(1)
+}
+
+/// The query tiles of a tensor-core prefill launch as `[first row, rows]` pairs: each span cut
+/// into tiles of `rows_per_tile` consecutive rows, the heaviest (most keys read, from the
+/// first row's first key to the last row) first: blocks start in grid order, so the last wave
+/// is light and the launch ends without a long tail.
+fn prefill_tiles(spans: &[SeqSpan<'_>], window: Option<usize>, rows_per_tile: usize) -> Vec<u32> {
+    let mut order: Vec<(usize, u32, u32)> = Vec::new();
+    for s in spans {
+        for i in (0..s.n_tokens).step_by(rows_per_tile) {
+            let n = rows_per_tile.min(s.n_tokens - i);
+            let keys = keys_seen(s.first_pos + i, window) + n - 1;
+            order.push((keys, (s.first_row + i) as u32, n as u32));
+        }
+    }
+    order.sort_unstable_by_key(|t| std::cmp::Reverse(t.0));
+    order.iter().flat_map(|&(_, row, n)| [row, n]).collect()
 }
 
 /// The largest GQA group of the 16-bit decode kernels at `head_dim`: the template's 16 MMA

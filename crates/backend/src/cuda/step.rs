@@ -145,6 +145,18 @@ pub(crate) struct Meta<'a> {
     pub tables: CudaView<'a, u32>,
 }
 
+impl Meta<'_> {
+    /// Device addresses of `[pos, seq, seq_tbl, tables]`, the kernels' metadata arguments.
+    pub(crate) fn addrs(&self, stream: &Arc<CudaStream>) -> [u64; 4] {
+        [
+            super::ops::addr(&self.pos, stream),
+            super::ops::addr(&self.seq, stream),
+            super::ops::addr(&self.seq_tbl, stream),
+            super::ops::addr(&self.tables, stream),
+        ]
+    }
+}
+
 /// `slot` with room for at least `n` elements (contents unspecified after growth). With
 /// `may_alloc` false (graph capture or replay) a slot too small is an error.
 pub(crate) fn grow<'a, T: DeviceRepr + ValidAsZeroBits>(

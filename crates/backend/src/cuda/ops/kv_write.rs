@@ -36,13 +36,7 @@ impl CudaBackend {
         }
         sc.rope(&self.stream, &rope.inv_freq)?;
         let inv_freq = addr(sc.rope_buf()?, &self.stream);
-        let m = sc.meta()?;
-        let meta = [
-            addr(&m.pos, &self.stream),
-            addr(&m.seq, &self.stream),
-            addr(&m.seq_tbl, &self.stream),
-            addr(&m.tables, &self.stream),
-        ];
+        let meta = sc.meta()?.addrs(&self.stream);
         let (qn, kn, eps, has_norm) = self.norm_args(qk_norm.as_ref());
         let [width, nh, nkv, d, pairs, bs] = ints(
             "write_kv",
