@@ -1706,6 +1706,14 @@ struct KvCodes {
     }
 };
 
+// 2^x in one MUFU instruction (exp2f adds a range check and two multiplies for results
+// below 2^-126, which here are softmax weights that round away in f16 anyway).
+__device__ __forceinline__ float exp2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // ---- Coded decode attention with the keys as the MMAs' M (GQA groups of at most 8) -------
 // The template above puts the g query heads in the 16 rows of every MMA, so for g = 4 three
 // quarters of the score fragments, softmax work and accumulator rescales are padding. Here the
@@ -1800,6 +1808,7 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
         const unsigned char* vs = ks + KT;
         const int kw = warp * KPW;                 // the warp's first key in the tile
         const int key0 = k0 + t * TK + kw;
+        const bool interior = key0 >= klo && key0 + KPW <= k1;   // no key of the warp's masked
         float s[NS][4];
 #pragma unroll
         for (int st = 0; st < NS; st++) {
@@ -1817,12 +1826,13 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
             }
             const u16* ksc = (const u16*)(ks + TK * KROW);
             const float sa = KC::KS * f16_to_f32(ksc[ka]), sb = KC::KS * f16_to_f32(ksc[kb]);
-            const int pa = key0 + 16 * st + q, pb = pa + 8;
-            const bool la = pa < k1 && pa >= klo, lb = pb < k1 && pb >= klo;
-            s[st][0] = la ? s[st][0] * sa : -INFINITY;
-            s[st][1] = la ? s[st][1] * sa : -INFINITY;
-            s[st][2] = lb ? s[st][2] * sb : -INFINITY;
-            s[st][3] = lb ? s[st][3] * sb : -INFINITY;
+            s[st][0] *= sa; s[st][1] *= sa; s[st][2] *= sb; s[st][3] *= sb;
+            if (!interior) {
+                const int pa = key0 + 16 * st + q, pb = pa + 8;
+                const bool la = pa < k1 && pa >= klo, lb = pb < k1 && pb >= klo;
+                if (!la) { s[st][0] = -INFINITY; s[st][1] = -INFINITY; }
+                if (!lb) { s[st][2] = -INFINITY; s[st][3] = -INFINITY; }
+            }
         }
         float mx0 = m0, mx1 = m1;
 #pragma unroll
@@ -1835,15 +1845,20 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
             mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
         }
-        const float c0 = exp2f(m0 - mx0), c1 = exp2f(m1 - mx1);
-        m0 = mx0; m1 = mx1;
-        l0 *= c0; l1 *= c1;
+        // The running maxima settle after the first tiles: rescale only when one moved.
+        if (__any_sync(0xffffffffu, mx0 > m0 || mx1 > m1)) {
+            const float c0 = exp2_ftz(m0 - mx0), c1 = exp2_ftz(m1 - mx1);
+            m0 = mx0; m1 = mx1;
+            l0 *= c0; l1 *= c1;
 #pragma unroll
-        for (int nd = 0; nd < D / 16; nd++) { o[nd][0] *= c0; o[nd][1] *= c1; o[nd][2] *= c0; o[nd][3] *= c1; }
+            for (int nd = 0; nd < D / 16; nd++) {
+                o[nd][0] *= c0; o[nd][1] *= c1; o[nd][2] *= c0; o[nd][3] *= c1;
+            }
+        }
 #pragma unroll
         for (int st = 0; st < NS; st++) {
-            s[st][0] = exp2f(s[st][0] - m0); s[st][1] = exp2f(s[st][1] - m1);
-            s[st][2] = exp2f(s[st][2] - m0); s[st][3] = exp2f(s[st][3] - m1);
+            s[st][0] = exp2_ftz(s[st][0] - m0); s[st][1] = exp2_ftz(s[st][1] - m1);
+            s[st][2] = exp2_ftz(s[st][2] - m0); s[st][3] = exp2_ftz(s[st][3] - m1);
             l0 += s[st][0] + s[st][2];
             l1 += s[st][1] + s[st][3];
             // Weights × the keys' value scales (a weight of exactly 0 — a masked key — stays 0
