@@ -55,13 +55,27 @@ struct Variant {
     centered: bool,
 }
 
-/// f16-rounded copy of `x`: what a full-precision window holds.
+/// f16-rounded copy of `x`.
 fn f16_round(x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
 }
 
+/// What a full-precision window holds for `x`, back in the original basis: `x` rounded to
+/// f16, brought into the codec's working basis (a rotation for TurboQuant) and rounded to
+/// f16 again there, as the CPU pool keeps its copies. The second rounding moves each working
+/// coordinate by at most 2⁻¹¹ of itself, which came to 4e-4–9e-4 of an output row in these
+/// tests, above the 2e-4 they allow for arithmetic: so the reference applies it rather than
+/// the tolerance absorbing it.
+fn window_copy(codec: &turbokv_codec::VectorCodec, x: &[f32]) -> Vec<f32> {
+    let mut work = vec![0f32; codec.work_dim()];
+    codec.exact_to_work(&f16_round(x), &mut work).unwrap();
+    let mut out = vec![0f32; x.len()];
+    codec.work_to_output(&f16_round(&work), &mut out).unwrap();
+    out
+}
+
 /// [`check`] with sink and recent-window tokens: the reference reads those positions from
-/// f16-rounded vectors and every other position from the codec's decoded vectors.
+/// their [`window_copy`] and every other position from the codec's decoded vectors.
 fn check_windowed(
     dtype: KvDtype,
     window: KvWindow,
@@ -126,7 +140,7 @@ fn check_with(
     };
     let mut rng = Rng(seed | 1);
     let (mut ks, mut vs) = (Vec::new(), Vec::new()); // decoded [pos][kv head] vectors
-    let (mut kx, mut vx) = (Vec::new(), Vec::new()); // f16-rounded [pos][kv head] vectors
+    let (mut kx, mut vx) = (Vec::new(), Vec::new()); // window copies [pos][kv head]
     let mut worst = 0f64;
     let mut pos = 0;
     for &n in chunks {
@@ -179,12 +193,12 @@ fn check_with(
             );
             kx.push(
                 (0..n_kv)
-                    .map(|h| f16_round(&k[h * d..(h + 1) * d]))
+                    .map(|h| window_copy(&codec.key, &k[h * d..(h + 1) * d]))
                     .collect::<Vec<_>>(),
             );
             vx.push(
                 (0..n_kv)
-                    .map(|h| uncenter(h, f16_round(&v[h * d..(h + 1) * d])))
+                    .map(|h| uncenter(h, window_copy(&codec.value, &v[h * d..(h + 1) * d])))
                     .collect::<Vec<_>>(),
             );
             let p = pos + t;
@@ -303,14 +317,15 @@ fn window_and_sink_tokens_are_attended_at_f16_and_the_rest_on_codes() {
 }
 
 #[test]
-fn a_window_covering_the_context_gives_exactly_the_f16_cache_output() {
-    // Every token in the window: a tq2 pool must match an f16 pool, not its own codes.
+fn a_window_covering_the_context_gives_the_output_of_its_f16_copies() {
+    // Every token in the window: a tq2 pool must match its f16 copies (an f16 pool's values,
+    // rounded once more in the working basis), not its own codes.
     let window = KvWindow {
         recent: 64,
         sinks: 0,
     };
     let err = check_windowed("tq2".parse().unwrap(), window, 4, 2, 64, &[30, 20, 1], 5);
-    assert!(err < 2e-4, "relative error vs the f16 reference {err}");
+    assert!(err < 2e-4, "relative error vs the f16 copies {err}");
 }
 
 #[test]

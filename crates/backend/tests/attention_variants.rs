@@ -33,6 +33,17 @@ fn f16_round(x: &[f32]) -> Vec<f32> {
     x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
 }
 
+/// What a full-precision window holds for `x`, back in the original basis: rounded to f16,
+/// brought into the codec's working basis and rounded to f16 again there, as the CPU pool keeps
+/// its copies (`attention_codes.rs` `window_copy`).
+fn window_copy(codec: &turbokv_codec::VectorCodec, x: &[f32]) -> Vec<f32> {
+    let mut work = vec![0f32; codec.work_dim()];
+    codec.exact_to_work(&f16_round(x), &mut work).unwrap();
+    let mut out = vec![0f32; x.len()];
+    codec.work_to_output(&f16_round(&work), &mut out).unwrap();
+    out
+}
+
 /// Worst |error| / max |reference| over every output row of `chunks` (token counts).
 fn check(
     dtype: KvDtype,
@@ -93,8 +104,8 @@ fn check(
             };
             ks.push(per_head(&|x| roundtrip(&codec.key, x), k));
             vs.push(per_head(&|x| roundtrip(&codec.value, x), v));
-            kx.push(per_head(&f16_round, k));
-            vx.push(per_head(&f16_round, v));
+            kx.push(per_head(&|x| window_copy(&codec.key, x), k));
+            vx.push(per_head(&|x| window_copy(&codec.value, x), v));
             let p = pos + t;
             let lo = window.map_or(0, |w| (p + 1).saturating_sub(w));
             let exact_at = |j: usize| !is16 && exact.is_exact(p, j);

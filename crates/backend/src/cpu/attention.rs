@@ -18,6 +18,8 @@
 //! fp8, single-part MSE TurboQuant) skip the tile and read the pages straight (`decode.rs`); this
 //! tiled loop serves prefill and the other formats.
 
+use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
 
 use turbokv_cache::KvWindow;
@@ -316,6 +318,7 @@ pub(super) fn load_block<'a>(
     let block = pool.block_of(blocks, p0)?;
     let slot0 = p0 % pool.block_size();
     exact.load(pool, block, head, p0, slot0..slot0 + n, first_qpos);
+    exact.widen();
     let lo = exact.coded(first_qpos, p0, 0..n).start;
     let hi = exact.coded(last_qpos, p0, 0..n).end.max(lo);
     pool.load_tile(
@@ -336,9 +339,13 @@ pub(super) struct ExactTiles<'a> {
     window: Option<KvWindow>,
     wk: usize,
     wv: usize,
-    /// The copies of the current block's loaded slots (`[n, wk]`, `[n, wv]`), when some row
-    /// of the task may read one of them exactly and the block has copies.
-    run: Option<(&'a [f32], &'a [f32])>,
+    /// The copies of the current block's loaded slots as f16 bits (`[n, wk]`, `[n, wv]`), when
+    /// some row of the task may read one of them exactly and the block has copies. Decode
+    /// reads them as f16 pages ([`Self::copies`]).
+    run: Option<(&'a [u16], &'a [u16])>,
+    /// `run` widened to f32 by [`Self::widen`] for the tiled loops, whose kernels take f32
+    /// rows: once per block, however many query rows then read it.
+    wide: (Vec<f32>, Vec<f32>),
 }
 
 impl<'a> ExactTiles<'a> {
@@ -351,6 +358,7 @@ impl<'a> ExactTiles<'a> {
             wk,
             wv,
             run: None,
+            wide: (Vec::new(), Vec::new()),
         }
     }
 
@@ -378,6 +386,16 @@ impl<'a> ExactTiles<'a> {
         self.run = pool.exact_run(block, head, slots);
     }
 
+    /// Widens the loaded copies to f32 for [`Self::rescore`] and [`Self::accumulate`].
+    pub(super) fn widen(&mut self) {
+        if let Some((keys, values)) = self.run {
+            for (src, dst) in [(keys, &mut self.wide.0), (values, &mut self.wide.1)] {
+                dst.resize(src.len(), 0.0);
+                src.reinterpret_cast::<f16>().convert_to_f32_slice(dst);
+            }
+        }
+    }
+
     /// The keys of `j` (indices into the loaded block, position `p0 + j`) that the query at
     /// `qpos` reads from the codes; the keys of `j` before and after them it reads exactly.
     pub(super) fn coded(
@@ -400,9 +418,9 @@ impl<'a> ExactTiles<'a> {
         }
     }
 
-    /// The copies of keys `j` of the loaded block (`[j.len(), wk]`, `[j.len(), wv]`), if it has
-    /// copies and `j` is not empty.
-    pub(super) fn copies(&self, j: std::ops::Range<usize>) -> Option<(&'a [f32], &'a [f32])> {
+    /// The copies of keys `j` of the loaded block as f16 bits (`[j.len(), wk]`,
+    /// `[j.len(), wv]`), if it has copies and `j` is not empty.
+    pub(super) fn copies(&self, j: std::ops::Range<usize>) -> Option<(&'a [u16], &'a [u16])> {
         let (keys, values) = self.run.filter(|_| !j.is_empty())?;
         let (wk, wv) = (self.wk, self.wv);
         Some((
@@ -411,8 +429,8 @@ impl<'a> ExactTiles<'a> {
         ))
     }
 
-    /// Scores of the keys of `j` outside `coded` (from [`Self::coded`]) from their copies:
-    /// `out[i]` is key `j.start + i`'s.
+    /// Scores of the keys of `j` outside `coded` (from [`Self::coded`]) from their widened
+    /// copies: `out[i]` is key `j.start + i`'s.
     pub(super) fn rescore(
         &self,
         q: &[f32],
@@ -421,10 +439,10 @@ impl<'a> ExactTiles<'a> {
         coded: std::ops::Range<usize>,
         out: &mut [f32],
     ) {
-        let Some((keys, _)) = self.run else {
+        if self.run.is_none() {
             return;
-        };
-        let (wk, s) = (self.wk, j.start);
+        }
+        let (keys, wk, s) = (&self.wide.0, self.wk, j.start);
         for r in [j.start..coded.start, coded.end..j.end] {
             if !r.is_empty() {
                 let o = &mut out[r.start - s..r.end - s];
@@ -433,8 +451,8 @@ impl<'a> ExactTiles<'a> {
         }
     }
 
-    /// Adds the values of the keys of `j` outside `coded` from their copies with weights `p`
-    /// (`p[i]` for key `j.start + i`).
+    /// Adds the values of the keys of `j` outside `coded` from their widened copies with
+    /// weights `p` (`p[i]` for key `j.start + i`).
     pub(super) fn accumulate(
         &self,
         acc: &mut [f32],
@@ -442,10 +460,10 @@ impl<'a> ExactTiles<'a> {
         coded: std::ops::Range<usize>,
         p: &[f32],
     ) {
-        let Some((_, values)) = self.run else {
+        if self.run.is_none() {
             return;
-        };
-        let (wv, s) = (self.wv, j.start);
+        }
+        let (values, wv, s) = (&self.wide.1, self.wv, j.start);
         for r in [j.start..coded.start, coded.end..j.end] {
             if !r.is_empty() {
                 let v = &values[r.start * wv..r.end * wv];

@@ -10,9 +10,9 @@
 //!
 //! The scores of a task (`rows × keys`) live in a per-thread scratch that is reused across
 //! tasks and layers; the key range of a task is bounded by the planner (`MAX_KEY_CHUNK`).
-//! Sink and recent-window tokens are not read from the codes at all: their f16 copies (f32 in
-//! the working basis) are pages of their own format, scored and summed by the same multi-row
-//! kernels, run by run, as in the tiled path.
+//! Sink and recent-window tokens are not read from the codes at all: their f16 copies (kept in
+//! the working basis) are f16 pages beside the code pages, scored and summed by the same
+//! multi-row kernels, run by run, as in the tiled path.
 
 use std::cell::RefCell;
 
@@ -269,19 +269,19 @@ fn run_in(
             sc.kscale[off..off + n].fill(g.scale);
             sc.vscale[off..off + n].fill(1.0);
             let page = |bytes| Page { bytes, n, off };
-            ekpages.push(page(direct::f32_bytes(k)));
-            evpages.push(page(direct::f32_bytes(v)));
+            ekpages.push(page(direct::u16_bytes(k)));
+            evpages.push(page(direct::u16_bytes(v)));
         }
         p0 += n;
     }
     let ekp = Pages {
-        fmt: Fmt::F32,
-        stride: 4 * wk,
+        fmt: Fmt::F16,
+        stride: 2 * wk,
         list: &ekpages,
     };
     let evp = Pages {
-        fmt: Fmt::F32,
-        stride: 4 * wv,
+        fmt: Fmt::F16,
+        stride: 2 * wv,
         list: &evpages,
     };
 

@@ -1,7 +1,7 @@
 //! Scores and value sums read straight from a page of the cache, for the formats whose working
 //! coordinates decode independently with one scale per token: 16-bit values, `int8`, `fp8`, and
-//! single-part TurboQuant MSE codes (see [`turbokv_codec::DirectCodes`]), and the f32 exact
-//! copies of a window's tokens (already in the working basis).
+//! single-part TurboQuant MSE codes (see [`turbokv_codec::DirectCodes`]); a window's exact
+//! copies (already in the working basis) are f16 pages too.
 //!
 //! A page is `n` token records `stride` bytes apart. Token `j`'s working vector is
 //! `x_j = s_j · unit · value(record_j)`; the caller folds `s_j · unit` (and the softmax scale)
@@ -25,9 +25,6 @@ pub(crate) enum Fmt {
     Fp8,
     /// `bits`-bit (1–4) codes packed LSB-first, decoded through `table`.
     Table { bits: u8, table: [f32; 16] },
-    /// f32, native-endian: a window's exact copies, which are no page format of their own but
-    /// go through the same multi-row kernels as the codes beside them.
-    F32,
 }
 
 impl Fmt {
@@ -56,7 +53,6 @@ impl Fmt {
             Fmt::Bf16 | Fmt::F16 => 2 * w,
             Fmt::Int8 | Fmt::Fp8 => w,
             Fmt::Table { bits, .. } => (w / 8).saturating_sub(1) * usize::from(bits) + 4,
-            Fmt::F32 => 4 * w,
         }
     }
 
@@ -77,16 +73,14 @@ impl Fmt {
                 }
                 table[code]
             }
-            Fmt::F32 => {
-                f32::from_ne_bytes([rec[4 * i], rec[4 * i + 1], rec[4 * i + 2], rec[4 * i + 3]])
-            }
         }
     }
 }
 
-/// The bytes of `x`, for an [`Fmt::F32`] page.
-pub(crate) fn f32_bytes(x: &[f32]) -> &[u8] {
-    // SAFETY: any f32 is four initialised bytes, u8 has alignment 1, and the byte slice covers
+/// The bytes of 16-bit values `x` (native-endian, so little-endian on x86-64 where the SIMD
+/// kernels read them), for an [`Fmt::F16`] or [`Fmt::Bf16`] page.
+pub(crate) fn u16_bytes(x: &[u16]) -> &[u8] {
+    // SAFETY: any u16 is two initialised bytes, u8 has alignment 1, and the byte slice covers
     // exactly the memory of `x` for the lifetime of its borrow.
     unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
 }
@@ -326,7 +320,7 @@ mod tests {
     }
 
     fn formats(rng: &mut Rng) -> Vec<Fmt> {
-        let mut f = vec![Fmt::Bf16, Fmt::F16, Fmt::Int8, Fmt::Fp8, Fmt::F32];
+        let mut f = vec![Fmt::Bf16, Fmt::F16, Fmt::Int8, Fmt::Fp8];
         for bits in 1..=4u8 {
             let mut table = [0f32; 16];
             for t in table.iter_mut().take(1 << bits) {
@@ -346,14 +340,6 @@ mod tests {
             // in `fp8_loader_decodes_every_code`).
             for b in bytes.iter_mut().filter(|b| **b & 0x7F == 0x7F) {
                 *b ^= 1;
-            }
-        }
-        if fmt == Fmt::F32 {
-            for j in 0..n {
-                for i in 0..w {
-                    let b = (rng.next() * 3.0).to_ne_bytes();
-                    bytes[j * stride + 4 * i..][..4].copy_from_slice(&b);
-                }
             }
         }
         if matches!(fmt, Fmt::Bf16 | Fmt::F16) {
@@ -377,7 +363,6 @@ mod tests {
             Fmt::Bf16 | Fmt::F16 => 2 * w,
             Fmt::Int8 | Fmt::Fp8 => w,
             Fmt::Table { bits, .. } => w * usize::from(bits) / 8,
-            Fmt::F32 => 4 * w,
         }
     }
 

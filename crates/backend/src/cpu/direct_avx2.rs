@@ -87,18 +87,6 @@ impl Load8 for Fp8 {
     }
 }
 
-#[derive(Clone, Copy)]
-struct F32;
-
-impl Load8 for F32 {
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8(self, rec: *const u8, c: usize) -> __m256 {
-        // SAFETY: 32 bytes at rec + 32c are readable (caller).
-        unsafe { _mm256_loadu_ps(rec.add(32 * c).cast()) }
-    }
-}
-
 /// `B`-bit codes through a 16-entry table held in two registers.
 #[derive(Clone, Copy)]
 struct Table<const B: usize> {
@@ -342,10 +330,6 @@ macro_rules! with_loader {
             }
             Fmt::Fp8 => {
                 let $ld = Fp8;
-                $body
-            }
-            Fmt::F32 => {
-                let $ld = F32;
                 $body
             }
             Fmt::Table { bits: 1, table } => {

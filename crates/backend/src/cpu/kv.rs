@@ -82,12 +82,16 @@ pub(crate) struct CodecStore {
 
 /// One block's exact K and V: rounded to f16 (what the format keeps and counts) and then
 /// brought into the codec's working basis once, when written — not at every read, where the
-/// rotation of each window token cost more than reading thousands of codes. `k` is
+/// rotation of each window token cost more than reading thousands of codes. The rotated
+/// vectors are kept as f16 bits again (native-endian, as the 16-bit pool's values; a second
+/// rounding, by at most 2⁻¹¹ of each working coordinate), so decode
+/// reads them as [`super::direct::Fmt::F16`] pages at 2 bytes a coordinate instead of 4: the
+/// window's bytes, not its arithmetic, set its cost beside the codes. `k` is
 /// `[kv_heads, block_size, key work_dim]`, `v` likewise with the value work dim.
 #[derive(Debug)]
 struct Shadow {
-    k: Vec<f32>,
-    v: Vec<f32>,
+    k: Vec<u16>,
+    v: Vec<u16>,
 }
 
 #[derive(Debug)]
@@ -251,6 +255,8 @@ impl CpuKvPool {
             ));
         }
         let d = self.head_dim;
+        // A window copy in the working basis before its f16 rounding (work dim ≤ 2 · head dim).
+        let mut work = Vec::new();
         for s in spans {
             for i in 0..s.n_tokens {
                 let pos = s.first_pos + i;
@@ -306,20 +312,23 @@ impl CpuKvPool {
                                 let (wk, wv) = (cs.codec.key.work_dim(), cs.codec.value.work_dim());
                                 let (heads, bs) = (self.kv_heads, self.block_size);
                                 let sh = cs.shadow.entry(block).or_insert_with(|| Shadow {
-                                    k: vec![0.0; heads * bs * wk],
-                                    v: vec![0.0; heads * bs * wv],
+                                    k: vec![0; heads * bs * wk],
+                                    v: vec![0; heads * bs * wv],
                                 });
                                 let mut rounded = [0f32; MAX_HEAD_DIM];
                                 let rounded = &mut rounded[..d];
                                 let (ak, av) = ((h * bs + slot) * wk, (h * bs + slot) * wv);
                                 round_to_f16(k, rounded);
-                                cs.codec
-                                    .key
-                                    .exact_to_work(rounded, &mut sh.k[ak..ak + wk])?;
+                                work.resize(wk.max(wv), 0.0);
+                                cs.codec.key.exact_to_work(rounded, &mut work[..wk])?;
+                                sh.k[ak..ak + wk]
+                                    .reinterpret_cast_mut::<f16>()
+                                    .convert_from_f32_slice(&work[..wk]);
                                 round_to_f16(v, rounded);
-                                cs.codec
-                                    .value
-                                    .exact_to_work(rounded, &mut sh.v[av..av + wv])?;
+                                cs.codec.value.exact_to_work(rounded, &mut work[..wv])?;
+                                sh.v[av..av + wv]
+                                    .reinterpret_cast_mut::<f16>()
+                                    .convert_from_f32_slice(&work[..wv]);
                             }
                         }
                     }
@@ -414,15 +423,15 @@ impl CpuKvPool {
         Ok(())
     }
 
-    /// The exact K and V of tokens `slots` of (block, head), in the codec's working basis
-    /// (`[slots.len(), work_dim]` each, contiguous), when the block has a shadow copy. A
-    /// block's copy covers all of its slots or none of them.
+    /// The exact K and V of tokens `slots` of (block, head), in the codec's working basis, as
+    /// f16 bits (`[slots.len(), work_dim]` each, contiguous), when the block has a shadow copy.
+    /// A block's copy covers all of its slots or none of them.
     pub(crate) fn exact_run(
         &self,
         block: usize,
         head: usize,
         slots: std::ops::Range<usize>,
-    ) -> Option<(&[f32], &[f32])> {
+    ) -> Option<(&[u16], &[u16])> {
         let Store::Codec(c) = &self.store else {
             return None;
         };
@@ -467,9 +476,7 @@ impl CpuKvPool {
             Half::K => &k[at..at + len],
             Half::V => &v[at..at + len],
         };
-        // SAFETY: any u16 is two valid bytes, u8 has alignment 1, and the byte slice covers
-        // exactly the memory of `src` for the lifetime of the borrow of `self`.
-        Some(unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u8>(), 2 * src.len()) })
+        Some(super::direct::u16_bytes(src))
     }
 
     /// The element format of this pool.
