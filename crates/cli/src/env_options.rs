@@ -1,5 +1,6 @@
 //! The only place that reads the engine's tuning switches from the environment: the
-//! libraries take them as options ([`CudaOptions`], [`Transformer::set_step_graphs`]).
+//! libraries take them as options ([`CudaOptions`], [`WeightMode`],
+//! [`Transformer::set_step_graphs`]).
 //!
 //! | variable | effect |
 //! |---|---|
@@ -9,12 +10,14 @@
 //! | `TURBOKV_ATTN_BLOCKS_PER_SM=N` | SIMT decode attention splits until N blocks per SM (default 2, ≥ 1) |
 //! | `TURBOKV_PREFILL_WARPS=4\|8` | warps per block of the tensor-core prefill attention (default 4) |
 //! | `TURBOKV_CODED_PREFILL_TILES=0\|1` | prefill over coded caches through tensor cores (default 1; 0: the decode kernels per row) |
+//! | `TURBOKV_CPU_WEIGHTS=native\|f32` | CPU matmuls on the stored weights with 8-bit activations (default), or on weights dequantized to f32 (the exact reference; slow) |
 //!
 //! A value that does not parse is an error naming the variable, never silently ignored.
 //!
 //! [`Transformer::set_step_graphs`]: turbokv_model::Transformer::set_step_graphs
 
 use anyhow::{Result, bail};
+use turbokv_backend::cpu::WeightMode;
 use turbokv_backend::cuda::CudaOptions;
 
 /// Switches retired once their A/B question was settled (BENCHMARKS.md, "Retired switches"),
@@ -36,6 +39,8 @@ pub struct EnvOptions {
     pub cuda: CudaOptions,
     /// Whether decode steps replay CUDA graphs.
     pub step_graphs: bool,
+    /// How a CPU backend keeps its weight matrices.
+    pub cpu_weights: WeightMode,
 }
 
 /// The options from the process environment.
@@ -82,7 +87,16 @@ fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<EnvOptions> {
     };
     cuda.coded_prefill_tiles = flag("TURBOKV_CODED_PREFILL_TILES", cuda.coded_prefill_tiles)?;
     let step_graphs = flag("TURBOKV_STEP_GRAPHS", true)?;
-    Ok(EnvOptions { cuda, step_graphs })
+    let cpu_weights = match get("TURBOKV_CPU_WEIGHTS").as_deref().map(str::trim) {
+        None | Some("native") => WeightMode::Native,
+        Some("f32") => WeightMode::DequantizedF32,
+        Some(v) => bail!("TURBOKV_CPU_WEIGHTS={v:?}: expected native or f32"),
+    };
+    Ok(EnvOptions {
+        cuda,
+        step_graphs,
+        cpu_weights,
+    })
 }
 
 #[cfg(test)]
@@ -107,6 +121,7 @@ mod tests {
         assert_eq!(o.cuda.attention_blocks_per_sm, d.attention_blocks_per_sm);
         assert!(o.cuda.device_top_k && o.cuda.dec_mma && o.cuda.rope_gemv);
         assert_eq!(o.cuda.coded_prefill_tiles, d.coded_prefill_tiles);
+        assert_eq!(o.cpu_weights, WeightMode::Native);
     }
 
     #[test]
@@ -118,8 +133,10 @@ mod tests {
             ("TURBOKV_ATTN_BLOCKS_PER_SM", "4"),
             ("TURBOKV_PREFILL_WARPS", "8"),
             ("TURBOKV_CODED_PREFILL_TILES", "0"),
+            ("TURBOKV_CPU_WEIGHTS", "f32"),
         ])
         .unwrap();
+        assert_eq!(o.cpu_weights, WeightMode::DequantizedF32);
         assert_eq!(o.cuda.prefill_warps, 8);
         assert!(!o.cuda.coded_prefill_tiles);
         assert!(!o.step_graphs);
@@ -138,6 +155,7 @@ mod tests {
             ("TURBOKV_ATTN_BLOCKS_PER_SM", "two"),
             ("TURBOKV_PREFILL_WARPS", "6"),
             ("TURBOKV_CODED_PREFILL_TILES", "yes"),
+            ("TURBOKV_CPU_WEIGHTS", "q8"),
         ] {
             let e = parse(&[(name, v)]).unwrap_err().to_string();
             assert!(e.contains(name) && e.contains(v), "{e}");

@@ -37,18 +37,19 @@ pub enum Device {
 /// Opens `--device` (`cpu`, `cuda`, `cuda:N`); a GPU that cannot be opened falls back to the
 /// CPU with a one-line explanation.
 pub fn select_device(spec: &str) -> Result<Device> {
+    let opts = crate::env_options::from_env()?;
+    let cpu = || CpuBackend::with_weights(opts.cpu_weights);
     if spec == "cpu" {
-        return Ok(Device::Cpu(CpuBackend::new()));
+        return Ok(Device::Cpu(cpu()));
     }
     let Some(ordinal) = turbokv_backend::cuda::parse_device(spec) else {
         bail!("unknown --device {spec:?}; use cpu, cuda or cuda:N");
     };
-    let opts = crate::env_options::from_env()?;
     match CudaBackend::with_options(ordinal, &opts.cuda) {
         Ok(b) => Ok(Device::Cuda(Box::new(b))),
         Err(e) => {
             eprintln!("turbokv: {e}; falling back to the CPU");
-            Ok(Device::Cpu(CpuBackend::new()))
+            Ok(Device::Cpu(cpu()))
         }
     }
 }
