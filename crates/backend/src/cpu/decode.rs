@@ -92,10 +92,8 @@ impl Views {
 }
 
 impl HalfView {
-    /// Slots `slot0..slot0 + n` of (block, head) as the task's keys `off..off + n`; their
-    /// scales (times `mul` and the format's unit) go to `scales` when `scales` is given (`n`
-    /// of them).
-    #[allow(clippy::too_many_arguments)]
+    /// Slots `slot0..slot0 + n` of (block, head) as the task's keys `off..off + n`, with
+    /// their scales when the pool has them.
     fn page<'a>(
         &self,
         pool: &'a CpuKvPool,
@@ -104,73 +102,54 @@ impl HalfView {
         slot0: usize,
         n: usize,
         off: usize,
-        mul: f32,
-        scales: Option<&mut [f32]>,
     ) -> Result<Page<'a>, Error> {
-        let mul = mul * self.fmt.unit();
         let missing = || {
             shape(
                 "decode attention",
                 format!("no {:?} block {block}", self.half),
             )
         };
-        let (bytes, start) = match self.scale {
+        let (bytes, start, scales) = match self.scale {
             None => {
-                if let Some(s) = scales {
-                    s.fill(mul);
-                }
                 let b = pool
                     .raw16_block(self.half, block, head)
                     .ok_or_else(missing)?;
-                (b, slot0 * self.stride)
+                (b, slot0 * self.stride, &[][..])
             }
             Some((offset, step)) => {
                 let b = pool.codec_block(self.half, block, head);
-                if let Some(s) = scales {
-                    let src = b.get(offset + slot0 * step..).ok_or_else(missing)?;
-                    direct::f16_scales(src, step, mul, s);
-                }
-                (b, slot0 * self.stride + self.code_offset)
+                let scales = b.get(offset + slot0 * step..).ok_or_else(missing)?;
+                (b, slot0 * self.stride + self.code_offset, scales)
             }
         };
         Ok(Page {
             bytes: bytes.get(start..).ok_or_else(missing)?,
             n,
             off,
+            scales,
         })
     }
 
-    /// Hints the caches to fetch the scales of (block, head) (codec pools).
-    fn prefetch_scales(&self, pool: &CpuKvPool, block: usize, head: usize) {
-        if let Some((offset, _)) = self.scale {
-            let b = pool.codec_block(self.half, block, head);
-            direct::prefetch(b.get(offset..).unwrap_or(&[]));
-        }
-    }
-
-    fn pages<'a>(&self, list: &'a [Page<'a>]) -> Pages<'a> {
+    /// The task's pages of this half; `mul` is the factor every key shares besides its
+    /// scale (the softmax scale for keys).
+    fn pages<'a>(&self, list: &'a [Page<'a>], mul: f32) -> Pages<'a> {
         Pages {
             fmt: self.fmt,
             stride: self.stride,
+            scale_step: self.scale.map_or(0, |(_, step)| step),
+            mul: mul * self.fmt.unit(),
             list,
         }
     }
 }
-
-/// Pages ahead whose scales the page-gathering loop of a task requests from memory.
-const SCALE_PREFETCH_PAGES: usize = 8;
 
 /// Per-thread buffers of decode tasks, grown as needed and never shrunk.
 #[derive(Default)]
 struct Scratch {
     /// Queries in the key working basis, `[rows, wk]`.
     qw: Vec<f32>,
-    /// Scores, then softmax weights, then weights × value scales: `[rows, keys]`.
+    /// Scores, then softmax weights: `[rows, keys]`.
     p: Vec<f32>,
-    /// Value scale of every key of the task.
-    vscale: Vec<f32>,
-    /// Key scale (times the softmax scale) of every key of the task.
-    kscale: Vec<f32>,
     /// One finished output row.
     tmp: Vec<f32>,
 }
@@ -221,11 +200,8 @@ fn run_in(
         }
     }
 
-    // The pages of the task, with the key and value scales of every key (the softmax scale
-    // folded into the key scales). Keys the query reads exactly go to pages of their copies
-    // instead, with the softmax scale as their key scale and 1 as their value scale.
-    sc.kscale.resize(nk, 0.0);
-    sc.vscale.resize(nk, 0.0);
+    // The pages of the task. Keys the query reads exactly go to pages of their copies
+    // instead, which have no scales.
     let (mut kpages, mut vpages) = (Vec::new(), Vec::new());
     let (mut ekpages, mut evpages) = (Vec::new(), Vec::new());
     let mut exact = ExactTiles::new(codec);
@@ -233,63 +209,44 @@ fn run_in(
     while p0 < t.k1 {
         let n = (bs - p0 % bs).min(t.k1 - p0);
         let block = pool.block_of(s.blocks, p0)?;
-        // The scales are the first bytes of each page this loop touches: ask for them ahead
-        // (the kernels prefetch the records themselves).
-        let ahead = p0 + SCALE_PREFETCH_PAGES * bs;
-        if let Some(b) = (ahead < t.k1)
-            .then(|| pool.block_of(s.blocks, ahead).ok())
-            .flatten()
-        {
-            views.k.prefetch_scales(pool, b, t.head);
-            views.v.prefetch_scales(pool, b, t.head);
-        }
         let slot0 = p0 % bs;
         exact.load(pool, block, t.head, p0, slot0..slot0 + n, qpos);
         let coded = exact.coded(qpos, p0, 0..n);
         if !coded.is_empty() {
-            let (n, off) = (coded.len(), p0 - t.k0 + coded.start);
-            let (ks, vs) = (&mut sc.kscale[off..off + n], &mut sc.vscale[off..off + n]);
-            let slot = slot0 + coded.start;
-            kpages.push(
-                views
-                    .k
-                    .page(pool, block, t.head, slot, n, off, g.scale, Some(ks))?,
-            );
-            vpages.push(
-                views
-                    .v
-                    .page(pool, block, t.head, slot, n, off, 1.0, Some(vs))?,
-            );
+            let (n, off, slot) = (coded.len(), p0 - t.k0 + coded.start, slot0 + coded.start);
+            kpages.push(views.k.page(pool, block, t.head, slot, n, off)?);
+            vpages.push(views.v.page(pool, block, t.head, slot, n, off)?);
         }
         for r in [0..coded.start, coded.end..n] {
             let Some((k, v)) = exact.copies(r.clone()) else {
                 continue;
             };
             let (n, off) = (r.len(), p0 - t.k0 + r.start);
-            sc.kscale[off..off + n].fill(g.scale);
-            sc.vscale[off..off + n].fill(1.0);
-            let page = |bytes| Page { bytes, n, off };
+            let page = |bytes| Page {
+                bytes,
+                n,
+                off,
+                scales: &[],
+            };
             ekpages.push(page(direct::u16_bytes(k)));
             evpages.push(page(direct::u16_bytes(v)));
         }
         p0 += n;
     }
-    let ekp = Pages {
+    let exact_pages = |stride, mul, list| Pages {
         fmt: Fmt::F16,
-        stride: 2 * wk,
-        list: &ekpages,
-    };
-    let evp = Pages {
-        fmt: Fmt::F16,
-        stride: 2 * wv,
-        list: &evpages,
+        stride,
+        scale_step: 0,
+        mul,
+        list,
     };
 
     // Pass 1: every score.
     sc.p.resize(rows * nk, 0.0);
-    let (kp, vp) = (views.k.pages(&kpages), views.v.pages(&vpages));
-    direct::scores(kp, &sc.qw, rows, &sc.kscale, &mut sc.p, nk);
-    direct::scores(ekp, &sc.qw, rows, &sc.kscale, &mut sc.p, nk);
+    let kp = views.k.pages(&kpages, g.scale);
+    direct::scores(kp, &sc.qw, rows, &mut sc.p, nk);
+    let ekp = exact_pages(2 * wk, g.scale, &ekpages);
+    direct::scores(ekp, &sc.qw, rows, &mut sc.p, nk);
 
     // Softmax numerators of the whole range, one max and one exp pass per row.
     let mut m = vec![f32::NEG_INFINITY; rows];
@@ -299,15 +256,11 @@ fn run_in(
         l[r] = ops::exp_shift_sum(pr, m[r]);
     }
 
-    let mut acc = vec![0f32; rows * wv];
-    if views.v.scale.is_some() {
-        for pr in sc.p.chunks_exact_mut(nk) {
-            pr.iter_mut().zip(&sc.vscale).for_each(|(p, s)| *p *= s);
-        }
-    }
-
     // Pass 2: the weighted value sum.
+    let mut acc = vec![0f32; rows * wv];
+    let vp = views.v.pages(&vpages, 1.0);
     direct::accumulate(vp, &sc.p, nk, &mut acc, rows);
+    let evp = exact_pages(2 * wv, 1.0, &evpages);
     direct::accumulate(evp, &sc.p, nk, &mut acc, rows);
 
     // A task that saw every key of its query finishes its rows here, in parallel.

@@ -3,12 +3,14 @@
 //! single-part TurboQuant MSE codes (see [`turbokv_codec::DirectCodes`]); a window's exact
 //! copies (already in the working basis) are f16 pages too.
 //!
-//! A page is `n` token records `stride` bytes apart. Token `j`'s working vector is
-//! `x_j = s_j · unit · value(record_j)`; the caller folds `s_j · unit` (and the softmax scale)
-//! into the per-token `scales` of [`scores`] and the `weights` of [`accumulate`], so the
-//! kernels see only the records. `unit` ([`Fmt::unit`]) is 1 except for fp8, whose values
-//! are E4M3's times 2⁻⁸ (what the loader gets from the f16 conversion without a multiply). Each function has a plain scalar reference (`*_ref`) that the AVX2 twin
-//! (`direct_avx2`) is tested against.
+//! A page is `n` token records `stride` bytes apart, and optionally their f16 scales
+//! `scale_step` bytes apart. Token `j`'s working vector is `x_j = s_j · value(record_j)`
+//! (`s_j = 1` for a page without scales); the kernels multiply by `s_j` and by the pages'
+//! common factor `mul` (the softmax scale, and [`Fmt::unit`], which is 1 except for fp8, whose
+//! values are E4M3's times 2⁻⁸: what the loader gets from the f16 conversion without a
+//! multiply). The scales are read page by page beside the records, so they arrive with the
+//! records' prefetch instead of costing a separate pass over the pages. Each function has a
+//! plain scalar reference (`*_ref`) that the AVX2 twin (`direct_avx2`) is tested against.
 
 use turbokv_codec::{DirectCodes, DirectKind};
 
@@ -38,7 +40,7 @@ impl Fmt {
     }
 
     /// The factor between [`Fmt::value`] and the format's own value of a code (2⁸ for fp8,
-    /// else 1), which callers fold into the per-token scales.
+    /// else 1), which callers fold into [`Pages::mul`].
     pub(crate) fn unit(self) -> f32 {
         match self {
             Fmt::Fp8 => 256.0,
@@ -53,6 +55,15 @@ impl Fmt {
             Fmt::Bf16 | Fmt::F16 => 2 * w,
             Fmt::Int8 | Fmt::Fp8 => w,
             Fmt::Table { bits, .. } => (w / 8).saturating_sub(1) * usize::from(bits) + 4,
+        }
+    }
+
+    /// Bytes of a record of `w` coordinates.
+    fn record_len(self, w: usize) -> usize {
+        match self {
+            Fmt::Bf16 | Fmt::F16 => 2 * w,
+            Fmt::Int8 | Fmt::Fp8 => w,
+            Fmt::Table { bits, .. } => (w * usize::from(bits)).div_ceil(8),
         }
     }
 
@@ -92,6 +103,9 @@ pub(crate) struct Page<'a> {
     pub(crate) bytes: &'a [u8],
     pub(crate) n: usize,
     pub(crate) off: usize,
+    /// The records' f16 scales, [`Pages::scale_step`] bytes apart; empty when every scale
+    /// is 1 (16-bit pages).
+    pub(crate) scales: &'a [u8],
 }
 
 /// The pages of one task in one format.
@@ -99,20 +113,38 @@ pub(crate) struct Page<'a> {
 pub(crate) struct Pages<'a> {
     pub(crate) fmt: Fmt,
     pub(crate) stride: usize,
+    /// Bytes between two records' scales.
+    pub(crate) scale_step: usize,
+    /// The factor every record shares (softmax scale, [`Fmt::unit`]).
+    pub(crate) mul: f32,
     pub(crate) list: &'a [Page<'a>],
 }
 
 impl Pages<'_> {
-    /// Whether the SIMD loaders may read every chunk of every page's records of `w`
-    /// coordinates.
-    fn simd_ok(&self, w: usize) -> bool {
+    /// Whether every page holds its `n` records of `w` coordinates and their scales (panics
+    /// otherwise: a caller's bug), and whether the SIMD loaders may read every chunk of them.
+    fn check(&self, w: usize) -> bool {
         let len = self.fmt.read_len(w);
-        w > 0
-            && w.is_multiple_of(8)
-            && self
-                .list
-                .iter()
-                .all(|p| p.n == 0 || p.bytes.len() >= (p.n - 1) * self.stride + len)
+        let mut simd = w > 0 && w.is_multiple_of(8);
+        for p in self.list.iter().filter(|p| p.n > 0) {
+            let last = (p.n - 1) * self.stride;
+            assert!(
+                p.bytes.len() >= last + self.fmt.record_len(w)
+                    && (p.scales.is_empty() || p.scales.len() >= (p.n - 1) * self.scale_step + 2),
+                "direct kernels: a page is shorter than its records"
+            );
+            simd &= p.bytes.len() >= last + len;
+        }
+        simd
+    }
+
+    /// `s_j · mul` for record `j` of `page`.
+    fn scale(&self, page: &Page<'_>, j: usize) -> f32 {
+        if page.scales.is_empty() {
+            return self.mul;
+        }
+        let at = j * self.scale_step;
+        half::f16::from_le_bytes([page.scales[at], page.scales[at + 1]]).to_f32() * self.mul
     }
 
     /// One past the last key offset of the pages.
@@ -144,37 +176,28 @@ pub(crate) fn has_simd() -> bool {
 /// Rows handled by one SIMD call (their accumulators share the registers).
 const MAX_ROWS: usize = 4;
 
-/// `out[r·os + off + j] = scales[off + j] · ⟨q_r, x_j⟩` for the query rows
+/// `out[r·os + off + j] = mul · s_j · ⟨q_r, x_j⟩` for the query rows
 /// `q_r = q[r·w..(r + 1)·w]` (`w = q.len() / rows`) and record `j` of every page at `off`.
-pub(crate) fn scores(
-    pages: Pages<'_>,
-    q: &[f32],
-    rows: usize,
-    scales: &[f32],
-    out: &mut [f32],
-    os: usize,
-) {
+pub(crate) fn scores(pages: Pages<'_>, q: &[f32], rows: usize, out: &mut [f32], os: usize) {
     let (end, w) = (pages.end(), q.len() / rows.max(1));
     assert!(
-        end <= scales.len() && (rows == 0 || out.len() >= (rows - 1) * os + end),
-        "scores: scales or output too short"
+        rows == 0 || out.len() >= (rows - 1) * os + end,
+        "scores: output too short"
     );
+    let simd = pages.check(w);
     #[cfg(target_arch = "x86_64")]
-    if has_simd() && pages.simd_ok(w) {
+    if has_simd() && simd {
         for r0 in (0..rows).step_by(MAX_ROWS) {
             let rr = (rows - r0).min(MAX_ROWS);
-            // SAFETY: AVX2/FMA/F16C detected; w is a positive multiple of 8 and every chunk of
-            // every page is readable (`simd_ok`); the q rows r0..r0 + rr hold rr·w floats;
-            // every page ends within `scales`, and `out[r0·os..]` holds (rr − 1)·os + end
-            // floats (asserted above).
+            // SAFETY: AVX2/FMA/F16C detected; w is a positive multiple of 8, every chunk of
+            // every page's records and every scale is readable (`check`); the q rows
+            // r0..r0 + rr hold rr·w floats; `out[r0·os..]` holds (rr − 1)·os + end floats
+            // (asserted above).
             unsafe {
                 super::direct_avx2::scores(
-                    pages.fmt,
-                    pages.stride,
-                    pages.list,
+                    pages,
                     &q[r0 * w..(r0 + rr) * w],
                     rr,
-                    scales,
                     &mut out[r0 * os..],
                     os,
                 )
@@ -182,22 +205,15 @@ pub(crate) fn scores(
         }
         return;
     }
-    scores_ref(pages, q, rows, scales, out, os);
+    scores_ref(pages, q, rows, out, os);
 }
 
 /// Scalar reference of [`scores`].
-pub(crate) fn scores_ref(
-    pages: Pages<'_>,
-    q: &[f32],
-    rows: usize,
-    scales: &[f32],
-    out: &mut [f32],
-    os: usize,
-) {
+pub(crate) fn scores_ref(pages: Pages<'_>, q: &[f32], rows: usize, out: &mut [f32], os: usize) {
     let w = q.len() / rows.max(1);
     for page in pages.list {
         for j in 0..page.n {
-            let (x, k) = (pages.record(page, j), page.off + j);
+            let (x, k, s) = (pages.record(page, j), page.off + j, pages.scale(page, j));
             for r in 0..rows {
                 let qr = &q[r * w..(r + 1) * w];
                 let dot: f32 = qr
@@ -205,14 +221,14 @@ pub(crate) fn scores_ref(
                     .enumerate()
                     .map(|(i, &a)| a * pages.fmt.value(x, i))
                     .sum();
-                out[r * os + k] = dot * scales[k];
+                out[r * os + k] = dot * s;
             }
         }
     }
 }
 
-/// `acc[r·w..(r + 1)·w] += Σ weights[r·ws + off + j] · x_j` over record `j` of every page at
-/// `off`, for the accumulator rows of `acc` (`w = acc.len() / rows`).
+/// `acc[r·w..(r + 1)·w] += Σ weights[r·ws + off + j] · mul · s_j · x_j` over record `j` of
+/// every page at `off`, for the accumulator rows of `acc` (`w = acc.len() / rows`).
 pub(crate) fn accumulate(
     pages: Pages<'_>,
     weights: &[f32],
@@ -225,18 +241,17 @@ pub(crate) fn accumulate(
         rows == 0 || weights.len() >= (rows - 1) * ws + end,
         "accumulate: weights too short"
     );
+    let simd = pages.check(w);
     #[cfg(target_arch = "x86_64")]
-    if has_simd() && pages.simd_ok(w) {
+    if has_simd() && simd {
         for r0 in (0..rows).step_by(MAX_ROWS) {
             let rr = (rows - r0).min(MAX_ROWS);
-            // SAFETY: AVX2/FMA/F16C detected; w is a positive multiple of 8 and every chunk of
-            // every page is readable (`simd_ok`); `acc[r0·w..]` holds rr·w floats;
-            // `weights[r0·ws..]` holds (rr − 1)·ws + end floats (asserted above).
+            // SAFETY: AVX2/FMA/F16C detected; w is a positive multiple of 8, every chunk of
+            // every page's records and every scale is readable (`check`); `acc[r0·w..]` holds
+            // rr·w floats; `weights[r0·ws..]` holds (rr − 1)·ws + end floats (asserted above).
             unsafe {
                 super::direct_avx2::accumulate(
-                    pages.fmt,
-                    pages.stride,
-                    pages.list,
+                    pages,
                     &weights[r0 * ws..],
                     ws,
                     &mut acc[r0 * w..(r0 + rr) * w],
@@ -260,45 +275,14 @@ pub(crate) fn accumulate_ref(
     let w = acc.len() / rows.max(1);
     for page in pages.list {
         for j in 0..page.n {
-            let (x, k) = (pages.record(page, j), page.off + j);
+            let (x, k, s) = (pages.record(page, j), page.off + j, pages.scale(page, j));
             for r in 0..rows {
-                let p = weights[r * ws + k];
+                let p = weights[r * ws + k] * s;
                 for (i, a) in acc[r * w..(r + 1) * w].iter_mut().enumerate() {
                     *a += p * pages.fmt.value(x, i);
                 }
             }
         }
-    }
-}
-
-/// Hints the caches to fetch `bytes` (one prefetch per 64-byte line); no effect on results.
-#[inline]
-pub(crate) fn prefetch(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    for at in (0..bytes.len()).step_by(64) {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        // SAFETY: a prefetch is a hint that never faults; the address lies inside `bytes`.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(at).cast()) };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
-}
-
-/// `out[j] = scale · f16(src[j·stride..][..2])` (the per-token scales of a page).
-pub(crate) fn f16_scales(src: &[u8], stride: usize, scale: f32, out: &mut [f32]) {
-    let n = out.len();
-    assert!(
-        n == 0 || src.len() >= (n - 1) * stride + 2,
-        "f16_scales: source too short"
-    );
-    #[cfg(target_arch = "x86_64")]
-    if has_simd() {
-        // SAFETY: F16C detected; the length was asserted just above.
-        unsafe { super::direct_avx2::f16_scales(src, stride, scale, out) };
-        return;
-    }
-    for (j, o) in out.iter_mut().enumerate() {
-        *o = half::f16::from_le_bytes([src[j * stride], src[j * stride + 1]]).to_f32() * scale;
     }
 }
 
@@ -358,14 +342,6 @@ mod tests {
         bytes
     }
 
-    fn code_bytes(fmt: Fmt, w: usize) -> usize {
-        match fmt {
-            Fmt::Bf16 | Fmt::F16 => 2 * w,
-            Fmt::Int8 | Fmt::Fp8 => w,
-            Fmt::Table { bits, .. } => w * usize::from(bits) / 8,
-        }
-    }
-
     /// Agreement to f32 rounding of a sum of `w` terms up to `mag` in size (order differs).
     fn close(a: f32, b: f32, w: usize, mag: f32, what: &str) {
         let tol = 1e-6 * w as f32 * mag + 2e-6 * b.abs();
@@ -384,10 +360,18 @@ mod tests {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         for fmt in formats(&mut rng) {
             for w in [8, 24, 64, 128] {
-                for n in [1, 2, 3, 5, 16, 17, 31] {
+                for n in [1, 2, 3, 5, 16, 17, 31, 70] {
                     for rows in [1, 2, 3, 4, 5, 9] {
-                        let stride = code_bytes(fmt, w) + if n % 2 == 0 { 0 } else { 6 };
+                        let stride = fmt.record_len(w) + if n % 2 == 0 { 0 } else { 6 };
                         let bytes = records(fmt, n, stride, w, &mut rng);
+                        // Scales packed (step 2), interleaved with another scalar (step 4),
+                        // or none.
+                        let scale_step = [0, 2, 4][(n + rows) % 3];
+                        let mut scale_bytes = vec![0u8; n * scale_step];
+                        for s in scale_bytes.chunks_exact_mut(scale_step.max(1)).take(n) {
+                            let h = half::f16::from_f32(rng.next()).to_le_bytes();
+                            s[..2].copy_from_slice(&h);
+                        }
                         // One page of all n records, or pages of 1, 2, … records at their
                         // offsets (as a task's block table gives them).
                         let mut list = Vec::new();
@@ -402,24 +386,26 @@ mod tests {
                                 bytes: &bytes[off * stride..],
                                 n: len,
                                 off,
+                                scales: &scale_bytes[off * scale_step..],
                             });
                             off += len;
                         }
                         let pages = Pages {
                             fmt,
                             stride,
+                            scale_step,
+                            mul: 0.75,
                             list: &list,
                         };
-                        let what = format!("{fmt:?} w {w} n {n} rows {rows}");
+                        let what = format!("{fmt:?} w {w} n {n} rows {rows} step {scale_step}");
                         // fp8 values are E4M3's over 2⁸: at most 1.75.
                         let mag = if fmt == Fmt::Int8 { 128.0 } else { 3.0 };
                         let q: Vec<f32> = (0..rows * w).map(|_| rng.next()).collect();
-                        let scales: Vec<f32> = (0..n).map(|_| rng.next()).collect();
                         let os = n + 3;
                         let mut got = vec![f32::NAN; rows * os];
                         let mut want = got.clone();
-                        scores(pages, &q, rows, &scales, &mut got, os);
-                        scores_ref(pages, &q, rows, &scales, &mut want, os);
+                        scores(pages, &q, rows, &mut got, os);
+                        scores_ref(pages, &q, rows, &mut want, os);
                         for r in 0..rows {
                             for j in 0..n {
                                 close(got[r * os + j], want[r * os + j], w, mag, &what);
@@ -453,10 +439,13 @@ mod tests {
             bytes: &rec,
             n: 1,
             off: 0,
+            scales: &[],
         }];
         let pages = Pages {
             fmt: Fmt::Fp8,
             stride: 256,
+            scale_step: 0,
+            mul: 1.0,
             list: &list,
         };
         let mut acc = vec![0f32; 256];
@@ -470,25 +459,7 @@ mod tests {
         }
         let mut s = [0f32; 1];
         let q = vec![1f32; 256];
-        scores(pages, &q, 1, &[1.0], &mut s, 1);
+        scores(pages, &q, 1, &mut s, 1);
         assert!(s[0].is_nan(), "a NaN code makes the score NaN");
-    }
-
-    #[test]
-    fn f16_scales_match_half() {
-        let mut rng = Rng(7);
-        for stride in [2, 4, 6] {
-            for n in [0, 1, 7, 8, 9, 16, 19] {
-                let src: Vec<u8> = (0..n * stride + 2)
-                    .map(|_| rng.byte() & 0x7B) // keep exponents finite
-                    .collect();
-                let mut out = vec![0f32; n];
-                f16_scales(&src, stride, 0.5, &mut out);
-                for (j, o) in out.iter().enumerate() {
-                    let h = half::f16::from_le_bytes([src[j * stride], src[j * stride + 1]]);
-                    assert_eq!(*o, h.to_f32() * 0.5, "stride {stride} n {n} j {j}");
-                }
-            }
-        }
     }
 }

@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-use super::direct::{Fmt, Page};
+use super::direct::{Fmt, Page, Pages};
 
 /// Eight consecutive coordinates of a token record as f32 lanes (without the token scale).
 trait Load8: Copy {
@@ -356,51 +356,75 @@ macro_rules! with_loader {
 /// prefetchers do not follow a block table, and a page takes ~100 ns.
 const PREFETCH_PAGES: usize = 4;
 
-/// Hints the caches to fetch the records of `page`.
+/// Records whose scales are widened at a time, into a buffer on the stack.
+const SCALE_RUN: usize = 64;
+
+/// Hints the caches to fetch the records and scales of `page`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn prefetch(page: &Page<'_>, stride: usize) {
-    let len = (page.n * stride).min(page.bytes.len());
-    for at in (0..len).step_by(64) {
-        // SAFETY: a prefetch never faults; the address lies inside `page.bytes`.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(page.bytes.as_ptr().add(at).cast()) };
+fn prefetch(page: &Page<'_>, pages: &Pages<'_>) {
+    let records = &page.bytes[..(page.n * pages.stride).min(page.bytes.len())];
+    let scales = &page.scales[..(page.n * pages.scale_step).min(page.scales.len())];
+    for bytes in [records, scales] {
+        for at in (0..bytes.len()).step_by(64) {
+            // SAFETY: a prefetch never faults; the address lies inside `bytes`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(at).cast()) };
+        }
     }
 }
 
-/// [`scores_t`] over every page of `pages` for `rows` (1–4) query rows of format `fmt`:
-/// `out[r·os + off + j] = scales[off + j] · ⟨q_r, x_j⟩` for record j of the page at `off`.
+/// `out[k] = mul · s_(j0 + k)` for the `out.len()` records of `page` from `j0` on.
+///
+/// # Safety
+/// AVX2/FMA/F16C; the page holds the scales of records `j0..j0 + out.len()` (or none).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn page_scales(pages: &Pages<'_>, page: &Page<'_>, j0: usize, out: &mut [f32]) {
+    if page.scales.is_empty() {
+        out.fill(pages.mul);
+    } else {
+        // SAFETY: the scales of records j0..j0 + n lie inside `page.scales` (caller).
+        unsafe {
+            f16_scales(
+                &page.scales[j0 * pages.scale_step..],
+                pages.scale_step,
+                pages.mul,
+                out,
+            )
+        };
+    }
+}
+
+/// [`scores_t`] over every page of `pages` for `rows` (1–4) query rows:
+/// `out[r·os + off + j] = mul · s_j · ⟨q_r, x_j⟩` for record j of the page at `off`.
 ///
 /// # Safety
 /// AVX2/FMA/F16C; `q.len() = rows·w` with `w` a positive multiple of 8; every chunk of every
-/// page's `n` records is readable from its `bytes`; for every page `off + n <= scales.len()`
-/// and `out` holds `(rows − 1)·os + off + n` floats; `fmt`'s table width is 1–4 bits.
-#[allow(clippy::too_many_arguments)]
+/// page's `n` records and its `n` scales (if any) are readable; for every page `out` holds
+/// `(rows − 1)·os + off + n` floats; the format's table width is 1–4 bits.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn scores(
-    fmt: Fmt,
-    stride: usize,
-    pages: &[Page<'_>],
-    q: &[f32],
-    rows: usize,
-    scales: &[f32],
-    out: &mut [f32],
-    os: usize,
-) {
-    let w = q.len() / rows;
+pub(super) unsafe fn scores(pages: Pages<'_>, q: &[f32], rows: usize, out: &mut [f32], os: usize) {
+    let (w, stride) = (q.len() / rows, pages.stride);
     let (qp, op) = (q.as_ptr(), out.as_mut_ptr());
+    let mut buf = [0f32; SCALE_RUN];
     macro_rules! go {
         ($r:literal) => {
-            with_loader!(fmt, ld => {
-                for (i, pg) in pages.iter().enumerate() {
-                    if let Some(next) = pages.get(i + PREFETCH_PAGES) {
-                        prefetch(next, stride);
+            with_loader!(pages.fmt, ld => {
+                for (i, pg) in pages.list.iter().enumerate() {
+                    if let Some(next) = pages.list.get(i + PREFETCH_PAGES) {
+                        prefetch(next, &pages);
                     }
-                    let sc = &scales[pg.off..pg.off + pg.n];
-                    // SAFETY: forwarded from the caller for this page.
-                    unsafe {
-                        scores_t::<_, $r, { tokens_per_pass($r) }>(
-                            ld, qp, w, pg.bytes.as_ptr(), stride, sc, op.add(pg.off), os,
-                        )
+                    for j0 in (0..pg.n).step_by(SCALE_RUN) {
+                        let sc = &mut buf[..(pg.n - j0).min(SCALE_RUN)];
+                        // SAFETY: records j0..j0 + sc.len() of the page, their scales and
+                        // their outputs are in bounds (caller).
+                        unsafe {
+                            page_scales(&pages, pg, j0, sc);
+                            scores_t::<_, $r, { tokens_per_pass($r) }>(
+                                ld, qp, w, pg.bytes.as_ptr().add(j0 * stride), stride, sc,
+                                op.add(pg.off + j0), os,
+                            )
+                        }
                     }
                 }
             })
@@ -414,37 +438,53 @@ pub(super) unsafe fn scores(
     }
 }
 
-/// [`accumulate_t`] over every page of `pages` for `rows` (1–4) accumulator rows of format
-/// `fmt`: `acc[r·w..][..w] += Σ_j weights[r·ws + off + j] · x_j`.
+/// [`accumulate_t`] over every page of `pages` for `rows` (1–4) accumulator rows:
+/// `acc[r·w..][..w] += Σ_j weights[r·ws + off + j] · mul · s_j · x_j`.
 ///
 /// # Safety
 /// AVX2/FMA/F16C; `acc.len() = rows·w` with `w` a positive multiple of 8; every chunk of every
-/// page's `n` records is readable from its `bytes`; for every page `weights` holds
-/// `(rows − 1)·ws + off + n` floats; `fmt`'s table width is 1–4 bits.
+/// page's `n` records and its `n` scales (if any) are readable; for every page `weights`
+/// holds `(rows − 1)·ws + off + n` floats; the format's table width is 1–4 bits.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn accumulate(
-    fmt: Fmt,
-    stride: usize,
-    pages: &[Page<'_>],
+    pages: Pages<'_>,
     weights: &[f32],
     ws: usize,
     acc: &mut [f32],
     rows: usize,
 ) {
-    let w = acc.len() / rows;
-    let (wp, ap) = (weights.as_ptr(), acc.as_mut_ptr());
+    let (w, stride) = (acc.len() / rows, pages.stride);
+    let ap = acc.as_mut_ptr();
+    let mut buf = [0f32; SCALE_RUN];
+    // The run's weights times its scales, one row of SCALE_RUN per accumulator row.
+    let mut scaled = [0f32; 4 * SCALE_RUN];
     macro_rules! go {
         ($r:literal) => {
-            with_loader!(fmt, ld => {
-                for (i, pg) in pages.iter().enumerate() {
-                    if let Some(next) = pages.get(i + PREFETCH_PAGES) {
-                        prefetch(next, stride);
+            with_loader!(pages.fmt, ld => {
+                for (i, pg) in pages.list.iter().enumerate() {
+                    if let Some(next) = pages.list.get(i + PREFETCH_PAGES) {
+                        prefetch(next, &pages);
                     }
-                    // SAFETY: forwarded from the caller for this page.
-                    unsafe {
-                        accumulate_t::<_, $r>(
-                            ld, pg.bytes.as_ptr(), stride, pg.n, wp.add(pg.off), ws, ap, w,
-                        )
+                    for j0 in (0..pg.n).step_by(SCALE_RUN) {
+                        let n = (pg.n - j0).min(SCALE_RUN);
+                        let sc = &mut buf[..n];
+                        // SAFETY: the scales of records j0..j0 + n are in bounds (caller).
+                        unsafe { page_scales(&pages, pg, j0, sc) };
+                        for r in 0..$r {
+                            let src = &weights[r * ws + pg.off + j0..][..n];
+                            let dst = &mut scaled[r * SCALE_RUN..][..n];
+                            for ((d, &p), &s) in dst.iter_mut().zip(src).zip(sc.iter()) {
+                                *d = p * s;
+                            }
+                        }
+                        // SAFETY: records j0..j0 + n of the page are in bounds (caller);
+                        // `scaled` holds $r rows of SCALE_RUN weights.
+                        unsafe {
+                            accumulate_t::<_, $r>(
+                                ld, pg.bytes.as_ptr().add(j0 * stride), stride, n,
+                                scaled.as_ptr(), SCALE_RUN, ap, w,
+                            )
+                        }
                     }
                 }
             })
@@ -464,7 +504,7 @@ pub(super) unsafe fn accumulate(
 /// # Safety
 /// AVX2/FMA/F16C; `src` holds `(out.len() − 1)·stride + 2` bytes.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn f16_scales(src: &[u8], stride: usize, scale: f32, out: &mut [f32]) {
+unsafe fn f16_scales(src: &[u8], stride: usize, scale: f32, out: &mut [f32]) {
     let n = out.len();
     let s = _mm256_set1_ps(scale);
     let mut j = 0;
