@@ -6,34 +6,15 @@
 //! float64 causal attention. Shapes cover GQA ratios 1/3/8, head dims 64/128/256, contexts
 //! crossing block boundaries, prefill in chunks, and split-K decode (context > 1024).
 
+mod common;
+
 use std::sync::Arc;
 use turbokv_backend::cpu::{CpuBackend, CpuTensor};
 use turbokv_backend::{AttnGeometry, Backend, Rope, RopeStyle, SeqSpan};
 
+use common::{BLOCK, Rng, roundtrip, window_copy};
 use turbokv_cache::{KvCenters, KvLayout, KvWindow};
 use turbokv_codec::{KeyMode, KvDtype, LayerCodec};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
-
-const BLOCK: usize = 16;
-
-/// Decoded copy of what the pool stores for one vector.
-fn roundtrip(codec: &turbokv_codec::VectorCodec, x: &[f32]) -> Vec<f32> {
-    let layout = codec.block_layout(1).unwrap();
-    let mut block = vec![0u8; layout.total_bytes];
-    codec.encode_slot(x, &mut block, &layout, 0).unwrap();
-    let mut out = vec![0f32; x.len()];
-    codec.decode_slot(&block, &layout, 0, &mut out).unwrap();
-    out
-}
 
 /// Runs `chunks` (token counts) of one sequence through write_kv + attention; returns the
 /// worst |error| / max |reference| over every output row.
@@ -53,25 +34,6 @@ fn check(
 struct Variant {
     prod_keys: bool,
     centered: bool,
-}
-
-/// f16-rounded copy of `x`.
-fn f16_round(x: &[f32]) -> Vec<f32> {
-    x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
-}
-
-/// What a full-precision window holds for `x`, back in the original basis: `x` rounded to
-/// f16, brought into the codec's working basis (a rotation for TurboQuant) and rounded to
-/// f16 again there, as the CPU pool keeps its copies. The second rounding moves each working
-/// coordinate by at most 2⁻¹¹ of itself, which came to 4e-4–9e-4 of an output row in these
-/// tests, above the 2e-4 they allow for arithmetic: so the reference applies it rather than
-/// the tolerance absorbing it.
-fn window_copy(codec: &turbokv_codec::VectorCodec, x: &[f32]) -> Vec<f32> {
-    let mut work = vec![0f32; codec.work_dim()];
-    codec.exact_to_work(&f16_round(x), &mut work).unwrap();
-    let mut out = vec![0f32; x.len()];
-    codec.work_to_output(&f16_round(&work), &mut out).unwrap();
-    out
 }
 
 /// [`check`] with sink and recent-window tokens: the reference reads those positions from

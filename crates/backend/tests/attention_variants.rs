@@ -3,46 +3,13 @@
 //! TurboQuant pools (with and without a policy's full-precision tokens), prefill chunks and
 //! decode steps, GQA, and a block table that scatters blocks over the pool.
 
+mod common;
+
+use common::{BLOCK, Rng, roundtrip, window_copy};
 use turbokv_backend::cpu::{CpuBackend, CpuTensor};
 use turbokv_backend::{AttnGeometry, AttnVariant, Backend, Rope, RopeStyle, SeqSpan};
 use turbokv_cache::{KvLayout, KvWindow};
 use turbokv_codec::{KvDtype, LayerCodec};
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-    }
-}
-
-const BLOCK: usize = 16;
-
-fn roundtrip(codec: &turbokv_codec::VectorCodec, x: &[f32]) -> Vec<f32> {
-    let layout = codec.block_layout(1).unwrap();
-    let mut block = vec![0u8; layout.total_bytes];
-    codec.encode_slot(x, &mut block, &layout, 0).unwrap();
-    let mut out = vec![0f32; x.len()];
-    codec.decode_slot(&block, &layout, 0, &mut out).unwrap();
-    out
-}
-
-fn f16_round(x: &[f32]) -> Vec<f32> {
-    x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
-}
-
-/// What a full-precision window holds for `x`, back in the original basis: rounded to f16,
-/// brought into the codec's working basis and rounded to f16 again there, as the CPU pool keeps
-/// its copies (`attention_codes.rs` `window_copy`).
-fn window_copy(codec: &turbokv_codec::VectorCodec, x: &[f32]) -> Vec<f32> {
-    let mut work = vec![0f32; codec.work_dim()];
-    codec.exact_to_work(&f16_round(x), &mut work).unwrap();
-    let mut out = vec![0f32; x.len()];
-    codec.work_to_output(&f16_round(&work), &mut out).unwrap();
-    out
-}
 
 /// Worst |error| / max |reference| over every output row of `chunks` (token counts).
 fn check(

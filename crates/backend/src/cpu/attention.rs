@@ -200,28 +200,13 @@ fn run_task(
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0f32; rows];
     let mut acc = vec![0f32; rows * wv];
-    let mut kbuf = vec![0f32; bs * wk];
-    let mut vbuf = vec![0f32; bs * wv];
     let mut scores = vec![0f32; bs];
-    let mut exact = ExactTiles::new(codec);
-    let (first_qpos, last_qpos) = (s.first_pos + t.q0, s.first_pos + t.q1 - 1);
+    let qpos = (s.first_pos + t.q0, s.first_pos + t.q1 - 1);
+    let mut reader = BlockReader::new(pool, t.head, qpos, (wk, wv));
     let mut p0 = t.k0;
     while p0 < t.k1 {
         let n = (bs - p0 % bs).min(t.k1 - p0);
-        let at = BlockRun {
-            p0,
-            n,
-            head: t.head,
-        };
-        load_block(
-            pool,
-            s.blocks,
-            at,
-            (first_qpos, last_qpos),
-            &mut exact,
-            (&mut kbuf, &mut vbuf),
-        )?;
-        let (keys, values) = (&kbuf[..n * wk], &vbuf[..n * wv]);
+        let (keys, values, exact) = reader.read(s.blocks, p0, n)?;
         for qi in t.q0..t.q1 {
             let qpos = s.first_pos + qi;
             let visible = (qpos + 1).saturating_sub(p0).min(n);
@@ -290,44 +275,67 @@ pub(super) fn finish_row(
     Ok(())
 }
 
-/// Keys `p0 .. p0 + n` of one kv head, inside one block.
-#[derive(Clone, Copy)]
-pub(super) struct BlockRun {
-    pub p0: usize,
-    pub n: usize,
-    pub head: usize,
+/// The tiled loops' reader of one task's keys and values, a block at a time, into buffers
+/// reused from block to block: the exact copies of sink and window tokens go to an
+/// [`ExactTiles`], and only the keys some query row reads from the codes are decoded into
+/// rows of the working dims. The coded range starts where the task's first row's does and
+/// ends where its last row's does.
+pub(super) struct BlockReader<'a> {
+    pool: &'a CpuKvPool,
+    head: usize,
+    /// Positions of the task's first and last query.
+    qpos: (usize, usize),
+    keys: Vec<f32>,
+    values: Vec<f32>,
+    exact: ExactTiles<'a>,
 }
 
-/// Loads a block's run of keys for the query rows at `first_qpos ..= last_qpos`: the exact
-/// copies into `exact`, and into `keys` / `values` (rows of the working dims, from the run's
-/// first key) only the keys some row reads from the codes — the coded range starts where the
-/// first row's does and ends where the last row's does.
-pub(super) fn load_block<'a>(
-    pool: &'a CpuKvPool,
-    blocks: &[u32],
-    at: BlockRun,
-    (first_qpos, last_qpos): (usize, usize),
-    exact: &mut ExactTiles<'a>,
-    (keys, values): (&mut [f32], &mut [f32]),
-) -> Result<(), Error> {
-    let BlockRun { p0, n, head } = at;
-    let (wk, wv) = (
-        keys.len() / pool.block_size(),
-        values.len() / pool.block_size(),
-    );
-    let block = pool.block_of(blocks, p0)?;
-    let slot0 = p0 % pool.block_size();
-    exact.load(pool, block, head, p0, slot0..slot0 + n, first_qpos);
-    exact.widen();
-    let lo = exact.coded(first_qpos, p0, 0..n).start;
-    let hi = exact.coded(last_qpos, p0, 0..n).end.max(lo);
-    pool.load_tile(
-        block,
-        head,
-        slot0 + lo..slot0 + hi,
-        &mut keys[lo * wk..hi * wk],
-        &mut values[lo * wv..hi * wv],
-    )
+impl<'a> BlockReader<'a> {
+    /// A reader of kv head `head` for queries at `qpos.0 ..= qpos.1`, keys and values of
+    /// `wk` and `wv` working dims.
+    pub(super) fn new(
+        pool: &'a CpuKvPool,
+        head: usize,
+        qpos: (usize, usize),
+        (wk, wv): (usize, usize),
+    ) -> Self {
+        let bs = pool.block_size();
+        BlockReader {
+            pool,
+            head,
+            qpos,
+            keys: vec![0f32; bs * wk],
+            values: vec![0f32; bs * wv],
+            exact: ExactTiles::new(pool.codec()),
+        }
+    }
+
+    /// Keys `p0 .. p0 + n` (inside one block of `blocks`): their key and value rows from
+    /// `p0` on (filled where a row reads the codes), and the block's exact copies.
+    pub(super) fn read(
+        &mut self,
+        blocks: &[u32],
+        p0: usize,
+        n: usize,
+    ) -> Result<(&[f32], &[f32], &ExactTiles<'a>), Error> {
+        let (pool, bs) = (self.pool, self.pool.block_size());
+        let (wk, wv) = (self.keys.len() / bs, self.values.len() / bs);
+        let block = pool.block_of(blocks, p0)?;
+        let slot0 = p0 % bs;
+        let exact = &mut self.exact;
+        exact.load(pool, block, self.head, p0, slot0..slot0 + n, self.qpos.0);
+        exact.widen();
+        let lo = exact.coded(self.qpos.0, p0, 0..n).start;
+        let hi = exact.coded(self.qpos.1, p0, 0..n).end.max(lo);
+        pool.load_tile(
+            block,
+            self.head,
+            slot0 + lo..slot0 + hi,
+            &mut self.keys[lo * wk..hi * wk],
+            &mut self.values[lo * wv..hi * wv],
+        )?;
+        Ok((&self.keys[..n * wk], &self.values[..n * wv], &self.exact))
+    }
 }
 
 /// Sink and recent-window tokens of the current block in the working basis, read straight

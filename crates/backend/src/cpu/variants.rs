@@ -9,7 +9,7 @@
 
 use rayon::prelude::*;
 
-use super::attention::{BlockRun, ExactTiles, finish_row, load_block, queries_in_work_basis};
+use super::attention::{BlockReader, finish_row, queries_in_work_basis};
 use super::kv::CpuKvPool;
 use super::{CpuTensor, ROWS_PER_TASK, expect_cols, ops, shape};
 use crate::Error;
@@ -152,28 +152,14 @@ fn run_task(
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0f32; rows];
     let mut acc = vec![0f32; rows * wv];
-    let (mut kbuf, mut vbuf) = (vec![0f32; bs * wk], vec![0f32; bs * wv]);
     let mut scores = vec![0f32; bs];
-    let mut exact = ExactTiles::new(codec);
-    let (first_qpos, last_qpos) = (s.first_pos + t.q0, s.first_pos + t.q1 - 1);
+    let qpos = (s.first_pos + t.q0, s.first_pos + t.q1 - 1);
+    let mut reader = BlockReader::new(pool, t.head, qpos, (wk, wv));
     let kend = s.first_pos + t.q1;
-    let mut p0 = lo_of(first_qpos);
+    let mut p0 = lo_of(qpos.0);
     while p0 < kend {
         let n = (bs - p0 % bs).min(kend - p0);
-        let at = BlockRun {
-            p0,
-            n,
-            head: t.head,
-        };
-        load_block(
-            pool,
-            s.blocks,
-            at,
-            (first_qpos, last_qpos),
-            &mut exact,
-            (&mut kbuf, &mut vbuf),
-        )?;
-        let (keys, values) = (&kbuf[..n * wk], &vbuf[..n * wv]);
+        let (keys, values, exact) = reader.read(s.blocks, p0, n)?;
         for qi in t.q0..t.q1 {
             let qpos = s.first_pos + qi;
             let (a, b) = (lo_of(qpos).max(p0), (qpos + 1).min(p0 + n));
