@@ -10,6 +10,8 @@
 #
 # Usage: LLAMA_BENCH=path/to/llama-bench bench/cpu_decode_depth.sh [DEPTH] [THREADS] [KV ...]
 #   defaults: 8000, "2 1", bf16 tq3 k4v2[1:k4v4] compact k4v3[1:k4v4] balanced
+#   TURBOKV_BIN: the binary (target/release/turbokv); OUT: the JSON folder
+#   (bench/results/cpu_decode_d$DEPTH).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 depth=${1:-8000}
@@ -19,7 +21,7 @@ kvs=("$@")
 [ ${#kvs[@]} -gt 0 ] || kvs=(bf16 tq3 'k4v2[1:k4v4]' compact 'k4v3[1:k4v4]' balanced)
 model=${TURBOKV_MODEL:-$HOME/.cache/turbokv/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 bin=${TURBOKV_BIN:-target/release/turbokv}
-out=bench/results/cpu_decode_d${depth}
+out=${OUT:-bench/results/cpu_decode_d${depth}}
 mkdir -p "$out"
 ctx=$(( (depth + 64 + 1023) / 1024 * 1024 ))
 for t in $threads; do
