@@ -310,7 +310,7 @@ fn window_survives_split_k_decode() {
 }
 
 #[test]
-fn windowed_decode_matches_reference_for_wide_groups_and_tiled_formats() {
+fn windowed_decode_matches_reference_for_wide_groups_and_multi_run_formats() {
     // A window and sinks that end mid-block, so a block is read partly from codes and partly
     // from copies.
     let window = KvWindow {
@@ -329,7 +329,8 @@ fn windowed_decode_matches_reference_for_wide_groups_and_tiled_formats() {
             );
         }
     }
-    // Tiled decode with the same window: prod keys and a fractional width.
+    // The same window over formats of several runs per record: prod keys (MSE codes and QJL
+    // signs) and a fractional width (two parts), each run scored and summed on its own.
     let prod = Variant {
         prod_keys: true,
         centered: false,

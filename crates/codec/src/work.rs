@@ -26,11 +26,10 @@ use crate::layout::BlockLayout;
 use crate::plain::Plain;
 use crate::tq::with_scratch;
 
-/// How the coordinates of a token's working vector come out of its code record when the
-/// format decodes them directly from one run of codes with one per-token scale — the shape
-/// that attention kernels can read straight from the cache without a tile
-/// ([`VectorCodec::direct_codes`]). Working coordinate `i` of the token is
-/// `s · value(code_i)`, where `s` is f16 scalar `scalar_index` of the token.
+/// One run of a token's working coordinates that decodes directly from a run of codes with one
+/// per-token scale — the shape attention kernels can read straight from the cache without a
+/// tile ([`VectorCodec::direct_codes`]). Working coordinate `work_offset + i` (`i < dim`) of
+/// the token is `mul · s · value(code_i)`, where `s` is f16 scalar `scalar_index` of the token.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct DirectCodes {
     /// What one code is.
@@ -39,6 +38,13 @@ pub struct DirectCodes {
     pub code_offset: usize,
     /// Index of the scale among the token's f16 scalars.
     pub scalar_index: usize,
+    /// First working coordinate of the run.
+    pub work_offset: usize,
+    /// Coordinates in the run.
+    pub dim: usize,
+    /// The factor every token shares besides its scale: QJL's estimator constant κ for sign
+    /// runs, 1 otherwise.
+    pub mul: f32,
 }
 
 /// The code format of [`DirectCodes`].
@@ -74,12 +80,13 @@ impl VectorCodec {
         }
     }
 
-    /// The direct description of this format's working vectors, when it has one: `int8`,
-    /// `fp8`, and TurboQuant with a single MSE part of 1–4 bits (no QJL signs, no outlier
-    /// split).
-    pub fn direct_codes(&self) -> Option<DirectCodes> {
+    /// The runs of codes whose concatenation is this format's working vector, when every
+    /// run decodes directly: `int8`, `fp8` (one run), and TurboQuant whose parts have MSE codes
+    /// of 1–4 bits and/or QJL signs (a run each: MSE codes through the codebook, signs as
+    /// 1-bit codes valued ±1 with scale γ and factor κ). `None` for 16-bit formats.
+    pub fn direct_codes(&self) -> Option<Vec<DirectCodes>> {
         match &self.format {
-            Format::Plain(p @ (Plain::Int8 | Plain::Fp8)) => Some(DirectCodes {
+            Format::Plain(p @ (Plain::Int8 | Plain::Fp8)) => Some(vec![DirectCodes {
                 kind: if *p == Plain::Int8 {
                     DirectKind::Int8
                 } else {
@@ -87,31 +94,55 @@ impl VectorCodec {
                 },
                 code_offset: 0,
                 scalar_index: 0,
-            }),
+                work_offset: 0,
+                dim: self.head_dim,
+                mul: 1.0,
+            }]),
             Format::Plain(_) => None,
             Format::Tq(t) => {
-                let [part] = t.parts.as_slice() else {
-                    return None;
-                };
-                let c = part.codebook.centroids();
-                let direct = (1..=4).contains(&part.mse_bits)
-                    && part.qjl.is_none()
-                    && part.dim == self.head_dim
-                    && c.len() == 1 << part.mse_bits
-                    && part.code_bytes * 8 == part.dim * usize::from(part.mse_bits);
-                if !direct {
-                    return None;
+                let (mut runs, mut at) = (Vec::with_capacity(2 * t.parts.len()), 0);
+                for part in &t.parts {
+                    if part.mse_bits > 0 {
+                        let c = part.codebook.centroids();
+                        let packed = (1..=4).contains(&part.mse_bits)
+                            && c.len() == 1 << part.mse_bits
+                            && part.code_bytes * 8 == part.dim * usize::from(part.mse_bits);
+                        if !packed {
+                            return None;
+                        }
+                        let mut table = [0f32; 16];
+                        table[..c.len()].copy_from_slice(c);
+                        runs.push(DirectCodes {
+                            kind: DirectKind::Table {
+                                bits: part.mse_bits,
+                                table,
+                            },
+                            code_offset: part.code_offset,
+                            scalar_index: part.scalar_index,
+                            work_offset: at,
+                            dim: part.dim,
+                            mul: 1.0,
+                        });
+                        at += part.dim;
+                    }
+                    if let Some(qjl) = &part.qjl {
+                        if part.sign_bytes * 8 != part.dim {
+                            return None;
+                        }
+                        let mut table = [0f32; 16];
+                        table[..2].copy_from_slice(&[-1.0, 1.0]);
+                        runs.push(DirectCodes {
+                            kind: DirectKind::Table { bits: 1, table },
+                            code_offset: part.sign_offset,
+                            scalar_index: part.scalar_index + 1,
+                            work_offset: at,
+                            dim: part.dim,
+                            mul: qjl.constant,
+                        });
+                        at += part.dim;
+                    }
                 }
-                let mut table = [0f32; 16];
-                table[..c.len()].copy_from_slice(c);
-                Some(DirectCodes {
-                    kind: DirectKind::Table {
-                        bits: part.mse_bits,
-                        table,
-                    },
-                    code_offset: part.code_offset,
-                    scalar_index: part.scalar_index,
-                })
+                Some(runs)
             }
         }
     }

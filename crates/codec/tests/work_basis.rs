@@ -188,7 +188,7 @@ fn tile_errors_are_typed() {
     assert!(c.work_to_output(&[0.0; 64], &mut [0.0; 65]).is_err());
 }
 
-/// Working coordinate `i` of slot `slot` read the way `DirectCodes` describes it.
+/// Coordinate `i` of a run of slot `slot`, read the way its `DirectCodes` describes it.
 fn direct_coordinate(
     dc: &DirectCodes,
     block: &[u8],
@@ -198,7 +198,7 @@ fn direct_coordinate(
 ) -> f32 {
     let rec = &block[layout.codes_range(slot)][dc.code_offset..];
     let at = layout.scalars_range(slot).start + 2 * dc.scalar_index;
-    let s = f16::from_le_bytes([block[at], block[at + 1]]).to_f32();
+    let s = f16::from_le_bytes([block[at], block[at + 1]]).to_f32() * dc.mul;
     match dc.kind {
         DirectKind::Int8 => s * f32::from(rec[i] as i8),
         DirectKind::Fp8 => s * fp8::decode(rec[i]),
@@ -214,25 +214,32 @@ fn direct_coordinate(
     }
 }
 
+/// Every non-16-bit format is a list of direct runs, and the runs tile the working vector and
+/// give the decoded tile's coordinates (MSE codes, outlier parts and QJL signs alike).
 #[test]
 fn direct_codes_describe_the_decoded_tile() {
     let mut rng = Xoshiro256::new(14);
     for (name, c) in codecs() {
-        let direct = c.direct_codes();
-        let expect_direct = name.starts_with("int8")
-            || name.starts_with("fp8")
-            || (!name.contains(".5") && (name.contains("value") || name.contains("/Mse")));
-        assert_eq!(direct.is_some(), expect_direct, "{name}");
-        let Some(dc) = direct else { continue };
+        let runs = c
+            .direct_codes()
+            .unwrap_or_else(|| panic!("{name}: no direct runs"));
         let (n, w) = (16, c.work_dim());
-        assert_eq!(w, c.head_dim(), "{name}");
+        let mut next = 0;
+        for r in &runs {
+            assert_eq!(r.work_offset, next, "{name}: runs in order, without gaps");
+            next += r.dim;
+        }
+        assert_eq!(next, w, "{name}: the runs cover the working vector");
         let (block, layout) = filled_block(&c, n, &mut rng);
         let mut tile = vec![f32::NAN; n * w];
         c.decode_tile(&block, &layout, 0..n, &mut tile).unwrap();
         for slot in 0..n {
-            for i in 0..w {
-                let got = direct_coordinate(&dc, &block, &layout, slot, i);
-                assert_eq!(got, tile[slot * w + i], "{name} slot {slot} [{i}]");
+            for r in &runs {
+                for i in 0..r.dim {
+                    let got = direct_coordinate(r, &block, &layout, slot, i);
+                    let want = tile[slot * w + r.work_offset + i];
+                    assert_eq!(got, want, "{name} slot {slot} [{}]", r.work_offset + i);
+                }
             }
         }
     }

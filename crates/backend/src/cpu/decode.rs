@@ -1,12 +1,16 @@
 //! Decode attention (one query token per task) read straight from the cache pages.
 //!
-//! For pools whose keys and values are [`direct`] formats (16-bit, `int8`, `fp8`, single-part
-//! TurboQuant MSE) a decode task makes two passes over its key range, with no f32 tile and no
-//! online-softmax rescaling per page:
+//! For pools whose keys and values are [`direct`] formats (16-bit, `int8`, `fp8`, and
+//! TurboQuant: MSE codes, outlier parts, QJL signs) a decode task makes two passes over its key
+//! range, with no f32 tile and no online-softmax rescaling per page:
 //! 1. scores of every grouped query row against every key, page by page, straight from the
 //!    records (each key decoded once into registers for all rows of the kv head);
 //! 2. one max and one vectorised exp per row over the whole range, then the weighted value sum,
 //!    page by page, the accumulator rows held in registers.
+//!
+//! A record of several runs (a fractional width's two parts, prod keys' MSE codes and signs)
+//! is read run by run, each run's pages scored or summed on their own and added up: a run is
+//! the unit the kernels take, and the runs' bytes are read once either way.
 //!
 //! The scores of a task (`rows × keys`) live in a per-thread scratch that is reused across
 //! tasks and layers; the key range of a task is bounded by the planner (`MAX_KEY_CHUNK`).
@@ -23,101 +27,118 @@ use super::{CpuTensor, ops, shape};
 use crate::Error;
 use crate::backend::{AttnGeometry, SeqSpan};
 
-/// Where the direct kernels find one half (K or V) of a pool's pages.
+/// Where the direct kernels find one run of a half's working coordinates (the whole record for
+/// 16-bit, `int8` and `fp8`; a part's MSE codes or QJL signs for TurboQuant).
 #[derive(Clone, Copy, Debug)]
-struct HalfView {
-    half: Half,
+struct RunView {
     fmt: Fmt,
     /// Bytes per token record.
     stride: usize,
-    /// Offset of the codes within a record.
+    /// Offset of the run's codes within a record.
     code_offset: usize,
-    /// Codec pools: byte offset of slot 0's f16 scale in the block, and bytes per slot.
+    /// Codec pools: byte offset of slot 0's f16 scale of this run in the block, and bytes per
+    /// slot.
     scale: Option<(usize, usize)>,
+    /// The run's working coordinates: `work..work + dim`.
+    work: usize,
+    dim: usize,
+    /// Factor besides the scale (QJL's κ for sign runs, else 1).
+    mul: f32,
+}
+
+/// Where the direct kernels find one half (K or V) of a pool's pages.
+#[derive(Clone, Debug)]
+struct HalfView {
+    half: Half,
+    runs: Vec<RunView>,
 }
 
 /// How a decode task reads a pool's keys and values.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Views {
     k: HalfView,
     v: HalfView,
 }
 
 impl Views {
-    /// The views of `pool` when both halves are direct formats and the CPU runs the SIMD
-    /// kernels; `None` sends decode through the tiled path.
+    /// The views of `pool` when both halves are direct formats whose runs the SIMD kernels
+    /// take whole (multiples of 8 coordinates) and the CPU has them; `None` sends decode
+    /// through the tiled path.
     pub(super) fn of(pool: &CpuKvPool, head_dim: usize) -> Option<Views> {
         if !direct::has_simd() {
             return None;
         }
         let raw = |half, fmt| HalfView {
             half,
-            fmt,
-            stride: 2 * head_dim,
-            code_offset: 0,
-            scale: None,
+            runs: vec![RunView {
+                fmt,
+                stride: 2 * head_dim,
+                code_offset: 0,
+                scale: None,
+                work: 0,
+                dim: head_dim,
+                mul: 1.0,
+            }],
         };
-        match pool.storage() {
-            KvStorage::Bf16 => Some(Views {
+        let views = match pool.storage() {
+            KvStorage::Bf16 => Views {
                 k: raw(Half::K, Fmt::Bf16),
                 v: raw(Half::V, Fmt::Bf16),
-            }),
-            KvStorage::F16 => Some(Views {
+            },
+            KvStorage::F16 => Views {
                 k: raw(Half::K, Fmt::F16),
                 v: raw(Half::V, Fmt::F16),
-            }),
+            },
             KvStorage::Codec => {
                 let c = pool.codec()?;
                 let view =
                     |half, codec: &turbokv_codec::VectorCodec, l: &turbokv_codec::BlockLayout| {
-                        let d = codec.direct_codes()?;
-                        Some(HalfView {
-                            half,
-                            fmt: Fmt::of(&d),
+                        let runs = codec.direct_codes()?;
+                        let runs = runs.iter().map(|d| RunView {
+                            fmt: Fmt::of(d),
                             stride: l.code_bytes_per_token,
                             code_offset: d.code_offset,
                             scale: Some((
                                 l.scalars_offset + 2 * d.scalar_index,
                                 2 * l.scalars_per_token,
                             )),
+                            work: d.work_offset,
+                            dim: d.dim,
+                            mul: d.mul,
+                        });
+                        Some(HalfView {
+                            half,
+                            runs: runs.collect(),
                         })
                     };
-                Some(Views {
+                Views {
                     k: view(Half::K, &c.codec.key, &c.k_layout)?,
                     v: view(Half::V, &c.codec.value, &c.v_layout)?,
-                })
+                }
             }
-        }
+        };
+        let whole = |h: &HalfView| h.runs.iter().all(|r| r.dim > 0 && r.dim % 8 == 0);
+        (whole(&views.k) && whole(&views.v)).then_some(views)
     }
 }
 
-impl HalfView {
+impl RunView {
     /// Slots `slot0..slot0 + n` of (block, head) as the task's keys `off..off + n`, with
     /// their scales when the pool has them.
     fn page<'a>(
         &self,
         pool: &'a CpuKvPool,
-        block: usize,
-        head: usize,
-        slot0: usize,
-        n: usize,
-        off: usize,
+        half: Half,
+        (block, head, slot0, n, off): Coded,
     ) -> Result<Page<'a>, Error> {
-        let missing = || {
-            shape(
-                "decode attention",
-                format!("no {:?} block {block}", self.half),
-            )
-        };
+        let missing = || shape("decode attention", format!("no {half:?} block {block}"));
         let (bytes, start, scales) = match self.scale {
             None => {
-                let b = pool
-                    .raw16_block(self.half, block, head)
-                    .ok_or_else(missing)?;
+                let b = pool.raw16_block(half, block, head).ok_or_else(missing)?;
                 (b, slot0 * self.stride, &[][..])
             }
             Some((offset, step)) => {
-                let b = pool.codec_block(self.half, block, head);
+                let b = pool.codec_block(half, block, head);
                 let scales = b.get(offset + slot0 * step..).ok_or_else(missing)?;
                 (b, slot0 * self.stride + self.code_offset, scales)
             }
@@ -130,18 +151,43 @@ impl HalfView {
         })
     }
 
-    /// The task's pages of this half; `mul` is the factor every key shares besides its
-    /// scale (the softmax scale for keys).
+    /// The task's pages of this run; `mul` is the factor every key shares besides its
+    /// scale and the run's own (the softmax scale for keys).
     fn pages<'a>(&self, list: &'a [Page<'a>], mul: f32) -> Pages<'a> {
         Pages {
             fmt: self.fmt,
             stride: self.stride,
             scale_step: self.scale.map_or(0, |(_, step)| step),
-            mul: mul * self.fmt.unit(),
+            mul: mul * self.mul * self.fmt.unit(),
             list,
         }
     }
 }
+
+impl HalfView {
+    /// Each run's pages of the coded key ranges `coded`.
+    fn run_pages<'a>(
+        &self,
+        pool: &'a CpuKvPool,
+        head: usize,
+        coded: &[(usize, usize, usize, usize)],
+    ) -> Result<Vec<Vec<Page<'a>>>, Error> {
+        self.runs
+            .iter()
+            .map(|run| {
+                coded
+                    .iter()
+                    .map(|&(block, slot, n, off)| {
+                        run.page(pool, self.half, (block, head, slot, n, off))
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// A run of coded keys of a task: (block, head, first slot, count, offset in the task).
+type Coded = (usize, usize, usize, usize, usize);
 
 /// Per-thread buffers of decode tasks, grown as needed and never shrunk.
 #[derive(Default)]
@@ -152,6 +198,10 @@ struct Scratch {
     p: Vec<f32>,
     /// One finished output row.
     tmp: Vec<f32>,
+    /// A run's slice of the query rows, `[rows, run dim]` (multi-run formats).
+    qrun: Vec<f32>,
+    /// A run's scores `[rows, keys]`, or its value sums `[rows, run dim]` (multi-run formats).
+    run: Vec<f32>,
 }
 
 thread_local! {
@@ -184,7 +234,7 @@ fn run_in(
     let (d, rows, bs) = (g.head_dim, g.group(), pool.block_size());
     let codec = pool.codec();
     let wk = codec.map_or(d, |c| c.codec.key.work_dim());
-    let wv = d;
+    let wv = codec.map_or(d, |c| c.codec.value.work_dim());
     let qpos = s.first_pos + t.q0;
     let nk = t.k1 - t.k0;
 
@@ -200,9 +250,9 @@ fn run_in(
         }
     }
 
-    // The pages of the task. Keys the query reads exactly go to pages of their copies
-    // instead, which have no scales.
-    let (mut kpages, mut vpages) = (Vec::new(), Vec::new());
+    // The coded key ranges of the task. Keys the query reads exactly go to pages of their
+    // copies instead, which have no scales.
+    let mut coded_runs = Vec::new();
     let (mut ekpages, mut evpages) = (Vec::new(), Vec::new());
     let mut exact = ExactTiles::new(codec);
     let mut p0 = t.k0;
@@ -213,9 +263,8 @@ fn run_in(
         exact.load(pool, block, t.head, p0, slot0..slot0 + n, qpos);
         let coded = exact.coded(qpos, p0, 0..n);
         if !coded.is_empty() {
-            let (n, off, slot) = (coded.len(), p0 - t.k0 + coded.start, slot0 + coded.start);
-            kpages.push(views.k.page(pool, block, t.head, slot, n, off)?);
-            vpages.push(views.v.page(pool, block, t.head, slot, n, off)?);
+            let off = p0 - t.k0 + coded.start;
+            coded_runs.push((block, slot0 + coded.start, coded.len(), off));
         }
         for r in [0..coded.start, coded.end..n] {
             let Some((k, v)) = exact.copies(r.clone()) else {
@@ -233,6 +282,8 @@ fn run_in(
         }
         p0 += n;
     }
+    let kpages = views.k.run_pages(pool, t.head, &coded_runs)?;
+    let vpages = views.v.run_pages(pool, t.head, &coded_runs)?;
     let exact_pages = |stride, mul, list| Pages {
         fmt: Fmt::F16,
         stride,
@@ -240,38 +291,77 @@ fn run_in(
         mul,
         list,
     };
+    let Scratch {
+        qw,
+        p,
+        tmp,
+        qrun,
+        run: part,
+    } = sc;
 
-    // Pass 1: every score.
-    sc.p.resize(rows * nk, 0.0);
-    let kp = views.k.pages(&kpages, g.scale);
-    direct::scores(kp, &sc.qw, rows, &mut sc.p, nk);
+    // Pass 1: every score. A format of several runs (outlier parts, QJL signs) adds each
+    // later run's scores of the coded keys to the first's.
+    p.resize(rows * nk, 0.0);
+    for (i, (run, list)) in views.k.runs.iter().zip(&kpages).enumerate() {
+        let pages = run.pages(list, g.scale);
+        if views.k.runs.len() == 1 {
+            direct::scores(pages, qw, rows, p, nk);
+            continue;
+        }
+        qrun.clear();
+        for q in qw.chunks_exact(wk) {
+            qrun.extend_from_slice(&q[run.work..run.work + run.dim]);
+        }
+        if i == 0 {
+            direct::scores(pages, qrun, rows, p, nk);
+        } else {
+            part.clear();
+            part.resize(rows * nk, 0.0);
+            direct::scores(pages, qrun, rows, part, nk);
+            p.iter_mut().zip(part.iter()).for_each(|(a, b)| *a += b);
+        }
+    }
     let ekp = exact_pages(2 * wk, g.scale, &ekpages);
-    direct::scores(ekp, &sc.qw, rows, &mut sc.p, nk);
+    direct::scores(ekp, qw, rows, p, nk);
 
     // Softmax numerators of the whole range, one max and one exp pass per row.
     let mut m = vec![f32::NEG_INFINITY; rows];
     let mut l = vec![0f32; rows];
-    for (r, pr) in sc.p.chunks_exact_mut(nk).enumerate() {
+    for (r, pr) in p.chunks_exact_mut(nk).enumerate() {
         m[r] = ops::max(pr);
         l[r] = ops::exp_shift_sum(pr, m[r]);
     }
 
-    // Pass 2: the weighted value sum.
+    // Pass 2: the weighted value sum, run by run.
     let mut acc = vec![0f32; rows * wv];
-    let vp = views.v.pages(&vpages, 1.0);
-    direct::accumulate(vp, &sc.p, nk, &mut acc, rows);
+    for (run, list) in views.v.runs.iter().zip(&vpages) {
+        let pages = run.pages(list, 1.0);
+        if views.v.runs.len() == 1 {
+            direct::accumulate(pages, p, nk, &mut acc, rows);
+            continue;
+        }
+        part.clear();
+        part.resize(rows * run.dim, 0.0);
+        direct::accumulate(pages, p, nk, part, rows);
+        for (a, b) in acc.chunks_exact_mut(wv).zip(part.chunks_exact(run.dim)) {
+            a[run.work..run.work + run.dim]
+                .iter_mut()
+                .zip(b)
+                .for_each(|(x, y)| *x += y);
+        }
+    }
     let evp = exact_pages(2 * wv, 1.0, &evpages);
-    direct::accumulate(evp, &sc.p, nk, &mut acc, rows);
+    direct::accumulate(evp, p, nk, &mut acc, rows);
 
     // A task that saw every key of its query finishes its rows here, in parallel.
     let whole = t.k0 == 0 && t.k1 == qpos + 1;
     if whole {
-        sc.tmp.resize(wv, 0.0);
+        tmp.resize(d, 0.0);
         for (r, row) in acc.chunks_exact_mut(wv).enumerate() {
             let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
             row.iter_mut().for_each(|x| *x *= inv);
-            finish_row(pool, t.head, row, &mut sc.tmp)?;
-            row.copy_from_slice(&sc.tmp);
+            finish_row(pool, t.head, row, tmp)?;
+            row.copy_from_slice(tmp);
         }
     }
     Ok(Partial {

@@ -1,7 +1,8 @@
 //! Scores and value sums read straight from a page of the cache, for the formats whose working
 //! coordinates decode independently with one scale per token: 16-bit values, `int8`, `fp8`, and
-//! single-part TurboQuant MSE codes (see [`turbokv_codec::DirectCodes`]); a window's exact
-//! copies (already in the working basis) are f16 pages too.
+//! one run of TurboQuant MSE codes or QJL signs (see [`turbokv_codec::DirectCodes`]; a record of
+//! several runs is several pages); a window's exact copies (already in the working basis) are
+//! f16 pages too.
 //!
 //! A page is `n` token records `stride` bytes apart, and optionally their f16 scales
 //! `scale_step` bytes apart. Token `j`'s working vector is `x_j = s_j · value(record_j)`
