@@ -15,8 +15,8 @@
 //! softmax.
 //!
 //! Decode tasks (a one-token span) on pools whose halves are `direct` formats (16-bit, int8,
-//! fp8, single-part MSE TurboQuant) skip the tile and read the pages straight (`decode.rs`); this
-//! tiled loop serves prefill and the other formats.
+//! fp8, TurboQuant with runs of whole 8-coordinate chunks) skip the tile and read the pages
+//! straight (`decode.rs`); this tiled loop serves prefill and the other formats.
 
 use half::f16;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
