@@ -11,7 +11,9 @@
 # Usage: LLAMA_BENCH=path/to/llama-bench bench/cpu_decode_depth.sh [DEPTH] [THREADS] [KV ...]
 #   defaults: 8000, "2 1", bf16 tq3 k4v2[1:k4v4] compact k4v3[1:k4v4] balanced
 #   TURBOKV_BIN: the binary (target/release/turbokv); OUT: the JSON folder
-#   (bench/results/cpu_decode_d$DEPTH).
+#   (bench/results/cpu_decode_d$DEPTH); GEN: generated tokens per run (32; more tokens
+#   average out more of a noisy machine's drift); REPEATS: turbokv runs per process, the
+#   median reported (1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 depth=${1:-8000}
@@ -23,15 +25,17 @@ model=${TURBOKV_MODEL:-$HOME/.cache/turbokv/models/SmolLM2-135M-Instruct.Q4_1.gg
 bin=${TURBOKV_BIN:-target/release/turbokv}
 out=${OUT:-bench/results/cpu_decode_d${depth}}
 mkdir -p "$out"
-ctx=$(( (depth + 64 + 1023) / 1024 * 1024 ))
+gen=${GEN:-32}
+repeats=${REPEATS:-1}
+ctx=$(( (depth + gen + 32 + 1023) / 1024 * 1024 ))
 for t in $threads; do
   if [ -n "${LLAMA_BENCH:-}" ]; then
-    "$LLAMA_BENCH" -m "$model" -t "$t" -d "$depth" -p 0 -n 32 -fa on -r 2 -o json \
+    "$LLAMA_BENCH" -m "$model" -t "$t" -d "$depth" -p 0 -n "$gen" -fa on -r 2 -o json \
       > "$out/llama_bench_t$t.json"
   fi
   for kv in "${kvs[@]}"; do
     name=$(echo "$kv" | tr -c 'a-z0-9\n' '_')
     "$bin" bench model --model "$model" --threads "$t" --kv "$kv" --prompt-tokens "$depth" \
-      --gen-tokens 32 --ctx "$ctx" --json "$out/turbokv_${name}_t$t.json"
+      --gen-tokens "$gen" --repeats "$repeats" --ctx "$ctx" --json "$out/turbokv_${name}_t$t.json"
   done
 done

@@ -123,14 +123,21 @@ impl Views {
 }
 
 impl RunView {
-    /// Slots `slot0..slot0 + n` of (block, head) as the task's keys `off..off + n`, with
-    /// their scales when the pool has them.
+    /// The coded keys `r` of kv head `head` as a page of this run, with their scales when
+    /// the pool has them.
     fn page<'a>(
         &self,
         pool: &'a CpuKvPool,
         half: Half,
-        (block, head, slot0, n, off): Coded,
+        head: usize,
+        r: &CodedKeys,
     ) -> Result<Page<'a>, Error> {
+        let CodedKeys {
+            block,
+            slot: slot0,
+            n,
+            off,
+        } = *r;
         let missing = || shape("decode attention", format!("no {half:?} block {block}"));
         let (bytes, start, scales) = match self.scale {
             None => {
@@ -170,24 +177,29 @@ impl HalfView {
         &self,
         pool: &'a CpuKvPool,
         head: usize,
-        coded: &[(usize, usize, usize, usize)],
+        coded: &[CodedKeys],
     ) -> Result<Vec<Vec<Page<'a>>>, Error> {
         self.runs
             .iter()
             .map(|run| {
                 coded
                     .iter()
-                    .map(|&(block, slot, n, off)| {
-                        run.page(pool, self.half, (block, head, slot, n, off))
-                    })
+                    .map(|r| run.page(pool, self.half, head, r))
                     .collect()
             })
             .collect()
     }
 }
 
-/// A run of coded keys of a task: (block, head, first slot, count, offset in the task).
-type Coded = (usize, usize, usize, usize, usize);
+/// Keys of a task read from the codes, all in one block: slots `slot..slot + n` of `block`
+/// are the task's keys `off..off + n`.
+#[derive(Clone, Copy, Debug)]
+struct CodedKeys {
+    block: usize,
+    slot: usize,
+    n: usize,
+    off: usize,
+}
 
 /// Per-thread buffers of decode tasks, grown as needed and never shrunk.
 #[derive(Default)]
@@ -252,7 +264,7 @@ fn run_in(
 
     // The coded key ranges of the task. Keys the query reads exactly go to pages of their
     // copies instead, which have no scales.
-    let mut coded_runs = Vec::new();
+    let mut coded_keys = Vec::new();
     let (mut ekpages, mut evpages) = (Vec::new(), Vec::new());
     let mut exact = ExactTiles::new(codec);
     let mut p0 = t.k0;
@@ -264,7 +276,12 @@ fn run_in(
         let coded = exact.coded(qpos, p0, 0..n);
         if !coded.is_empty() {
             let off = p0 - t.k0 + coded.start;
-            coded_runs.push((block, slot0 + coded.start, coded.len(), off));
+            coded_keys.push(CodedKeys {
+                block,
+                slot: slot0 + coded.start,
+                n: coded.len(),
+                off,
+            });
         }
         for r in [0..coded.start, coded.end..n] {
             let Some((k, v)) = exact.copies(r.clone()) else {
@@ -282,8 +299,8 @@ fn run_in(
         }
         p0 += n;
     }
-    let kpages = views.k.run_pages(pool, t.head, &coded_runs)?;
-    let vpages = views.v.run_pages(pool, t.head, &coded_runs)?;
+    let kpages = views.k.run_pages(pool, t.head, &coded_keys)?;
+    let vpages = views.v.run_pages(pool, t.head, &coded_keys)?;
     let exact_pages = |stride, mul, list| Pages {
         fmt: Fmt::F16,
         stride,
