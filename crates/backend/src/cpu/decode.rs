@@ -316,25 +316,26 @@ fn run_in(
         run: part,
     } = sc;
 
-    // Pass 1: every score. A format of several runs (outlier parts, QJL signs) adds each
-    // later run's scores of the coded keys to the first's.
+    // Pass 1: every score. A format of several runs (outlier parts, QJL signs) scores each
+    // run against its slice of the query rows and adds a later run's scores to the first's.
     p.resize(rows * nk, 0.0);
     for (i, (run, list)) in views.k.runs.iter().zip(&kpages).enumerate() {
         let pages = run.pages(list, g.scale);
-        if views.k.runs.len() == 1 {
-            direct::scores(pages, qw, rows, p, nk);
-            continue;
-        }
-        qrun.clear();
-        for q in qw.chunks_exact(wk) {
-            qrun.extend_from_slice(&q[run.work..run.work + run.dim]);
-        }
+        let q = if run.dim == wk {
+            &qw[..]
+        } else {
+            qrun.clear();
+            for q in qw.chunks_exact(wk) {
+                qrun.extend_from_slice(&q[run.work..run.work + run.dim]);
+            }
+            &qrun[..]
+        };
         if i == 0 {
-            direct::scores(pages, qrun, rows, p, nk);
+            direct::scores(pages, q, rows, p, nk);
         } else {
             part.clear();
             part.resize(rows * nk, 0.0);
-            direct::scores(pages, qrun, rows, part, nk);
+            direct::scores(pages, q, rows, part, nk);
             p.iter_mut().zip(part.iter()).for_each(|(a, b)| *a += b);
         }
     }
@@ -353,7 +354,7 @@ fn run_in(
     let mut acc = vec![0f32; rows * wv];
     for (run, list) in views.v.runs.iter().zip(&vpages) {
         let pages = run.pages(list, 1.0);
-        if views.v.runs.len() == 1 {
+        if run.dim == wv {
             direct::accumulate(pages, p, nk, &mut acc, rows);
             continue;
         }
