@@ -123,37 +123,26 @@ impl Views {
 }
 
 impl RunView {
-    /// The coded keys `r` of kv head `head` as a page of this run, with their scales when
-    /// the pool has them.
-    fn page<'a>(
-        &self,
-        pool: &'a CpuKvPool,
-        half: Half,
-        head: usize,
-        r: &CodedKeys,
-    ) -> Result<Page<'a>, Error> {
-        let CodedKeys {
-            block,
-            slot: slot0,
-            n,
-            off,
-        } = *r;
-        let missing = || shape("decode attention", format!("no {half:?} block {block}"));
-        let (bytes, start, scales) = match self.scale {
-            None => {
-                let b = pool.raw16_block(half, block, head).ok_or_else(missing)?;
-                (b, slot0 * self.stride, &[][..])
-            }
-            Some((offset, step)) => {
-                let b = pool.codec_block(half, block, head);
-                let scales = b.get(offset + slot0 * step..).ok_or_else(missing)?;
-                (b, slot0 * self.stride + self.code_offset, scales)
-            }
+    /// The coded keys `r` as a page of this run: `half` is the pool's whole K or V storage
+    /// and `base` the byte offset of (`r.block`, the task's kv head) in it.
+    fn page<'a>(&self, half: &'a [u8], base: usize, r: &CodedKeys) -> Result<Page<'a>, Error> {
+        let missing = || {
+            shape(
+                "decode attention",
+                format!("block {} lies outside the pool", r.block),
+            )
+        };
+        let start = base + r.slot * self.stride + self.code_offset;
+        let scales = match self.scale {
+            None => &[][..],
+            Some((offset, step)) => half
+                .get(base + offset + r.slot * step..)
+                .ok_or_else(missing)?,
         };
         Ok(Page {
-            bytes: bytes.get(start..).ok_or_else(missing)?,
-            n,
-            off,
+            bytes: half.get(start..).ok_or_else(missing)?,
+            n: r.n,
+            off: r.off,
             scales,
         })
     }
@@ -172,22 +161,21 @@ impl RunView {
 }
 
 impl HalfView {
-    /// Each run's pages of the coded key ranges `coded`.
-    fn run_pages<'a>(
+    /// Appends the coded keys `r` of the task's kv head to each run's page list: `half` and
+    /// `per` are the pool's storage of this half and its bytes per (block, kv head).
+    fn push_pages<'a>(
         &self,
-        pool: &'a CpuKvPool,
+        (half, per): (&'a [u8], usize),
+        kv_heads: usize,
         head: usize,
-        coded: &[CodedKeys],
-    ) -> Result<Vec<Vec<Page<'a>>>, Error> {
-        self.runs
-            .iter()
-            .map(|run| {
-                coded
-                    .iter()
-                    .map(|r| run.page(pool, self.half, head, r))
-                    .collect()
-            })
-            .collect()
+        r: &CodedKeys,
+        lists: &mut [Vec<Page<'a>>],
+    ) -> Result<(), Error> {
+        let base = (r.block * kv_heads + head) * per;
+        for (run, list) in self.runs.iter().zip(lists) {
+            list.push(run.page(half, base, r)?);
+        }
+        Ok(())
     }
 }
 
@@ -262,9 +250,20 @@ fn run_in(
         }
     }
 
-    // The coded key ranges of the task. Keys the query reads exactly go to pages of their
-    // copies instead, which have no scales.
-    let mut coded_keys = Vec::new();
+    // The task's pages: each coded key range as a page of every run (built as the block
+    // table is walked, with offsets computed from the pool's storage: at 16 keys a page, a
+    // task has hundreds). Keys the query reads exactly go to pages of their copies instead,
+    // which have no scales.
+    let pages_max = nk.div_ceil(bs) + 1;
+    let lists = |h: &HalfView| -> Vec<Vec<Page<'_>>> {
+        h.runs
+            .iter()
+            .map(|_| Vec::with_capacity(pages_max))
+            .collect()
+    };
+    let (mut kpages, mut vpages) = (lists(&views.k), lists(&views.v));
+    let (kstore, vstore) = (pool.half_bytes(views.k.half), pool.half_bytes(views.v.half));
+    let heads = pool.kv_heads();
     let (mut ekpages, mut evpages) = (Vec::new(), Vec::new());
     let mut exact = ExactTiles::new(codec);
     let mut p0 = t.k0;
@@ -275,13 +274,14 @@ fn run_in(
         exact.load(pool, block, t.head, p0, slot0..slot0 + n, qpos);
         let coded = exact.coded(qpos, p0, 0..n);
         if !coded.is_empty() {
-            let off = p0 - t.k0 + coded.start;
-            coded_keys.push(CodedKeys {
+            let r = CodedKeys {
                 block,
                 slot: slot0 + coded.start,
                 n: coded.len(),
-                off,
-            });
+                off: p0 - t.k0 + coded.start,
+            };
+            views.k.push_pages(kstore, heads, t.head, &r, &mut kpages)?;
+            views.v.push_pages(vstore, heads, t.head, &r, &mut vpages)?;
         }
         for r in [0..coded.start, coded.end..n] {
             let Some((k, v)) = exact.copies(r.clone()) else {
@@ -299,8 +299,6 @@ fn run_in(
         }
         p0 += n;
     }
-    let kpages = views.k.run_pages(pool, t.head, &coded_keys)?;
-    let vpages = views.v.run_pages(pool, t.head, &coded_keys)?;
     let exact_pages = |stride, mul, list| Pages {
         fmt: Fmt::F16,
         stride,

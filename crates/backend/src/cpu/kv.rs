@@ -463,22 +463,6 @@ impl CpuKvPool {
         }
     }
 
-    /// The storage and the values of (block, head) of K or V in a 16-bit pool, as the bytes of
-    /// `[block_size, head_dim]` native-endian u16 (little-endian on x86-64, where the direct
-    /// kernels read them).
-    pub(crate) fn raw16_block(&self, half: Half, block: usize, head: usize) -> Option<&[u8]> {
-        let Store::Raw16 { k, v, .. } = &self.store else {
-            return None;
-        };
-        let at = self.raw_offset(block, head, 0);
-        let len = self.block_size * self.head_dim;
-        let src = match half {
-            Half::K => &k[at..at + len],
-            Half::V => &v[at..at + len],
-        };
-        Some(super::direct::u16_bytes(src))
-    }
-
     /// The element format of this pool.
     pub(crate) fn storage(&self) -> KvStorage {
         match &self.store {
@@ -487,7 +471,6 @@ impl CpuKvPool {
         }
     }
 
-    /// The bytes of (block, head) of K or V in a codec pool.
     /// K and V of `slots` of `block` (kv head `head`) into `keys` / `values` in the keys' and
     /// values' working basis: the stored 16-bit values, or the codes decoded tile-wise.
     pub(crate) fn load_tile(
@@ -515,6 +498,7 @@ impl CpuKvPool {
         Ok(())
     }
 
+    /// The bytes of (block, head) of K or V in a codec pool (empty for a 16-bit pool).
     pub(crate) fn codec_block(&self, half: Half, block: usize, head: usize) -> &[u8] {
         match &self.store {
             Store::Codec(c) => {
@@ -526,6 +510,33 @@ impl CpuKvPool {
             }
             Store::Raw16 { .. } => &[],
         }
+    }
+
+    /// All of K's or V's storage as bytes (16-bit values native-endian), and the bytes of one
+    /// (block, kv head): the bytes of (block `b`, head `h`) start at `(b · kv_heads + h) ·
+    /// per`, for computing many pages' offsets without a lookup each.
+    pub(crate) fn half_bytes(&self, half: Half) -> (&[u8], usize) {
+        match &self.store {
+            Store::Raw16 { k, v, .. } => {
+                let src = match half {
+                    Half::K => k,
+                    Half::V => v,
+                };
+                (
+                    super::direct::u16_bytes(src),
+                    2 * self.block_size * self.head_dim,
+                )
+            }
+            Store::Codec(c) => match half {
+                Half::K => (&c.k, c.k_layout.total_bytes),
+                Half::V => (&c.v, c.v_layout.total_bytes),
+            },
+        }
+    }
+
+    /// KV heads per block.
+    pub(crate) fn kv_heads(&self) -> usize {
+        self.kv_heads
     }
 }
 
