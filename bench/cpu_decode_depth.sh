@@ -13,7 +13,10 @@
 #   TURBOKV_BIN: the binary (target/release/turbokv); OUT: the JSON folder
 #   (bench/results/cpu_decode_d$DEPTH); GEN: generated tokens per run (32; more tokens
 #   average out more of a noisy machine's drift); REPEATS: turbokv runs per process, the
-#   median reported (1).
+#   median reported (1). ROUNDS: instead of one process per format, one process that
+#   prefills every format once and then decodes GEN tokens with each in turn, ROUNDS rounds
+#   (`bench model --interleave`), from a prompt of DEPTH − ROUNDS·GEN/2 tokens so that the
+#   segments' mean depth is DEPTH: the machine's drift then falls on every format alike.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 depth=${1:-8000}
@@ -32,6 +35,13 @@ for t in $threads; do
   if [ -n "${LLAMA_BENCH:-}" ]; then
     "$LLAMA_BENCH" -m "$model" -t "$t" -d "$depth" -p 0 -n "$gen" -fa on -r 2 -o json \
       > "$out/llama_bench_t$t.json"
+  fi
+  if [ -n "${ROUNDS:-}" ]; then
+    rest=$(IFS=,; echo "${kvs[*]:1}")
+    "$bin" bench model --model "$model" --threads "$t" --kv "${kvs[0]}" --interleave "$rest" \
+      --prompt-tokens $(( depth - ROUNDS * gen / 2 )) --gen-tokens "$gen" --repeats "$ROUNDS" \
+      --ctx "$ctx" --json "$out/turbokv_interleaved_t$t.json"
+    continue
   fi
   for kv in "${kvs[@]}"; do
     name=$(echo "$kv" | tr -c 'a-z0-9\n' '_')

@@ -7,7 +7,7 @@ use serde::Serialize;
 use turbokv_model::Session;
 
 use crate::args::{BenchModelArgs, cache_dir};
-use crate::generate::load;
+use crate::generate::{Loaded, load};
 
 #[derive(Serialize)]
 struct Row {
@@ -18,6 +18,9 @@ struct Row {
     prefill_tok_s: f64,
     decode_tok_s: f64,
     decode_ms_per_token: f64,
+    /// `--interleave`: decode tok/s of each round's segment, in round order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    decode_rounds_tok_s: Vec<f64>,
 }
 
 /// Runs the benchmark and prints a table (and JSON if asked).
@@ -52,6 +55,42 @@ fn run_on<B: turbokv_backend::Backend>(backend: B, args: &BenchModelArgs) -> Res
         source.len()
     );
     let threads = rayon::current_num_threads();
+    let rows = if args.interleave.is_empty() {
+        one_cache(&loaded, &source, args, threads)?
+    } else {
+        interleaved(&loaded, &source, args, threads)?
+    };
+    println!(
+        "{:>7} {:>12} {:>8} {:>6} {:>12} {:>11} {:>10}",
+        "threads", "kv", "prompt", "gen", "prefill t/s", "decode t/s", "ms/token"
+    );
+    for r in &rows {
+        println!(
+            "{:>7} {:>12} {:>8} {:>6} {:>12.1} {:>11.1} {:>10.2}",
+            r.threads,
+            r.kv,
+            r.prompt_tokens,
+            r.gen_tokens,
+            r.prefill_tok_s,
+            r.decode_tok_s,
+            r.decode_ms_per_token
+        );
+    }
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({ "model": loaded.model.name, "rows": rows });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// `--kv`'s cache alone: each repeat prefills and decodes in a fresh session.
+fn one_cache<B: turbokv_backend::Backend>(
+    loaded: &Loaded<B>,
+    source: &[u32],
+    args: &BenchModelArgs,
+    threads: usize,
+) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for &n in &args.prompt_tokens {
         let mut prefill = Vec::new();
@@ -84,30 +123,95 @@ fn run_on<B: turbokv_backend::Backend>(backend: B, args: &BenchModelArgs) -> Res
             prefill_tok_s: p,
             decode_tok_s: d,
             decode_ms_per_token: 1000.0 / d,
+            decode_rounds_tok_s: Vec::new(),
         });
     }
-    println!(
-        "{:>7} {:>12} {:>8} {:>6} {:>12} {:>11} {:>10}",
-        "threads", "kv", "prompt", "gen", "prefill t/s", "decode t/s", "ms/token"
-    );
-    for r in &rows {
-        println!(
-            "{:>7} {:>12} {:>8} {:>6} {:>12.1} {:>11.1} {:>10.2}",
-            r.threads,
-            r.kv,
-            r.prompt_tokens,
-            r.gen_tokens,
-            r.prefill_tok_s,
-            r.decode_tok_s,
-            r.decode_ms_per_token
+    Ok(rows)
+}
+
+/// `--kv`'s cache and `--interleave`'s in one process: one session per cache and prompt
+/// length, prefilled once, then `repeats` rounds in which every session decodes `gen_tokens`
+/// tokens, the order reversed every other round; the median segment per cache is reported.
+fn interleaved<B: turbokv_backend::Backend>(
+    loaded: &Loaded<B>,
+    source: &[u32],
+    args: &BenchModelArgs,
+    threads: usize,
+) -> Result<Vec<Row>> {
+    use crate::kvspec::{KvDefaults, KvSpec, build_policy};
+    let model = &loaded.model.transformer;
+    let defaults = KvDefaults::from_args(&args.cache.kv_opts, turbokv_cache::KvWindow::default());
+    let layers =
+        turbokv_cache::KvPolicy::parse_layers(&args.cache.kv_layers).context("--kv-layers")?;
+    let mut caches = vec![(loaded.kv_label.clone(), loaded.kv, loaded.policy.clone())];
+    let mut cal = None;
+    for text in &args.interleave {
+        let spec = KvSpec::parse(text, defaults)?;
+        let label = spec.label(text);
+        let policy = build_policy(
+            model,
+            &loaded.tokenizer,
+            &spec,
+            &label,
+            (loaded.ctx, &layers),
+            &mut cal,
+        )?;
+        caches.push((label, spec.dtype, policy));
+    }
+    let (rounds, steps) = (args.repeats.max(1), args.gen_tokens);
+    let mut rows = Vec::new();
+    for &n in &args.prompt_tokens {
+        let tokens = n + rounds * steps + 1;
+        anyhow::ensure!(
+            tokens <= model.config().max_context,
+            "--interleave keeps every cache's tokens: {n} prompt + {rounds} rounds × {steps} \
+             tokens exceed the model's context of {}; use a shorter prompt, fewer --repeats \
+             or fewer --gen-tokens",
+            model.config().max_context
         );
+        let mut sessions = Vec::new();
+        for (label, dtype, policy) in &caches {
+            let mut session = Session::with_policy(model, *dtype, policy, tokens)
+                .with_context(|| format!("creating the session of {label}"))?;
+            let t = Instant::now();
+            let logits = session.prefill(&source[..n])?.to_vec();
+            let prefill = n as f64 / t.elapsed().as_secs_f64();
+            tracing::info!(kv = %label, prompt = n, prefill_tok_s = prefill, "prefilled");
+            sessions.push((session, logits, prefill, Vec::new()));
+        }
+        for round in 0..rounds {
+            let order: Vec<usize> = if round % 2 == 0 {
+                (0..sessions.len()).collect()
+            } else {
+                (0..sessions.len()).rev().collect()
+            };
+            for i in order {
+                let (session, logits, _, segments) = &mut sessions[i];
+                let t = Instant::now();
+                for _ in 0..steps {
+                    let next = argmax(logits);
+                    logits.clear();
+                    logits.extend_from_slice(session.step(next)?);
+                }
+                segments.push(steps as f64 / t.elapsed().as_secs_f64());
+            }
+            tracing::info!(round = round + 1, of = rounds, "decode round done");
+        }
+        for ((label, ..), (_, _, prefill, segments)) in caches.iter().zip(sessions) {
+            let d = median(&mut segments.clone());
+            rows.push(Row {
+                threads,
+                kv: label.clone(),
+                prompt_tokens: n,
+                gen_tokens: steps,
+                prefill_tok_s: prefill,
+                decode_tok_s: d,
+                decode_ms_per_token: 1000.0 / d,
+                decode_rounds_tok_s: segments,
+            });
+        }
     }
-    if let Some(path) = &args.json {
-        let doc = serde_json::json!({ "model": loaded.model.name, "rows": rows });
-        std::fs::write(path, serde_json::to_string_pretty(&doc)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
+    Ok(rows)
 }
 
 fn argmax(v: &[f32]) -> u32 {
