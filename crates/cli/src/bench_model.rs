@@ -34,6 +34,10 @@ fn run_on<B: turbokv_backend::Backend>(backend: B, args: &BenchModelArgs) -> Res
         .text
         .clone()
         .unwrap_or_else(|| cache_dir().join("data/wiki.txt"));
+    anyhow::ensure!(
+        args.prompt_tokens.iter().all(|&n| n > 0),
+        "--prompt-tokens: every length must be at least 1 (decoding starts from the logits of the prompt's last token)"
+    );
     let longest = args.prompt_tokens.iter().copied().max().unwrap_or(0);
     let source: Vec<u32> = match std::fs::read_to_string(&text_path) {
         Ok(text) => loaded
@@ -130,8 +134,10 @@ fn one_cache<B: turbokv_backend::Backend>(
 }
 
 /// `--kv`'s cache and `--interleave`'s in one process: one session per cache and prompt
-/// length, prefilled once, then `repeats` rounds in which every session decodes `gen_tokens`
-/// tokens, the order reversed every other round; the median segment per cache is reported.
+/// length; the prompt prefilled in `repeats` parts, every session taking each part in turn,
+/// then `repeats` rounds in which every session decodes `gen_tokens` tokens; the order is
+/// reversed every other round. Reported: each cache's prefill rate over its parts and its
+/// median decode segment.
 fn interleaved<B: turbokv_backend::Backend>(
     loaded: &Loaded<B>,
     source: &[u32],
@@ -171,21 +177,28 @@ fn interleaved<B: turbokv_backend::Backend>(
         );
         let mut sessions = Vec::new();
         for (label, dtype, policy) in &caches {
-            let mut session = Session::with_policy(model, *dtype, policy, tokens)
+            let session = Session::with_policy(model, *dtype, policy, tokens)
                 .with_context(|| format!("creating the session of {label}"))?;
-            let t = Instant::now();
-            let logits = session.prefill(&source[..n])?.to_vec();
-            let prefill = n as f64 / t.elapsed().as_secs_f64();
-            tracing::info!(kv = %label, prompt = n, prefill_tok_s = prefill, "prefilled");
-            sessions.push((session, logits, prefill, Vec::new()));
+            sessions.push((session, Vec::new(), 0.0, Vec::new()));
+        }
+        // The prompt in `rounds` parts, each prefilled by every session in turn: a part
+        // continues its session's prefill (chunked the same way), and each session's
+        // prefill time is the sum of its parts.
+        for round in 0..rounds {
+            let part = n * round / rounds..n * (round + 1) / rounds;
+            for i in round_order(round, sessions.len()) {
+                let (session, logits, seconds, _) = &mut sessions[i];
+                let t = Instant::now();
+                *logits = session.prefill(&source[part.clone()])?.to_vec();
+                *seconds += t.elapsed().as_secs_f64();
+            }
+        }
+        for ((label, ..), (_, _, seconds, _)) in caches.iter().zip(&mut sessions) {
+            *seconds = n as f64 / *seconds;
+            tracing::info!(kv = %label, prompt = n, prefill_tok_s = *seconds, "prefilled");
         }
         for round in 0..rounds {
-            let order: Vec<usize> = if round % 2 == 0 {
-                (0..sessions.len()).collect()
-            } else {
-                (0..sessions.len()).rev().collect()
-            };
-            for i in order {
+            for i in round_order(round, sessions.len()) {
                 let (session, logits, _, segments) = &mut sessions[i];
                 let t = Instant::now();
                 for _ in 0..steps {
@@ -212,6 +225,15 @@ fn interleaved<B: turbokv_backend::Backend>(
         }
     }
     Ok(rows)
+}
+
+/// The sessions in round `round`'s order: forward in even rounds, reversed in odd ones.
+fn round_order(round: usize, n: usize) -> Vec<usize> {
+    if round.is_multiple_of(2) {
+        (0..n).collect()
+    } else {
+        (0..n).rev().collect()
+    }
 }
 
 fn argmax(v: &[f32]) -> u32 {

@@ -1,6 +1,7 @@
 //! `turbokv bench model --interleave` end to end on the demo model: every cache gets its own
 //! row, in the order given, with positive finite rates; a run that would overflow the
-//! model's context or names a bad spec is refused with a message and no panic.
+//! model's context, names a bad spec or an empty prompt is refused with a message and no
+//! panic.
 
 mod common;
 
@@ -54,7 +55,7 @@ fn interleaved_caches_each_get_a_row_in_order() {
 }
 
 #[test]
-fn interleave_past_the_context_or_with_a_bad_spec_is_refused() {
+fn interleave_past_the_context_a_bad_spec_or_an_empty_prompt_is_refused() {
     let Some(model) = demo_model() else { return };
     let base = [
         "bench",
@@ -66,7 +67,7 @@ fn interleave_past_the_context_or_with_a_bad_spec_is_refused() {
         "--kv",
         "bf16",
     ];
-    let cases: [(&[&str], &str); 2] = [
+    let cases: [(&[&str], &str); 3] = [
         (
             &[
                 "--interleave",
@@ -83,6 +84,10 @@ fn interleave_past_the_context_or_with_a_bad_spec_is_refused() {
         (
             &["--interleave", "tq3,tq9", "--prompt-tokens", "16"],
             "k{b}v{b}",
+        ),
+        (
+            &["--interleave", "tq3", "--prompt-tokens", "16,0"],
+            "at least 1",
         ),
     ];
     for (extra, want) in cases {
