@@ -5,7 +5,25 @@
 
 mod common;
 
+use std::process::Output;
+
 use common::{demo_model, stderr, turbokv};
+
+/// `turbokv bench model` on `model` with 2 threads and a bf16 `--kv`, then `extra`.
+fn bench_model(model: &str, extra: &[&str]) -> Output {
+    let base = [
+        "bench",
+        "model",
+        "--model",
+        model,
+        "--threads",
+        "2",
+        "--kv",
+        "bf16",
+    ];
+    let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+    turbokv(&args)
+}
 
 #[test]
 fn interleaved_caches_each_get_a_row_in_order() {
@@ -13,28 +31,23 @@ fn interleaved_caches_each_get_a_row_in_order() {
     let dir = std::env::temp_dir().join(format!("turbokv-bench-model-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("interleaved.json");
-    let o = turbokv(&[
-        "bench",
-        "model",
-        "--model",
+    let o = bench_model(
         &model,
-        "--threads",
-        "2",
-        "--kv",
-        "bf16",
-        "--interleave",
-        "tq3,compact",
-        "--prompt-tokens",
-        "48",
-        "--gen-tokens",
-        "3",
-        "--repeats",
-        "2",
-        "--ctx",
-        "256",
-        "--json",
-        json.to_str().unwrap(),
-    ]);
+        &[
+            "--interleave",
+            "tq3,compact",
+            "--prompt-tokens",
+            "48",
+            "--gen-tokens",
+            "3",
+            "--repeats",
+            "2",
+            "--ctx",
+            "256",
+            "--json",
+            json.to_str().unwrap(),
+        ],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
@@ -57,16 +70,6 @@ fn interleaved_caches_each_get_a_row_in_order() {
 #[test]
 fn interleave_past_the_context_a_bad_spec_or_an_empty_prompt_is_refused() {
     let Some(model) = demo_model() else { return };
-    let base = [
-        "bench",
-        "model",
-        "--model",
-        &model,
-        "--threads",
-        "2",
-        "--kv",
-        "bf16",
-    ];
     let cases: [(&[&str], &str); 3] = [
         (
             &[
@@ -91,8 +94,7 @@ fn interleave_past_the_context_a_bad_spec_or_an_empty_prompt_is_refused() {
         ),
     ];
     for (extra, want) in cases {
-        let args: Vec<&str> = base.iter().chain(extra).copied().collect();
-        let o = turbokv(&args);
+        let o = bench_model(&model, extra);
         let err = stderr(&o);
         assert!(!o.status.success(), "{extra:?} must fail");
         assert!(!err.contains("panicked"), "{extra:?}: {err}");
