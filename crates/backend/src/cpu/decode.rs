@@ -252,8 +252,8 @@ fn run_in(
 
     // The task's pages: each coded key range as a page of every run (built as the block
     // table is walked, with offsets computed from the pool's storage: at 16 keys a page, a
-    // task has hundreds). Keys the query reads exactly go to pages of their copies instead,
-    // which have no scales.
+    // task at 8k context has about a hundred). Keys the query reads exactly go to pages of
+    // their copies instead, which have no scales.
     let pages_max = nk.div_ceil(bs) + 1;
     let lists = |h: &HalfView| -> Vec<Vec<Page<'_>>> {
         h.runs
