@@ -500,16 +500,12 @@ impl CpuKvPool {
 
     /// The bytes of (block, head) of K or V in a codec pool (empty for a 16-bit pool).
     pub(crate) fn codec_block(&self, half: Half, block: usize, head: usize) -> &[u8] {
-        match &self.store {
-            Store::Codec(c) => {
-                let bi = block * self.kv_heads + head;
-                match half {
-                    Half::K => &c.k[bi * c.k_layout.total_bytes..(bi + 1) * c.k_layout.total_bytes],
-                    Half::V => &c.v[bi * c.v_layout.total_bytes..(bi + 1) * c.v_layout.total_bytes],
-                }
-            }
-            Store::Raw16 { .. } => &[],
+        if !matches!(self.store, Store::Codec(_)) {
+            return &[];
         }
+        let (bytes, per) = self.half_bytes(half);
+        let at = (block * self.kv_heads + head) * per;
+        &bytes[at..at + per]
     }
 
     /// All of K's or V's storage as bytes (16-bit values native-endian), and the bytes of one
