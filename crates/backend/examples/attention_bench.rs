@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! cargo run --release -p turbokv-backend --example attention_bench -- \
-//!     [--ctx 512,2048,8000] [--kv f16,bf16,int8,tq4,tq3,tq3@w15s1] [--layers 30] [--passes 20]
+//!     [--ctx 512,2048,8000] [--kv f16,bf16,int8,tq4,tq3,tq3@w15s1] [--layers 30] [--passes 20] \
+//!     [--queries 1]
 //! ```
 //!
 //! A dtype may carry a full-precision window (`tq3@w15s1`: 15 recent tokens and 1 sink read
@@ -16,6 +17,10 @@
 //! pass runs one single-token attention per layer; reported: the best and median pass in ms,
 //! the KV bytes one pass reads, and that over the best time as GB/s, next to a plain parallel
 //! read of a 512 MiB buffer (the bandwidth roofline of this machine, same threads).
+//!
+//! `--queries N` (N > 1) times a prefill chunk instead: the context's last N tokens are the
+//! span's rows, each attending causally to everything before it (the tiled path). Use few
+//! `--layers` there: a chunk's work grows with N × ctx.
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -61,6 +66,7 @@ fn main() {
     let kvs = arg("--kv", "f16,bf16,int8,tq4,tq3");
     let layers: usize = arg("--layers", "30").parse().expect("--layers");
     let passes: usize = arg("--passes", "20").parse().expect("--passes");
+    let queries: usize = arg("--queries", "1").parse().expect("--queries");
     let (n_heads, n_kv, d) = (9, 3, 64);
     let g = AttnGeometry {
         n_heads,
@@ -110,15 +116,16 @@ fn main() {
                     b.write_kv(&mut qkv, &g, &rope, None, &spans, pool).unwrap();
                 }
             }
-            let data: Vec<f32> = (0..g.qkv_width()).map(|_| next()).collect();
-            let mut qkv = CpuTensor::from_vec(data, 1, g.qkv_width()).unwrap();
+            let n = queries.clamp(1, ctx);
+            let data: Vec<f32> = (0..n * g.qkv_width()).map(|_| next()).collect();
+            let mut qkv = CpuTensor::from_vec(data, n, g.qkv_width()).unwrap();
             let spans = [SeqSpan {
                 first_row: 0,
-                n_tokens: 1,
-                first_pos: ctx - 1,
+                n_tokens: n,
+                first_pos: ctx - n,
                 blocks: &blocks,
             }];
-            let mut out = b.tensor(1, n_heads * d).unwrap();
+            let mut out = b.tensor(n, n_heads * d).unwrap();
             let mut times = Vec::with_capacity(passes);
             for _ in 0..passes + 2 {
                 let t = Instant::now();
