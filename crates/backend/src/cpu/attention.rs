@@ -90,7 +90,7 @@ pub(crate) fn attend(
         .par_iter()
         .map(|&t| match &views {
             Some(v) if spans[t.span].n_tokens == 1 => decode::run(t, qkv, g, spans, pool, v),
-            _ => run_task(t, qkv, g, spans, pool),
+            _ => run_task(t, qkv, g, spans, pool, views.as_ref()),
         })
         .collect::<Result<_, _>>()?;
     merge_into(partials, g, spans, pool, out)
@@ -189,6 +189,7 @@ fn run_task(
     g: &AttnGeometry,
     spans: &[SeqSpan<'_>],
     pool: &CpuKvPool,
+    views: Option<&decode::Views>,
 ) -> Result<Partial, Error> {
     let s = &spans[t.span];
     let (d, group, bs) = (g.head_dim, g.group(), pool.block_size());
@@ -202,7 +203,7 @@ fn run_task(
     let mut acc = vec![0f32; rows * wv];
     let mut scores = vec![0f32; bs];
     let qpos = (s.first_pos + t.q0, s.first_pos + t.q1 - 1);
-    let mut reader = BlockReader::new(pool, t.head, qpos, (wk, wv));
+    let mut reader = BlockReader::new(pool, t.head, qpos, (wk, wv), views);
     let mut p0 = t.k0;
     while p0 < t.k1 {
         let n = (bs - p0 % bs).min(t.k1 - p0);
@@ -278,7 +279,8 @@ pub(super) fn finish_row(
 /// The tiled loops' reader of one task's keys and values, a block at a time, into buffers
 /// reused from block to block: the exact copies of sink and window tokens go to an
 /// [`ExactTiles`], and only the keys some query row reads from the codes are decoded into
-/// rows of the working dims. The coded range starts where the task's first row's does and
+/// rows of the working dims (by the direct loaders when the pool's formats have
+/// [`decode::Views`], else by the pool's tile decode). The coded range starts where the task's first row's does and
 /// ends where its last row's does.
 pub(super) struct BlockReader<'a> {
     pool: &'a CpuKvPool,
@@ -288,16 +290,18 @@ pub(super) struct BlockReader<'a> {
     keys: Vec<f32>,
     values: Vec<f32>,
     exact: ExactTiles<'a>,
+    views: Option<&'a decode::Views>,
 }
 
 impl<'a> BlockReader<'a> {
     /// A reader of kv head `head` for queries at `qpos.0 ..= qpos.1`, keys and values of
-    /// `wk` and `wv` working dims.
+    /// `wk` and `wv` working dims; `views` are the pool's (see [`decode::Views::of`]).
     pub(super) fn new(
         pool: &'a CpuKvPool,
         head: usize,
         qpos: (usize, usize),
         (wk, wv): (usize, usize),
+        views: Option<&'a decode::Views>,
     ) -> Self {
         let bs = pool.block_size();
         BlockReader {
@@ -307,6 +311,7 @@ impl<'a> BlockReader<'a> {
             keys: vec![0f32; bs * wk],
             values: vec![0f32; bs * wv],
             exact: ExactTiles::new(pool.codec()),
+            views,
         }
     }
 
@@ -327,13 +332,15 @@ impl<'a> BlockReader<'a> {
         exact.widen();
         let lo = exact.coded(self.qpos.0, p0, 0..n).start;
         let hi = exact.coded(self.qpos.1, p0, 0..n).end.max(lo);
-        pool.load_tile(
-            block,
-            self.head,
+        let (slots, keys, values) = (
             slot0 + lo..slot0 + hi,
             &mut self.keys[lo * wk..hi * wk],
             &mut self.values[lo * wv..hi * wv],
-        )?;
+        );
+        match self.views {
+            Some(v) => v.fill(pool, (block, self.head), slots, keys, values)?,
+            None => pool.load_tile(block, self.head, slots, keys, values)?,
+        }
         Ok((&self.keys[..n * wk], &self.values[..n * wv], &self.exact))
     }
 }

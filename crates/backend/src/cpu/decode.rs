@@ -122,6 +122,40 @@ impl Views {
     }
 }
 
+impl Views {
+    /// Slots `slots` of (block, kv head `head`) of `pool` decoded into `keys` and `values`
+    /// (`slots.len()` rows of the halves' working dims), by the direct loaders: the tiled
+    /// path's tile fill for direct formats, without the codec's decode per token.
+    pub(super) fn fill(
+        &self,
+        pool: &CpuKvPool,
+        (block, head): (usize, usize),
+        slots: std::ops::Range<usize>,
+        keys: &mut [f32],
+        values: &mut [f32],
+    ) -> Result<(), Error> {
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let r = CodedKeys {
+            block,
+            slot: slots.start,
+            n: slots.len(),
+            off: 0,
+        };
+        for (view, out) in [(&self.k, keys), (&self.v, values)] {
+            let (bytes, per) = pool.half_bytes(view.half);
+            let base = (block * pool.kv_heads() + head) * per;
+            let width = out.len() / slots.len();
+            for run in &view.runs {
+                let list = [run.page(bytes, base, &r)?];
+                direct::decode_rows(run.pages(&list, 1.0), run.dim, &mut out[run.work..], width);
+            }
+        }
+        Ok(())
+    }
+}
+
 impl RunView {
     /// The coded keys `r` as a page of this run: `half` is the pool's whole K or V storage
     /// and `base` the byte offset of (`r.block`, the task's kv head) in it.

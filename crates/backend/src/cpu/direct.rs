@@ -287,6 +287,38 @@ pub(crate) fn accumulate_ref(
     }
 }
 
+/// `out[(off + j)·os + i] = mul · s_j · x_j[i]` for `i < w`: record `j` of every page at
+/// `off` decoded into rows `os` floats apart (the tiled path's tile of working vectors).
+pub(crate) fn decode_rows(pages: Pages<'_>, w: usize, out: &mut [f32], os: usize) {
+    let end = pages.end();
+    assert!(
+        end == 0 || out.len() >= (end - 1) * os + w,
+        "decode_rows: output too short"
+    );
+    let simd = pages.check(w);
+    #[cfg(target_arch = "x86_64")]
+    if has_simd() && simd {
+        // SAFETY: AVX2/FMA/F16C detected; w is a positive multiple of 8, every chunk of every
+        // page's records and every scale is readable (`check`); `out` holds
+        // (end − 1)·os + w floats (asserted above).
+        unsafe { super::direct_avx2::decode_rows(pages, w, out, os) };
+        return;
+    }
+    decode_rows_ref(pages, w, out, os);
+}
+
+/// Scalar reference of [`decode_rows`].
+pub(crate) fn decode_rows_ref(pages: Pages<'_>, w: usize, out: &mut [f32], os: usize) {
+    for page in pages.list {
+        for j in 0..page.n {
+            let (x, k, s) = (pages.record(page, j), page.off + j, pages.scale(page, j));
+            for (i, o) in out[k * os..k * os + w].iter_mut().enumerate() {
+                *o = pages.fmt.value(x, i) * s;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -349,7 +381,7 @@ mod tests {
         assert!((a - b).abs() <= tol, "{what}: {a} vs reference {b}");
     }
 
-    /// SIMD == scalar reference for every format, row count 1–9 (groups of 4 and a rest),
+    /// SIMD == scalar reference (scores, value sums, tile fill) for every format, row count 1–9 (groups of 4 and a rest),
     /// head widths with odd chunk counts, record counts around the 2/4-token passes, padded
     /// strides, and one page or many ragged pages (more than the prefetch distance).
     #[test]
@@ -420,6 +452,17 @@ mod tests {
                         accumulate_ref(pages, &p, ws, &mut want, rows);
                         for (g, e) in got.iter().zip(&want) {
                             close(*g, *e, n, mag, &what);
+                        }
+                        // The tile fill: the same products, so equal to the bit; the rows'
+                        // padding untouched.
+                        let os = w + 5;
+                        let mut got = vec![f32::NAN; n * os];
+                        let mut want = got.clone();
+                        decode_rows(pages, w, &mut got, os);
+                        decode_rows_ref(pages, w, &mut want, os);
+                        for (j, (g, e)) in got.chunks(os).zip(want.chunks(os)).enumerate() {
+                            assert_eq!(g[..w], e[..w], "{what}: decoded record {j}");
+                            assert!(g[w..].iter().all(|x| x.is_nan()), "{what}: padding");
                         }
                     }
                 }

@@ -540,6 +540,38 @@ pub(super) unsafe fn accumulate(
     }
 }
 
+/// [`Load8`] over every page of `pages`: `out[(off + j)·os..][..w] = mul · s_j · x_j`.
+///
+/// # Safety
+/// AVX2/FMA/F16C; `w` a positive multiple of 8; every chunk of every page's `n` records and
+/// its `n` scales (if any) are readable; `out` holds `(off + n − 1)·os + w` floats for every
+/// page.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn decode_rows(pages: Pages<'_>, w: usize, out: &mut [f32], os: usize) {
+    let (stride, op) = (pages.stride, out.as_mut_ptr());
+    let mut buf = [0f32; SCALE_RUN];
+    with_loader!(pages.fmt, ld => {
+        for pg in pages.list {
+            for j0 in (0..pg.n).step_by(SCALE_RUN) {
+                let sc = &mut buf[..(pg.n - j0).min(SCALE_RUN)];
+                // SAFETY: records j0..j0 + sc.len() of the page, their scales and their
+                // output rows are in bounds (caller).
+                unsafe {
+                    page_scales(&pages, pg, j0, sc);
+                    for (k, &s) in sc.iter().enumerate() {
+                        let rec = pg.bytes.as_ptr().add((j0 + k) * stride);
+                        let dst = op.add((pg.off + j0 + k) * os);
+                        let s = _mm256_set1_ps(s);
+                        for c in 0..w / 8 {
+                            _mm256_storeu_ps(dst.add(8 * c), _mm256_mul_ps(ld.load8(rec, c), s));
+                        }
+                    }
+                }
+            }
+        }
+    })
+}
+
 /// `out[j] = scale · f16(src[j·stride..][..2])` for `out.len()` scalars; eight at a time with
 /// one `vcvtph2ps` when they are contiguous (`stride == 2`).
 ///

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use super::attention::{BlockReader, finish_row, queries_in_work_basis};
 use super::kv::CpuKvPool;
-use super::{CpuTensor, ROWS_PER_TASK, expect_cols, ops, shape};
+use super::{CpuTensor, ROWS_PER_TASK, decode, expect_cols, ops, shape};
 use crate::Error;
 use crate::backend::{AttnGeometry, AttnVariant, SeqSpan};
 
@@ -113,9 +113,10 @@ pub(super) fn attend(
             }
         }
     }
+    let views = decode::Views::of(pool, g.head_dim);
     let results: Vec<Vec<f32>> = tasks
         .par_iter()
-        .map(|&t| run_task(t, qkv, g, spans, pool, variant))
+        .map(|&t| run_task(t, qkv, g, spans, pool, views.as_ref(), variant))
         .collect::<Result<_, _>>()?;
     let (d, group, width) = (g.head_dim, g.group(), out.cols());
     let data = out.as_mut_slice();
@@ -140,6 +141,7 @@ fn run_task(
     g: &AttnGeometry,
     spans: &[SeqSpan<'_>],
     pool: &CpuKvPool,
+    views: Option<&decode::Views>,
     variant: &AttnVariant<'_, Vec<f32>>,
 ) -> Result<Vec<f32>, Error> {
     let s = &spans[t.span];
@@ -154,7 +156,7 @@ fn run_task(
     let mut acc = vec![0f32; rows * wv];
     let mut scores = vec![0f32; bs];
     let qpos = (s.first_pos + t.q0, s.first_pos + t.q1 - 1);
-    let mut reader = BlockReader::new(pool, t.head, qpos, (wk, wv));
+    let mut reader = BlockReader::new(pool, t.head, qpos, (wk, wv), views);
     let kend = s.first_pos + t.q1;
     let mut p0 = lo_of(qpos.0);
     while p0 < kend {
