@@ -38,7 +38,7 @@ const MIN_KEY_CHUNK: usize = 256;
 const MAX_KEY_CHUNK: usize = 2048;
 /// Split decode aims at this many tasks per thread, so work stealing can even out the threads
 /// without paying for ~100 tasks per layer.
-const TASKS_PER_THREAD: usize = 8;
+const TASKS_PER_THREAD: usize = 4;
 
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Task {
