@@ -181,6 +181,15 @@ fn interleaved<B: turbokv_backend::Backend>(
                 .with_context(|| format!("creating the session of {label}"))?;
             sessions.push((session, Vec::new(), 0.0, Vec::new()));
         }
+        // One untimed prefill first: the process's first pass over the weights (page faults,
+        // cold caches) would otherwise fall on whichever cache comes first.
+        {
+            let (label, dtype, policy) = &caches[0];
+            let warm = n.min(64);
+            Session::with_policy(model, *dtype, policy, warm + 1)
+                .and_then(|mut s| s.prefill(&source[..warm]).map(drop))
+                .with_context(|| format!("warming up with {label}"))?;
+        }
         // The prompt in `rounds` parts, each prefilled by every session in turn: a part
         // continues its session's prefill (chunked the same way), and each session's
         // prefill time is the sum of its parts.
