@@ -280,8 +280,8 @@ pub(super) fn finish_row(
 /// reused from block to block: the exact copies of sink and window tokens go to an
 /// [`ExactTiles`], and only the keys some query row reads from the codes are decoded into
 /// rows of the working dims (by the direct loaders when the pool's formats have
-/// [`decode::Views`], else by the pool's tile decode). The coded range starts where the task's first row's does and
-/// ends where its last row's does.
+/// [`decode::Views`], else by the pool's tile decode). The coded range starts where the task's
+/// first row's does and ends where its last row's does.
 pub(super) struct BlockReader<'a> {
     pool: &'a CpuKvPool,
     head: usize,
