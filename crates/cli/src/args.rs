@@ -370,8 +370,9 @@ pub struct BenchModelArgs {
     /// More KV caches (comma-separated specs, as `--kv`) measured in the same process
     /// against `--kv`'s: every cache prefills each of `--repeats` parts of the prompt in
     /// turn, then decodes `--gen-tokens` tokens in turn, `--repeats` rounds, the order
-    /// reversed every other round, so the machine's drift falls on every cache alike. The
-    /// caches keep their tokens, so round r decodes from depth prompt + r·gen.
+    /// reversed every other round, so the machine's drift falls on every cache alike (after
+    /// one untimed warm-up prefill). The caches keep their tokens, so round r decodes from
+    /// depth prompt + r·gen.
     #[arg(long, value_delimiter = ',')]
     pub interleave: Vec<String>,
     /// Text to take prompts from (default: the cleaned Wikipedia text, if fetched).

@@ -22,7 +22,7 @@ use std::cell::RefCell;
 
 use super::attention::{ExactTiles, Partial, Task, finish_row};
 use super::direct::{self, Fmt, Page, Pages};
-use super::kv::{CpuKvPool, Half, KvStorage};
+use super::kv::{CpuKvPool, Half, KvStorage, head_block_offset};
 use super::{CpuTensor, ops, shape};
 use crate::Error;
 use crate::backend::{AttnGeometry, SeqSpan};
@@ -120,9 +120,7 @@ impl Views {
         let whole = |h: &HalfView| h.runs.iter().all(|r| r.dim > 0 && r.dim % 8 == 0);
         (whole(&views.k) && whole(&views.v)).then_some(views)
     }
-}
 
-impl Views {
     /// Slots `slots` of (block, kv head `head`) of `pool` decoded into `keys` and `values`
     /// (`slots.len()` rows of the halves' working dims), by the direct loaders: the tiled
     /// path's tile fill for direct formats, without the codec's decode per token.
@@ -145,7 +143,7 @@ impl Views {
         };
         for (view, out) in [(&self.k, keys), (&self.v, values)] {
             let (bytes, per) = pool.half_bytes(view.half);
-            let base = (block * pool.kv_heads() + head) * per;
+            let base = head_block_offset(pool.kv_heads(), per, block, head);
             let width = out.len() / slots.len();
             for run in &view.runs {
                 let list = [run.page(bytes, base, &r)?];
@@ -205,7 +203,7 @@ impl HalfView {
         r: &CodedKeys,
         lists: &mut [Vec<Page<'a>>],
     ) -> Result<(), Error> {
-        let base = (r.block * kv_heads + head) * per;
+        let base = head_block_offset(kv_heads, per, r.block, head);
         for (run, list) in self.runs.iter().zip(lists) {
             list.push(run.page(half, base, r)?);
         }

@@ -381,9 +381,10 @@ mod tests {
         assert!((a - b).abs() <= tol, "{what}: {a} vs reference {b}");
     }
 
-    /// SIMD == scalar reference (scores, value sums, tile fill) for every format, row count 1–9 (groups of 4 and a rest),
-    /// head widths with odd chunk counts, record counts around the 2/4-token passes, padded
-    /// strides, and one page or many ragged pages (more than the prefetch distance).
+    /// SIMD == scalar reference (scores, value sums, tile fill) for every format, row count
+    /// 1–9 (groups of 4 and a rest), head widths with odd chunk counts, record counts around
+    /// the 2/4-token passes, padded strides, and one page or many ragged pages (more than the
+    /// prefetch distance).
     #[test]
     fn direct_kernels_match_the_scalar_reference() {
         if !has_simd() {

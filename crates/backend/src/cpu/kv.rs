@@ -504,7 +504,7 @@ impl CpuKvPool {
             return &[];
         }
         let (bytes, per) = self.half_bytes(half);
-        let at = (block * self.kv_heads + head) * per;
+        let at = head_block_offset(self.kv_heads, per, block, head);
         &bytes[at..at + per]
     }
 
@@ -592,6 +592,13 @@ fn round_to_f16(src: &[f32], dst: &mut [f32]) {
     for (d, &s) in dst.iter_mut().zip(src) {
         *d = f16::from_f32(s).to_f32();
     }
+}
+
+/// Where (block, kv head `head`) starts in a half's storage ([`CpuKvPool::half_bytes`]) of
+/// `per` bytes per (block, kv head).
+#[inline]
+pub(crate) fn head_block_offset(kv_heads: usize, per: usize, block: usize, head: usize) -> usize {
+    (block * kv_heads + head) * per
 }
 
 fn decode16(storage: KvStorage, src: &[u16], dst: &mut [f32]) {
