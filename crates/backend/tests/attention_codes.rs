@@ -9,7 +9,7 @@
 mod common;
 
 use std::sync::Arc;
-use turbokv_backend::cpu::{CpuBackend, CpuTensor};
+use turbokv_backend::cpu::{CodeProducts, CpuBackend, CpuOptions, CpuTensor};
 use turbokv_backend::{AttnGeometry, Backend, Rope, RopeStyle, SeqSpan};
 
 use common::{BLOCK, Rng, roundtrip, window_copy};
@@ -29,11 +29,14 @@ fn check(
     check_windowed(dtype, KvWindow::default(), n_heads, n_kv, d, chunks, seed)
 }
 
-/// Key mode and centering of a [`check_with`] run.
+/// Key mode, centering and code products of a [`check_with`] run.
 #[derive(Clone, Copy, Default)]
 struct Variant {
     prod_keys: bool,
     centered: bool,
+    /// Decode through int8 products of table codes ([`CodeProducts::Int8`]); the default
+    /// f32 products attend exactly over the decoded vectors.
+    int8_products: bool,
 }
 
 /// [`check`] with sink and recent-window tokens: the reference reads those positions from
@@ -65,7 +68,14 @@ fn check_with(
     chunks: &[usize],
     seed: u64,
 ) -> f64 {
-    let b = CpuBackend::new();
+    let b = CpuBackend::with_options(CpuOptions {
+        code_products: if variant.int8_products {
+            CodeProducts::Int8
+        } else {
+            CodeProducts::F32
+        },
+        ..CpuOptions::default()
+    });
     let g = AttnGeometry {
         n_heads,
         n_kv_heads: n_kv,
@@ -333,7 +343,7 @@ fn windowed_decode_matches_reference_for_wide_groups_and_multi_run_formats() {
     // signs) and a fractional width (two parts), each run scored and summed on its own.
     let prod = Variant {
         prod_keys: true,
-        centered: false,
+        ..Variant::default()
     };
     let err = check_with(
         "tq3".parse().unwrap(),
@@ -363,7 +373,7 @@ fn prod_keys_and_fractional_widths_match_decoded_reference() {
     // Prod keys carry sign coordinates in the working basis (twice the head dim).
     let prod = Variant {
         prod_keys: true,
-        centered: false,
+        ..Variant::default()
     };
     for name in ["tq4", "tq3", "tq3.5", "k3v2"] {
         let dtype: KvDtype = name.parse().unwrap();
@@ -380,8 +390,8 @@ fn prod_keys_and_fractional_widths_match_decoded_reference() {
 #[test]
 fn centered_pools_match_the_uncentered_reference() {
     let centered = Variant {
-        prod_keys: false,
         centered: true,
+        ..Variant::default()
     };
     let windows = [
         KvWindow::default(),
@@ -409,6 +419,80 @@ fn centered_pools_match_the_uncentered_reference() {
         8,
     );
     assert!(err < 2e-4, "split-K centered: relative error {err}");
+}
+
+/// Decode through int8 scores stays within about a percent of exact attention over the
+/// decoded vectors: the rounding of the query rows and the codebook moves a score by about
+/// 0.5% of its size (bound in `direct`'s unit tests). Random keys give near-flat attention
+/// whose output is an average that mostly cancels while the errors do not, so the worst
+/// coordinate over the largest of its row measures up to 1.2% here; in a model the change is
+/// within the run-to-run spread of KL (`eval ppl --decode-last`, BENCHMARKS.md). Every table
+/// format, GQA 1/3/8, head dims 64/128/256, prod keys, centering, windows and split-K.
+#[test]
+fn int8_scores_stay_close_to_the_decoded_reference() {
+    let int8 = Variant {
+        int8_products: true,
+        ..Variant::default()
+    };
+    let cases = [
+        (int8, KvWindow::default()),
+        (
+            Variant {
+                prod_keys: true,
+                ..int8
+            },
+            KvWindow::default(),
+        ),
+        (
+            Variant {
+                centered: true,
+                ..int8
+            },
+            KvWindow {
+                recent: 20,
+                sinks: 1,
+            },
+        ),
+    ];
+    let mut worst = 0f64;
+    for (i, name) in ["tq4", "tq3", "tq2", "tq2.5", "tq3.5", "k4v3", "k4v2"]
+        .iter()
+        .enumerate()
+    {
+        let dtype: KvDtype = name.parse().unwrap();
+        for (v, window) in cases {
+            for (n_heads, n_kv, d) in [(3, 1, 64), (8, 8, 128), (8, 1, 256)] {
+                let err = check_with(
+                    dtype,
+                    window,
+                    v,
+                    n_heads,
+                    n_kv,
+                    d,
+                    &[21, 1, 30, 1],
+                    300 + i as u64,
+                );
+                assert!(
+                    err < 1.5e-2,
+                    "{name} heads {n_heads}/{n_kv} d {d}: relative error {err}"
+                );
+                worst = worst.max(err);
+            }
+            let err = check_with(
+                dtype,
+                window,
+                v,
+                6,
+                2,
+                64,
+                &[600, 500, 1, 1],
+                400 + i as u64,
+            );
+            assert!(err < 1.5e-2, "{name} split-K: relative error {err}");
+            worst = worst.max(err);
+        }
+    }
+    eprintln!("worst relative error {worst:.2e}");
 }
 
 #[test]

@@ -165,6 +165,10 @@ pub struct EvalPplArgs {
     /// Windows (consecutive, non-overlapping).
     #[arg(long, default_value_t = 4)]
     pub windows: usize,
+    /// Score the last N tokens of each window through one-token decode steps (the kernels
+    /// that generation runs) instead of the prefill's; 0 prefills the whole window.
+    #[arg(long, default_value_t = 0)]
+    pub decode_last: usize,
     /// KV caches to compare with bf16, comma-separated: dtypes (f16,int8,fp8,tq4,tq3,k4v3),
     /// presets (balanced, compact, tiny), or a dtype with its own full-precision window,
     /// `k4v3@w16s1` (16 most recent tokens and 1 sink token exact); `/prod` or `/mse` after the

@@ -1,5 +1,5 @@
 //! The only place that reads the engine's tuning switches from the environment: the
-//! libraries take them as options ([`CudaOptions`], [`WeightMode`],
+//! libraries take them as options ([`CudaOptions`], [`CpuOptions`],
 //! [`Transformer::set_step_graphs`]).
 //!
 //! | variable | effect |
@@ -11,13 +11,14 @@
 //! | `TURBOKV_PREFILL_WARPS=4\|8` | warps per block of the tensor-core prefill attention (default 4) |
 //! | `TURBOKV_CODED_PREFILL_TILES=0\|1` | prefill over coded caches through tensor cores (default 1; 0: the decode kernels per row) |
 //! | `TURBOKV_CPU_WEIGHTS=native\|f32` | CPU matmuls on the stored weights with 8-bit activations (default), or on weights dequantized to f32 (the exact reference; slow) |
+//! | `TURBOKV_CPU_CODE_PRODUCTS=int8\|f32` | CPU decode scores of TurboQuant-coded keys through int8 products where AVX-512 VNNI and VBMI are present (default), or in f32 (exact over the decoded codes) |
 //!
 //! A value that does not parse is an error naming the variable, never silently ignored.
 //!
 //! [`Transformer::set_step_graphs`]: turbokv_model::Transformer::set_step_graphs
 
 use anyhow::{Result, bail};
-use turbokv_backend::cpu::WeightMode;
+use turbokv_backend::cpu::{CodeProducts, CpuOptions, WeightMode};
 use turbokv_backend::cuda::CudaOptions;
 
 /// Switches retired once their A/B question was settled (BENCHMARKS.md, "Retired switches"),
@@ -39,8 +40,8 @@ pub struct EnvOptions {
     pub cuda: CudaOptions,
     /// Whether decode steps replay CUDA graphs.
     pub step_graphs: bool,
-    /// How a CPU backend keeps its weight matrices.
-    pub cpu_weights: WeightMode,
+    /// Options for a CPU backend.
+    pub cpu: CpuOptions,
 }
 
 /// The options from the process environment.
@@ -87,15 +88,23 @@ fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<EnvOptions> {
     };
     cuda.coded_prefill_tiles = flag("TURBOKV_CODED_PREFILL_TILES", cuda.coded_prefill_tiles)?;
     let step_graphs = flag("TURBOKV_STEP_GRAPHS", true)?;
-    let cpu_weights = match get("TURBOKV_CPU_WEIGHTS").as_deref().map(str::trim) {
+    let weights = match get("TURBOKV_CPU_WEIGHTS").as_deref().map(str::trim) {
         None | Some("native") => WeightMode::Native,
         Some("f32") => WeightMode::DequantizedF32,
         Some(v) => bail!("TURBOKV_CPU_WEIGHTS={v:?}: expected native or f32"),
     };
+    let code_products = match get("TURBOKV_CPU_CODE_PRODUCTS").as_deref().map(str::trim) {
+        None | Some("int8") => CodeProducts::Int8,
+        Some("f32") => CodeProducts::F32,
+        Some(v) => bail!("TURBOKV_CPU_CODE_PRODUCTS={v:?}: expected int8 or f32"),
+    };
     Ok(EnvOptions {
         cuda,
         step_graphs,
-        cpu_weights,
+        cpu: CpuOptions {
+            weights,
+            code_products,
+        },
     })
 }
 
@@ -121,7 +130,7 @@ mod tests {
         assert_eq!(o.cuda.attention_blocks_per_sm, d.attention_blocks_per_sm);
         assert!(o.cuda.device_top_k && o.cuda.dec_mma && o.cuda.rope_gemv);
         assert_eq!(o.cuda.coded_prefill_tiles, d.coded_prefill_tiles);
-        assert_eq!(o.cpu_weights, WeightMode::Native);
+        assert_eq!(o.cpu, CpuOptions::default());
     }
 
     #[test]
@@ -134,9 +143,11 @@ mod tests {
             ("TURBOKV_PREFILL_WARPS", "8"),
             ("TURBOKV_CODED_PREFILL_TILES", "0"),
             ("TURBOKV_CPU_WEIGHTS", "f32"),
+            ("TURBOKV_CPU_CODE_PRODUCTS", "f32"),
         ])
         .unwrap();
-        assert_eq!(o.cpu_weights, WeightMode::DequantizedF32);
+        assert_eq!(o.cpu.weights, WeightMode::DequantizedF32);
+        assert_eq!(o.cpu.code_products, CodeProducts::F32);
         assert_eq!(o.cuda.prefill_warps, 8);
         assert!(!o.cuda.coded_prefill_tiles);
         assert!(!o.step_graphs);
@@ -156,6 +167,7 @@ mod tests {
             ("TURBOKV_PREFILL_WARPS", "6"),
             ("TURBOKV_CODED_PREFILL_TILES", "yes"),
             ("TURBOKV_CPU_WEIGHTS", "q8"),
+            ("TURBOKV_CPU_CODE_PRODUCTS", "int4"),
         ] {
             let e = parse(&[(name, v)]).unwrap_err().to_string();
             assert!(e.contains(name) && e.contains(v), "{e}");

@@ -156,6 +156,18 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
             Ok((label, k, policy))
         })
         .collect::<Result<_>>()?;
+    ensure!(
+        args.decode_last < args.ctx,
+        "--decode-last {} must leave at least one token of the --ctx {} window to prefill",
+        args.decode_last,
+        args.ctx
+    );
+    if args.decode_last > 0 {
+        println!(
+            "the last {} tokens of each window are scored through decode steps",
+            args.decode_last
+        );
+    }
     let need = args.ctx * args.windows;
     let mut domains = Vec::with_capacity(texts.len());
     for text in texts {
@@ -191,13 +203,20 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
         let mut accs = vec![Acc::default(); dtypes.len()];
         for w in 0..args.windows {
             let window = &ids[w * args.ctx..(w + 1) * args.ctx];
-            let reference = window_logits(&loaded, KvDtype::Bf16, &KvPolicy::default(), window)?;
+            let reference = window_logits(
+                &loaded,
+                KvDtype::Bf16,
+                &KvPolicy::default(),
+                window,
+                args.decode_last,
+            )?;
             let ref_lp = log_softmax_rows(&reference, vocab);
             drop(reference);
             score(&ref_lp, &ref_lp, window, vocab, &mut base);
             bar.inc(1);
             for ((_, d, policy), acc) in dtypes.iter().zip(&mut accs) {
-                let lp = log_softmax_rows(&window_logits(&loaded, d.dtype, policy, window)?, vocab);
+                let logits = window_logits(&loaded, d.dtype, policy, window, args.decode_last)?;
+                let lp = log_softmax_rows(&logits, vocab);
                 score(&lp, &ref_lp, window, vocab, acc);
                 bar.inc(1);
             }
@@ -393,14 +412,22 @@ fn floor_char(s: &str, mut i: usize) -> usize {
     i
 }
 
+/// The next-token logits of every position of `window`: its first `len − decode_last` tokens
+/// prefilled, the rest appended one decode step at a time.
 pub(crate) fn window_logits<B: Backend>(
     loaded: &crate::generate::Loaded<B>,
     dtype: KvDtype,
     policy: &KvPolicy,
     window: &[u32],
+    decode_last: usize,
 ) -> Result<Vec<f32>> {
     let mut session = Session::with_policy(&loaded.model.transformer, dtype, policy, window.len())?;
-    Ok(session.prefill_all_logits(window)?)
+    let (head, tail) = window.split_at(window.len() - decode_last.min(window.len()));
+    let mut all = session.prefill_all_logits(head)?;
+    for &t in tail {
+        all.extend_from_slice(session.step(t)?);
+    }
+    Ok(all)
 }
 
 pub(crate) fn log_softmax_rows(logits: &[f32], vocab: usize) -> Vec<f32> {

@@ -38,7 +38,7 @@ pub enum Device {
 /// CPU with a one-line explanation.
 pub fn select_device(spec: &str) -> Result<Device> {
     let opts = crate::env_options::from_env()?;
-    let cpu = || CpuBackend::with_weights(opts.cpu_weights);
+    let cpu = || CpuBackend::with_options(opts.cpu);
     if spec == "cpu" {
         return Ok(Device::Cpu(cpu()));
     }

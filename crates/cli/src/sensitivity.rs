@@ -285,6 +285,7 @@ fn run_on<B: Backend>(backend: B, args: &EvalSensitivityArgs) -> Result<()> {
             KvDtype::Bf16,
             &turbokv_cache::KvPolicy::default(),
             &ids,
+            0,
         )?;
         windows.push((name.clone(), log_softmax_rows(&reference, vocab), ids));
     }
@@ -292,7 +293,7 @@ fn run_on<B: Backend>(backend: B, args: &EvalSensitivityArgs) -> Result<()> {
         windows
             .iter()
             .map(|(_, ref_lp, ids)| {
-                let lp = log_softmax_rows(&window_logits(&loaded, dtype, policy, ids)?, vocab);
+                let lp = log_softmax_rows(&window_logits(&loaded, dtype, policy, ids, 0)?, vocab);
                 let mut acc = Acc::default();
                 score(&lp, ref_lp, ids, vocab, &mut acc);
                 Ok(acc.kl / acc.n as f64)

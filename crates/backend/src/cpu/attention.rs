@@ -25,7 +25,7 @@ use rayon::prelude::*;
 use turbokv_cache::KvWindow;
 
 use super::kv::{CodecStore, CpuKvPool};
-use super::{CpuTensor, decode, ops, shape};
+use super::{CodeProducts, CpuTensor, decode, ops, shape};
 use crate::Error;
 use crate::backend::{AttnGeometry, SeqSpan};
 
@@ -67,6 +67,7 @@ pub(crate) fn attend(
     g: &AttnGeometry,
     spans: &[SeqSpan<'_>],
     pool: &CpuKvPool,
+    products: CodeProducts,
     out: &mut CpuTensor,
 ) -> Result<(), Error> {
     // Validate every block reference up front so the parallel part cannot fail.
@@ -85,7 +86,7 @@ pub(crate) fn attend(
         ));
     }
     let tasks = plan(spans, g, pool.block_size());
-    let views = decode::Views::of(pool, g.head_dim);
+    let views = decode::Views::of(pool, g.head_dim).map(|v| v.with_products(products));
     let partials: Vec<Partial> = tasks
         .par_iter()
         .map(|&t| match &views {

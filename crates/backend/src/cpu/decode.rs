@@ -23,7 +23,7 @@ use std::cell::RefCell;
 use super::attention::{ExactTiles, Partial, Task, finish_row};
 use super::direct::{self, Fmt, Page, Pages};
 use super::kv::{CpuKvPool, Half, KvStorage, head_block_offset};
-use super::{CpuTensor, ops, shape};
+use super::{CodeProducts, CpuTensor, ops, shape};
 use crate::Error;
 use crate::backend::{AttnGeometry, SeqSpan};
 
@@ -58,6 +58,8 @@ struct HalfView {
 pub(super) struct Views {
     k: HalfView,
     v: HalfView,
+    /// Whether decode may score table codes through int8 products.
+    int8: bool,
 }
 
 impl Views {
@@ -84,10 +86,12 @@ impl Views {
             KvStorage::Bf16 => Views {
                 k: raw(Half::K, Fmt::Bf16),
                 v: raw(Half::V, Fmt::Bf16),
+                int8: false,
             },
             KvStorage::F16 => Views {
                 k: raw(Half::K, Fmt::F16),
                 v: raw(Half::V, Fmt::F16),
+                int8: false,
             },
             KvStorage::Codec => {
                 let c = pool.codec()?;
@@ -114,11 +118,21 @@ impl Views {
                 Views {
                     k: view(Half::K, &c.codec.key, &c.k_layout)?,
                     v: view(Half::V, &c.codec.value, &c.v_layout)?,
+                    int8: false,
                 }
             }
         };
         let whole = |h: &HalfView| h.runs.iter().all(|r| r.dim > 0 && r.dim % 8 == 0);
         (whole(&views.k) && whole(&views.v)).then_some(views)
+    }
+
+    /// The views with decode's scores of table codes as `products` says (f32 from
+    /// [`Views::of`]).
+    pub(super) fn with_products(self, products: CodeProducts) -> Self {
+        Views {
+            int8: products == CodeProducts::Int8,
+            ..self
+        }
     }
 
     /// Slots `slots` of (block, kv head `head`) of `pool` decoded into `keys` and `values`
@@ -147,7 +161,12 @@ impl Views {
             let width = out.len() / slots.len();
             for run in &view.runs {
                 let list = [run.page(bytes, base, &r)?];
-                direct::decode_rows(run.pages(&list, 1.0), run.dim, &mut out[run.work..], width);
+                direct::decode_rows(
+                    run.pages(&list, 1.0, false),
+                    run.dim,
+                    &mut out[run.work..],
+                    width,
+                );
             }
         }
         Ok(())
@@ -181,13 +200,14 @@ impl RunView {
 
     /// The task's pages of this run; `mul` is the factor every key shares besides its
     /// scale and the run's own (the softmax scale for keys).
-    fn pages<'a>(&self, list: &'a [Page<'a>], mul: f32) -> Pages<'a> {
+    fn pages<'a>(&self, list: &'a [Page<'a>], mul: f32, int8: bool) -> Pages<'a> {
         Pages {
             fmt: self.fmt,
             stride: self.stride,
             scale_step: self.scale.map_or(0, |(_, step)| step),
             mul: mul * self.mul * self.fmt.unit(),
             list,
+            int8,
         }
     }
 }
@@ -337,6 +357,7 @@ fn run_in(
         scale_step: 0,
         mul,
         list,
+        int8: false,
     };
     let Scratch {
         qw,
@@ -350,7 +371,7 @@ fn run_in(
     // run against its slice of the query rows and adds a later run's scores to the first's.
     p.resize(rows * nk, 0.0);
     for (i, (run, list)) in views.k.runs.iter().zip(&kpages).enumerate() {
-        let pages = run.pages(list, g.scale);
+        let pages = run.pages(list, g.scale, views.int8);
         let q = if run.dim == wk {
             &qw[..]
         } else {
@@ -383,7 +404,7 @@ fn run_in(
     // Pass 2: the weighted value sum, run by run.
     let mut acc = vec![0f32; rows * wv];
     for (run, list) in views.v.runs.iter().zip(&vpages) {
-        let pages = run.pages(list, 1.0);
+        let pages = run.pages(list, 1.0, false);
         if run.dim == wv {
             direct::accumulate(pages, p, nk, &mut acc, rows);
             continue;

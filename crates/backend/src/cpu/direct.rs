@@ -119,6 +119,9 @@ pub(crate) struct Pages<'a> {
     /// The factor every record shares (softmax scale, [`Fmt::unit`]).
     pub(crate) mul: f32,
     pub(crate) list: &'a [Page<'a>],
+    /// Whether [`scores`] may take table codes through int8 products
+    /// (`CodeProducts::Int8`); the other kernels ignore it.
+    pub(crate) int8: bool,
 }
 
 impl Pages<'_> {
@@ -179,6 +182,11 @@ const MAX_ROWS: usize = 4;
 
 /// `out[r·os + off + j] = mul · s_j · ⟨q_r, x_j⟩` for the query rows
 /// `q_r = q[r·w..(r + 1)·w]` (`w = q.len() / rows`) and record `j` of every page at `off`.
+///
+/// Table codes are scored through int8 products where the CPU has AVX-512 VBMI and VNNI
+/// (`direct_vnni`: the query rows and the codebook rounded to 8 bits, within a bound the tests
+/// check) when `pages.int8` allows; everything else through AVX2 FMAs on decoded f32
+/// coordinates (or the scalar reference).
 pub(crate) fn scores(pages: Pages<'_>, q: &[f32], rows: usize, out: &mut [f32], os: usize) {
     let (end, w) = (pages.end(), q.len() / rows.max(1));
     assert!(
@@ -186,6 +194,28 @@ pub(crate) fn scores(pages: Pages<'_>, q: &[f32], rows: usize, out: &mut [f32], 
         "scores: output too short"
     );
     let simd = pages.check(w);
+    #[cfg(target_arch = "x86_64")]
+    if simd
+        && pages.int8
+        && let Fmt::Table { bits, table } = pages.fmt
+        && w <= super::direct_vnni::MAX_W
+        && super::direct_vnni::available()
+        && let Some(book) = super::direct_vnni::Codebook::new(bits, &table)
+    {
+        let max = super::direct_vnni::MAX_ROWS;
+        for r0 in (0..rows).step_by(max) {
+            let rr = (rows - r0).min(max);
+            let qi = super::direct_vnni::Query::new(&q[r0 * w..(r0 + rr) * w], rr, w, &book);
+            // SAFETY: AVX-512 VBMI/VNNI and AVX2 detected; the table's width is `bits`
+            // (1..=4: the codec's tables); w is a positive multiple of 8 and at most MAX_W;
+            // every page's records and scales are readable (`check`); `out[r0·os..]` holds
+            // (rr − 1)·os + end floats (asserted above).
+            unsafe {
+                super::direct_vnni::scores(pages, bits, &book, &qi, w, &mut out[r0 * os..], os)
+            };
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if has_simd() && simd {
         for r0 in (0..rows).step_by(MAX_ROWS) {
@@ -381,7 +411,7 @@ mod tests {
         assert!((a - b).abs() <= tol, "{what}: {a} vs reference {b}");
     }
 
-    /// SIMD == scalar reference (scores, value sums, tile fill) for every format, row count
+    /// SIMD == scalar reference (f32 scores, value sums, tile fill) for every format, row count
     /// 1–9 (groups of 4 and a rest), head widths with odd chunk counts, record counts around
     /// the 2/4-token passes, padded strides, and one page or many ragged pages (more than the
     /// prefetch distance).
@@ -430,6 +460,7 @@ mod tests {
                             scale_step,
                             mul: 0.75,
                             list: &list,
+                            int8: false,
                         };
                         let what = format!("{fmt:?} w {w} n {n} rows {rows} step {scale_step}");
                         // fp8 values are E4M3's over 2⁸: at most 1.75.
@@ -471,6 +502,104 @@ mod tests {
         }
     }
 
+    /// Integer scores of table codes stay within the bound of their two roundings: with
+    /// `Δq = max|q_r| / 127` and `Δt = max|t| / 127`, a score moves from the exact one by at
+    /// most `mul·|s_j|·((Δq/2)·Σ|t(c_i)| + (Δt/2)·Σ(|q_ri| + Δq/2))` (plus f32 rounding), and
+    /// over all keys by under 1% RMS. Widths that are not a multiple of 64 (a partial last
+    /// chunk), 1–9 rows, ragged pages, scales or none; value sums stay f32 (exact).
+    #[test]
+    fn integer_scores_stay_within_their_rounding_bound() {
+        #[cfg(target_arch = "x86_64")]
+        if !super::super::direct_vnni::available() {
+            eprintln!("skipped: no AVX-512 VBMI/VNNI on this CPU");
+            return;
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        return;
+        let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+        let (mut err2, mut ref2) = (0f64, 0f64);
+        for bits in 1..=4u8 {
+            let mut table = [0f32; 16];
+            for t in table.iter_mut().take(1 << bits) {
+                *t = rng.next() * 2.0;
+            }
+            let fmt = Fmt::Table { bits, table };
+            let tmax = table.iter().fold(0f32, |m, t| m.max(t.abs()));
+            for w in [8, 24, 64, 72, 128, 200, 256] {
+                for (n, rows) in [(1, 1), (5, 3), (16, 2), (37, 4), (70, 9), (200, 3)] {
+                    let stride = fmt.record_len(w) + n % 3;
+                    let bytes = records(fmt, n, stride, w, &mut rng);
+                    let scale_step = [0, 2][n % 2];
+                    let mut scale_bytes = vec![0u8; n * scale_step];
+                    for s in scale_bytes.chunks_exact_mut(2) {
+                        let v = rng.next().abs() + 0.01;
+                        s.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+                    }
+                    let mut list = Vec::new();
+                    let mut off = 0;
+                    while off < n {
+                        let len = (list.len() * 7 + 1).min(n - off);
+                        list.push(Page {
+                            bytes: &bytes[off * stride..],
+                            n: len,
+                            off,
+                            scales: &scale_bytes[off * scale_step..],
+                        });
+                        off += len;
+                    }
+                    let pages = Pages {
+                        fmt,
+                        stride,
+                        scale_step,
+                        mul: 0.6,
+                        list: &list,
+                        int8: true,
+                    };
+                    // Rows of different sizes, one of them zero.
+                    let mut q: Vec<f32> = (0..rows * w)
+                        .map(|i| rng.next() * (1 + i / w) as f32)
+                        .collect();
+                    if rows > 2 {
+                        q[w..2 * w].fill(0.0);
+                    }
+                    let os = n + 2;
+                    let mut got = vec![f32::NAN; rows * os];
+                    let mut want = got.clone();
+                    scores(pages, &q, rows, &mut got, os);
+                    scores_ref(pages, &q, rows, &mut want, os);
+                    for r in 0..rows {
+                        let qr = &q[r * w..(r + 1) * w];
+                        let dq = qr.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
+                        let dt = tmax / 127.0;
+                        let qabs: f32 = qr.iter().map(|x| x.abs() + dq / 2.0).sum();
+                        for pg in pages.list {
+                            for j in 0..pg.n {
+                                let k = pg.off + j;
+                                let tabs: f32 = (0..w)
+                                    .map(|i| fmt.value(pages.record(pg, j), i).abs())
+                                    .sum();
+                                let s = pages.scale(pg, j).abs();
+                                let (g, e) = (got[r * os + k], want[r * os + k]);
+                                let bound = s * (dq / 2.0 * tabs + dt / 2.0 * qabs)
+                                    + 1e-5 * s * w as f32 * dq * 127.0 * tmax;
+                                assert!(
+                                    (g - e).abs() <= bound,
+                                    "bits {bits} w {w} n {n} row {r} key {k}: {g} vs {e}, \
+                                     bound {bound}"
+                                );
+                                err2 += f64::from(g - e).powi(2);
+                                ref2 += f64::from(e).powi(2);
+                            }
+                        }
+                        assert!(got[r * os + n..(r + 1) * os].iter().all(|x| x.is_nan()));
+                    }
+                }
+            }
+        }
+        let rel = (err2 / ref2).sqrt();
+        assert!(rel < 0.01, "integer scores: {rel:.2e} relative RMS error");
+    }
+
     /// The SIMD loader decodes all 256 E4M3 codes to `fp8::decode`'s values over the unit
     /// (NaN codes to NaN): a value sum with weight 1 into zeros is the decoded record itself.
     #[test]
@@ -492,6 +621,7 @@ mod tests {
             scale_step: 0,
             mul: 1.0,
             list: &list,
+            int8: false,
         };
         let mut acc = vec![0f32; 256];
         accumulate(pages, &[1.0], 1, &mut acc, 1);

@@ -396,15 +396,15 @@ macro_rules! with_loader {
 
 /// Page `i + PREFETCH_PAGES` is requested from memory while page `i` is read: the hardware
 /// prefetchers do not follow a block table, and a page takes ~100 ns.
-const PREFETCH_PAGES: usize = 4;
+pub(super) const PREFETCH_PAGES: usize = 4;
 
 /// Records whose scales are widened at a time, into a buffer on the stack.
-const SCALE_RUN: usize = 64;
+pub(super) const SCALE_RUN: usize = 64;
 
 /// Hints the caches to fetch the records and scales of `page`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn prefetch(page: &Page<'_>, pages: &Pages<'_>) {
+pub(super) fn prefetch(page: &Page<'_>, pages: &Pages<'_>) {
     let records = &page.bytes[..(page.n * pages.stride).min(page.bytes.len())];
     let scales = &page.scales[..(page.n * pages.scale_step).min(page.scales.len())];
     for bytes in [records, scales] {
@@ -421,7 +421,7 @@ fn prefetch(page: &Page<'_>, pages: &Pages<'_>) {
 /// AVX2/FMA/F16C; the page holds the scales of records `j0..j0 + out.len()` (or none).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn page_scales(pages: &Pages<'_>, page: &Page<'_>, j0: usize, out: &mut [f32]) {
+pub(super) unsafe fn page_scales(pages: &Pages<'_>, page: &Page<'_>, j0: usize, out: &mut [f32]) {
     if page.scales.is_empty() {
         out.fill(pages.mul);
     } else {
