@@ -61,10 +61,17 @@ impl Codebook {
         let mut bytes = [0u8; 64];
         for (i, b) in bytes.iter_mut().enumerate() {
             // In 1..=255: |t / step| <= 127.
-            *b = ((entries[i % entries.len()] / step).round() as i32 + 128) as u8;
+            *b = (nearest(entries[i % entries.len()] / step) + 128) as u8;
         }
         Some(Codebook { bytes, step })
     }
+}
+
+/// `y` rounded to the nearest integer, halves away from zero (as `f32::round`, which the
+/// baseline x86-64 target compiles to a `roundf` call per element); saturating.
+#[inline]
+fn nearest(y: f32) -> i32 {
+    (y + 0.5f32.copysign(y)) as i32
 }
 
 /// Up to [`MAX_ROWS`] query rows rounded to int8, each padded with zeros to `wq`, a multiple
@@ -101,9 +108,10 @@ impl Query {
             // A zero (or non-finite) row scores zero through zero codes rather than dividing
             // by zero; NaN casts to 0.
             let step = if max > 0.0 { max / 127.0 } else { 1.0 };
+            let inv = 1.0 / step;
             let mut sum = 0i32;
             for (d, &x) in out.q[r * wq..][..w].iter_mut().zip(row) {
-                let v = (x / step).round() as i32;
+                let v = nearest(x * inv);
                 *d = v as i8;
                 sum += v;
             }
