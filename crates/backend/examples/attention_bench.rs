@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release -p turbokv-backend --example attention_bench -- \
 //!     [--ctx 512,2048,8000] [--kv f16,bf16,int8,tq4,tq3,tq3@w15s1] [--layers 30] [--passes 20] \
-//!     [--queries 1]
+//!     [--queries 1] [--scores int8|f32]
 //! ```
 //!
 //! A dtype may carry a full-precision window (`tq3@w15s1`: 15 recent tokens and 1 sink read
@@ -21,12 +21,15 @@
 //! `--queries N` (N > 1) times a prefill chunk instead: the context's last N tokens are the
 //! span's rows, each attending causally to everything before it (the tiled path). Use few
 //! `--layers` there: a chunk's work grows with N × ctx.
+//!
+//! `--scores f32` scores TurboQuant-coded keys in f32 instead of through int8 products
+//! (`CodeProducts`; the same binary for an A/B of the two on a CPU with AVX-512 VNNI).
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use rayon::prelude::*;
-use turbokv_backend::cpu::{CpuBackend, CpuTensor};
+use turbokv_backend::cpu::{CodeProducts, CpuBackend, CpuOptions, CpuTensor};
 use turbokv_backend::{AttnGeometry, Backend, Rope, RopeStyle, SeqSpan};
 use turbokv_cache::{KvLayout, KvWindow};
 use turbokv_codec::KvDtype;
@@ -74,7 +77,15 @@ fn main() {
         head_dim: d,
         scale: 1.0 / (d as f32).sqrt(),
     };
-    let b = CpuBackend::new();
+    let code_products = match arg("--scores", "int8").as_str() {
+        "int8" => CodeProducts::Int8,
+        "f32" => CodeProducts::F32,
+        v => panic!("--scores {v}: expected int8 or f32"),
+    };
+    let b = CpuBackend::with_options(CpuOptions {
+        code_products,
+        ..CpuOptions::default()
+    });
     let rope = Rope {
         inv_freq: Vec::new(),
         style: RopeStyle::HalfSplit,
