@@ -405,6 +405,32 @@ mod tests {
         bytes
     }
 
+    /// Pages of `n` records `stride` bytes apart (scales `scale_step` apart), page `i` holding
+    /// `len(i)` records (fewer at the end), each at its offset as a task's block table gives
+    /// them.
+    fn ragged_pages<'a>(
+        bytes: &'a [u8],
+        scales: &'a [u8],
+        n: usize,
+        stride: usize,
+        scale_step: usize,
+        len: impl Fn(usize) -> usize,
+    ) -> Vec<Page<'a>> {
+        let mut list = Vec::new();
+        let mut off = 0;
+        while off < n {
+            let len = len(list.len()).min(n - off);
+            list.push(Page {
+                bytes: &bytes[off * stride..],
+                n: len,
+                off,
+                scales: &scales[off * scale_step..],
+            });
+            off += len;
+        }
+        list
+    }
+
     /// Agreement to f32 rounding of a sum of `w` terms up to `mag` in size (order differs).
     fn close(a: f32, b: f32, w: usize, mag: f32, what: &str) {
         let tol = 1e-6 * w as f32 * mag + 2e-6 * b.abs();
@@ -438,22 +464,9 @@ mod tests {
                         }
                         // One page of all n records, or pages of 1, 2, … records at their
                         // offsets (as a task's block table gives them).
-                        let mut list = Vec::new();
-                        let mut off = 0;
-                        while off < n {
-                            let len = if n % 2 == 0 {
-                                n
-                            } else {
-                                (list.len() + 1).min(n - off)
-                            };
-                            list.push(Page {
-                                bytes: &bytes[off * stride..],
-                                n: len,
-                                off,
-                                scales: &scale_bytes[off * scale_step..],
-                            });
-                            off += len;
-                        }
+                        let list = ragged_pages(&bytes, &scale_bytes, n, stride, scale_step, |i| {
+                            if n % 2 == 0 { n } else { i + 1 }
+                        });
                         let pages = Pages {
                             fmt,
                             stride,
@@ -535,18 +548,8 @@ mod tests {
                         let v = rng.next().abs() + 0.01;
                         s.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
                     }
-                    let mut list = Vec::new();
-                    let mut off = 0;
-                    while off < n {
-                        let len = (list.len() * 7 + 1).min(n - off);
-                        list.push(Page {
-                            bytes: &bytes[off * stride..],
-                            n: len,
-                            off,
-                            scales: &scale_bytes[off * scale_step..],
-                        });
-                        off += len;
-                    }
+                    let list =
+                        ragged_pages(&bytes, &scale_bytes, n, stride, scale_step, |i| 7 * i + 1);
                     let pages = Pages {
                         fmt,
                         stride,
