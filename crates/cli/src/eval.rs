@@ -109,6 +109,12 @@ fn report_saved(args: &EvalPplArgs) -> Result<()> {
 }
 
 fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
+    ensure!(
+        args.decode_last < args.ctx,
+        "--decode-last {} must leave at least one token of the --ctx {} window to prefill",
+        args.decode_last,
+        args.ctx
+    );
     let cache = crate::args::CacheArgs::plain("bf16", Some(args.ctx));
     let default_window = KvWindow {
         recent: args.kv_window,
@@ -156,12 +162,6 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
             Ok((label, k, policy))
         })
         .collect::<Result<_>>()?;
-    ensure!(
-        args.decode_last < args.ctx,
-        "--decode-last {} must leave at least one token of the --ctx {} window to prefill",
-        args.decode_last,
-        args.ctx
-    );
     if args.decode_last > 0 {
         println!(
             "the last {} tokens of each window are scored through decode steps",

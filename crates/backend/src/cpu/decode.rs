@@ -58,8 +58,8 @@ struct HalfView {
 pub(super) struct Views {
     k: HalfView,
     v: HalfView,
-    /// Whether decode may score table codes through int8 products.
-    int8: bool,
+    /// How decode scores table codes.
+    products: CodeProducts,
 }
 
 impl Views {
@@ -86,12 +86,12 @@ impl Views {
             KvStorage::Bf16 => Views {
                 k: raw(Half::K, Fmt::Bf16),
                 v: raw(Half::V, Fmt::Bf16),
-                int8: false,
+                products: CodeProducts::F32,
             },
             KvStorage::F16 => Views {
                 k: raw(Half::K, Fmt::F16),
                 v: raw(Half::V, Fmt::F16),
-                int8: false,
+                products: CodeProducts::F32,
             },
             KvStorage::Codec => {
                 let c = pool.codec()?;
@@ -118,7 +118,7 @@ impl Views {
                 Views {
                     k: view(Half::K, &c.codec.key, &c.k_layout)?,
                     v: view(Half::V, &c.codec.value, &c.v_layout)?,
-                    int8: false,
+                    products: CodeProducts::F32,
                 }
             }
         };
@@ -129,10 +129,7 @@ impl Views {
     /// The views with decode's scores of table codes as `products` says (f32 from
     /// [`Views::of`]).
     pub(super) fn with_products(self, products: CodeProducts) -> Self {
-        Views {
-            int8: products == CodeProducts::Int8,
-            ..self
-        }
+        Views { products, ..self }
     }
 
     /// Slots `slots` of (block, kv head `head`) of `pool` decoded into `keys` and `values`
@@ -161,12 +158,7 @@ impl Views {
             let width = out.len() / slots.len();
             for run in &view.runs {
                 let list = [run.page(bytes, base, &r)?];
-                direct::decode_rows(
-                    run.pages(&list, 1.0, false),
-                    run.dim,
-                    &mut out[run.work..],
-                    width,
-                );
+                direct::decode_rows(run.pages(&list, 1.0), run.dim, &mut out[run.work..], width);
             }
         }
         Ok(())
@@ -200,14 +192,13 @@ impl RunView {
 
     /// The task's pages of this run; `mul` is the factor every key shares besides its
     /// scale and the run's own (the softmax scale for keys).
-    fn pages<'a>(&self, list: &'a [Page<'a>], mul: f32, int8: bool) -> Pages<'a> {
+    fn pages<'a>(&self, list: &'a [Page<'a>], mul: f32) -> Pages<'a> {
         Pages {
             fmt: self.fmt,
             stride: self.stride,
             scale_step: self.scale.map_or(0, |(_, step)| step),
             mul: mul * self.mul * self.fmt.unit(),
             list,
-            int8,
         }
     }
 }
@@ -357,7 +348,6 @@ fn run_in(
         scale_step: 0,
         mul,
         list,
-        int8: false,
     };
     let Scratch {
         qw,
@@ -371,7 +361,7 @@ fn run_in(
     // run against its slice of the query rows and adds a later run's scores to the first's.
     p.resize(rows * nk, 0.0);
     for (i, (run, list)) in views.k.runs.iter().zip(&kpages).enumerate() {
-        let pages = run.pages(list, g.scale, views.int8);
+        let pages = run.pages(list, g.scale);
         let q = if run.dim == wk {
             &qw[..]
         } else {
@@ -382,16 +372,16 @@ fn run_in(
             &qrun[..]
         };
         if i == 0 {
-            direct::scores(pages, q, rows, p, nk);
+            direct::scores(pages, q, rows, p, nk, views.products);
         } else {
             part.clear();
             part.resize(rows * nk, 0.0);
-            direct::scores(pages, q, rows, part, nk);
+            direct::scores(pages, q, rows, part, nk, views.products);
             p.iter_mut().zip(part.iter()).for_each(|(a, b)| *a += b);
         }
     }
     let ekp = exact_pages(2 * wk, g.scale, &ekpages);
-    direct::scores(ekp, qw, rows, p, nk);
+    direct::scores(ekp, qw, rows, p, nk, CodeProducts::F32);
 
     // Softmax numerators of the whole range, one max and one exp pass per row.
     let mut m = vec![f32::NEG_INFINITY; rows];
@@ -404,7 +394,7 @@ fn run_in(
     // Pass 2: the weighted value sum, run by run.
     let mut acc = vec![0f32; rows * wv];
     for (run, list) in views.v.runs.iter().zip(&vpages) {
-        let pages = run.pages(list, 1.0, false);
+        let pages = run.pages(list, 1.0);
         if run.dim == wv {
             direct::accumulate(pages, p, nk, &mut acc, rows);
             continue;

@@ -15,6 +15,8 @@
 
 use turbokv_codec::{DirectCodes, DirectKind};
 
+use super::CodeProducts;
+
 /// The number format of a page's records.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Fmt {
@@ -119,9 +121,6 @@ pub(crate) struct Pages<'a> {
     /// The factor every record shares (softmax scale, [`Fmt::unit`]).
     pub(crate) mul: f32,
     pub(crate) list: &'a [Page<'a>],
-    /// Whether [`scores`] may take table codes through int8 products
-    /// (`CodeProducts::Int8`); the other kernels ignore it.
-    pub(crate) int8: bool,
 }
 
 impl Pages<'_> {
@@ -185,9 +184,16 @@ const MAX_ROWS: usize = 4;
 ///
 /// Table codes are scored through int8 products where the CPU has AVX-512 VBMI and VNNI
 /// (`direct_vnni`: the query rows and the codebook rounded to 8 bits, within a bound the tests
-/// check) when `pages.int8` allows; everything else through AVX2 FMAs on decoded f32
+/// check) when `products` is `Int8`; everything else through AVX2 FMAs on decoded f32
 /// coordinates (or the scalar reference).
-pub(crate) fn scores(pages: Pages<'_>, q: &[f32], rows: usize, out: &mut [f32], os: usize) {
+pub(crate) fn scores(
+    pages: Pages<'_>,
+    q: &[f32],
+    rows: usize,
+    out: &mut [f32],
+    os: usize,
+    products: CodeProducts,
+) {
     let (end, w) = (pages.end(), q.len() / rows.max(1));
     assert!(
         rows == 0 || out.len() >= (rows - 1) * os + end,
@@ -196,7 +202,7 @@ pub(crate) fn scores(pages: Pages<'_>, q: &[f32], rows: usize, out: &mut [f32], 
     let simd = pages.check(w);
     #[cfg(target_arch = "x86_64")]
     if simd
-        && pages.int8
+        && products == CodeProducts::Int8
         && let Fmt::Table { bits, table } = pages.fmt
         && w <= super::direct_vnni::MAX_W
         && super::direct_vnni::available()
@@ -473,7 +479,6 @@ mod tests {
                             scale_step,
                             mul: 0.75,
                             list: &list,
-                            int8: false,
                         };
                         let what = format!("{fmt:?} w {w} n {n} rows {rows} step {scale_step}");
                         // fp8 values are E4M3's over 2⁸: at most 1.75.
@@ -482,7 +487,7 @@ mod tests {
                         let os = n + 3;
                         let mut got = vec![f32::NAN; rows * os];
                         let mut want = got.clone();
-                        scores(pages, &q, rows, &mut got, os);
+                        scores(pages, &q, rows, &mut got, os, CodeProducts::F32);
                         scores_ref(pages, &q, rows, &mut want, os);
                         for r in 0..rows {
                             for j in 0..n {
@@ -556,7 +561,6 @@ mod tests {
                         scale_step,
                         mul: 0.6,
                         list: &list,
-                        int8: true,
                     };
                     // Rows of different sizes, one of them zero.
                     let mut q: Vec<f32> = (0..rows * w)
@@ -568,7 +572,7 @@ mod tests {
                     let os = n + 2;
                     let mut got = vec![f32::NAN; rows * os];
                     let mut want = got.clone();
-                    scores(pages, &q, rows, &mut got, os);
+                    scores(pages, &q, rows, &mut got, os, CodeProducts::Int8);
                     scores_ref(pages, &q, rows, &mut want, os);
                     for r in 0..rows {
                         let qr = &q[r * w..(r + 1) * w];
@@ -624,7 +628,6 @@ mod tests {
             scale_step: 0,
             mul: 1.0,
             list: &list,
-            int8: false,
         };
         let mut acc = vec![0f32; 256];
         accumulate(pages, &[1.0], 1, &mut acc, 1);
@@ -637,7 +640,7 @@ mod tests {
         }
         let mut s = [0f32; 1];
         let q = vec![1f32; 256];
-        scores(pages, &q, 1, &mut s, 1);
+        scores(pages, &q, 1, &mut s, 1, CodeProducts::F32);
         assert!(s[0].is_nan(), "a NaN code makes the score NaN");
     }
 }
