@@ -15,6 +15,9 @@
 //! `_mm256_maddubs_epi16`, pairs summed to i32 with `_mm256_madd_epi16`, converted and scaled
 //! per block with one FMA. Signed weight codes (Q4_0, Q5_0, Q8_0) move their sign onto the
 //! activations with `_mm256_sign_epi8` first. No i16 overflow: |code| ≤ 128, |act| ≤ 127.
+//! Where the CPU has AVX-512 VNNI (with VL), one `vpdpbusd` replaces the `maddubs` + `madd`
+//! pair; with no i16 saturation to differ, its sums are the same integers, so the two paths
+//! give the same bits (a test compares them).
 
 use super::activations::Q8Block;
 
@@ -26,6 +29,19 @@ pub(crate) fn available() -> bool {
         is_x86_feature_detected!("avx2")
             && is_x86_feature_detected!("fma")
             && is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether this CPU also has AVX-512 VNNI with 256-bit forms (`vpdpbusd` on ymm).
+#[inline]
+pub(crate) fn has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -45,6 +61,7 @@ pub(crate) unsafe fn rows_q8(
     _: &[Q8Block],
     _: usize,
     _: &mut [f32],
+    _: bool,
 ) {
 }
 
@@ -176,6 +193,32 @@ mod imp {
         }
     }
 
+    /// How the 32 code × activation products of a block become eight i32 lane sums (each of
+    /// four adjacent products): `ax` unsigned codes, `sy` signed activations.
+    trait Products {
+        /// # Safety
+        /// The CPU has the implementation's features (inlined into kernels enabling them).
+        unsafe fn sums(ax: __m256i, sy: __m256i) -> __m256i;
+    }
+    /// AVX2: `maddubs` (pairs to i16, no saturation here) then `madd` with ones.
+    struct Avx2;
+    impl Products for Avx2 {
+        #[inline(always)]
+        unsafe fn sums(ax: __m256i, sy: __m256i) -> __m256i {
+            // SAFETY: AVX2 per the caller contract.
+            unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1)) }
+        }
+    }
+    /// AVX-512 VNNI: one `vpdpbusd` from zero, the same sums.
+    struct Vnni;
+    impl Products for Vnni {
+        #[inline(always)]
+        unsafe fn sums(ax: __m256i, sy: __m256i) -> __m256i {
+            // SAFETY: AVX-512 VNNI and VL per the caller contract.
+            unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy) }
+        }
+    }
+
     /// Horizontal sum of 8 floats.
     #[inline]
     #[target_feature(enable = "avx2")]
@@ -211,7 +254,7 @@ mod imp {
     /// Block `ib` of `act` is readable; the CPU has AVX2 (it is inlined into the AVX2
     /// kernels, as the `Block::load`s are).
     #[inline(always)]
-    unsafe fn block_terms<B: Block>(
+    unsafe fn block_terms<B: Block, P: Products>(
         qx: __m256i,
         ax: __m256i,
         dm: __m128,
@@ -230,8 +273,7 @@ mod imp {
             } else {
                 qy
             };
-            let sums = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
-            (_mm256_cvtepi32_ps(sums), prod)
+            (_mm256_cvtepi32_ps(P::sums(ax, sy)), prod)
         }
     }
 
@@ -258,22 +300,25 @@ mod imp {
     /// Adds block `ib` of the row times block `ib` of each token's activations into `acc`.
     ///
     /// # Safety
-    /// Block `ib` of the row (at `row`) and of each `acts[t]` is readable.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn block_step<B: Block, const NT: usize>(
+    /// Block `ib` of the row (at `row`) and of each `acts[t]` is readable; the CPU has AVX2,
+    /// FMA, F16C and `P`'s features (inlined into kernels enabling them).
+    #[inline(always)]
+    unsafe fn block_step<B: Block, P: Products, const NT: usize>(
         row: *const u8,
         ib: usize,
         acts: &[*const Q8Block; NT],
         acc: &mut Acc<NT>,
     ) {
-        // SAFETY (both calls): block `ib` of the row and of every token is readable.
-        let (qx, ax, dm) = unsafe { weight_block::<B>(row, ib) };
-        for (t, &act) in acts.iter().enumerate() {
-            let (sums, prod) = unsafe { block_terms::<B>(qx, ax, dm, act, ib) };
-            acc.dot[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), sums, acc.dot[t]);
-            if !B::SIGNED {
-                acc.min[t] = _mm_add_ps(acc.min[t], prod);
+        // SAFETY (all calls): block `ib` of the row and of every token is readable; features
+        // per the contract.
+        unsafe {
+            let (qx, ax, dm) = weight_block::<B>(row, ib);
+            for (t, &act) in acts.iter().enumerate() {
+                let (sums, prod) = block_terms::<B, P>(qx, ax, dm, act, ib);
+                acc.dot[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(prod), sums, acc.dot[t]);
+                if !B::SIGNED {
+                    acc.min[t] = _mm_add_ps(acc.min[t], prod);
+                }
             }
         }
     }
@@ -288,28 +333,30 @@ mod imp {
     /// two chains for four tokens would need more registers than AVX2 has.)
     ///
     /// # Safety
-    /// `row` points at `nb·B::BYTES` readable bytes and each `acts[t]` at `nb` blocks.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_row<B: Block, const NT: usize>(
+    /// `row` points at `nb·B::BYTES` readable bytes and each `acts[t]` at `nb` blocks; the CPU
+    /// has AVX2, FMA, F16C and `P`'s features (inlined into kernels enabling them).
+    #[inline(always)]
+    unsafe fn dot_row<B: Block, P: Products, const NT: usize>(
         row: *const u8,
         nb: usize,
         acts: [*const Q8Block; NT],
     ) -> [f32; NT] {
-        let (mut even, mut odd) = (Acc::<NT>::new(), Acc::<NT>::new());
+        // SAFETY: features per the contract.
+        let (mut even, mut odd) = unsafe { (Acc::<NT>::new(), Acc::<NT>::new()) };
         let mut ib = 0;
         // SAFETY (both steps): every block they read is below `nb` (caller contract).
         while ib + 2 <= nb {
             unsafe {
-                block_step::<B, NT>(row, ib, &acts, &mut even);
-                block_step::<B, NT>(row, ib + 1, &acts, &mut odd);
+                block_step::<B, P, NT>(row, ib, &acts, &mut even);
+                block_step::<B, P, NT>(row, ib + 1, &acts, &mut odd);
             }
             ib += 2;
         }
         if ib < nb {
-            unsafe { block_step::<B, NT>(row, ib, &acts, &mut even) };
+            unsafe { block_step::<B, P, NT>(row, ib, &acts, &mut even) };
         }
-        std::array::from_fn(|t| {
+        // SAFETY: features per the contract.
+        std::array::from_fn(|t| unsafe {
             let dot = _mm256_add_ps(even.dot[t], odd.dot[t]);
             let min = if B::SIGNED {
                 0.0
@@ -323,9 +370,9 @@ mod imp {
     /// Rows of the chunk × tokens `t0..t0 + NT`.
     ///
     /// # Safety
-    /// As [`rows_q8`], whose checks establish it.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn token_group<B: Block, const NT: usize>(
+    /// As [`rows_q8`], whose checks establish it; the CPU has `P`'s features.
+    #[inline(always)]
+    unsafe fn token_group<B: Block, P: Products, const NT: usize>(
         w: &[u8],
         row_bytes: usize,
         acts: &[Q8Block],
@@ -339,13 +386,17 @@ mod imp {
             std::array::from_fn(|i| unsafe { acts.as_ptr().add((t0 + i) * nb) });
         for (r, o) in out.chunks_exact_mut(n).enumerate() {
             // SAFETY: row `r` lies inside `w` (rows_q8 checked `w` covers every output row).
-            let v = unsafe { dot_row::<B, NT>(w.as_ptr().add(r * row_bytes), nb, a) };
+            let v = unsafe { dot_row::<B, P, NT>(w.as_ptr().add(r * row_bytes), nb, a) };
             o[t0..t0 + NT].copy_from_slice(&v);
         }
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn q8_rows<B: Block>(
+    /// Every row × every token, tokens in groups of up to two.
+    ///
+    /// # Safety
+    /// As [`rows_q8`]; the CPU has `P`'s features.
+    #[inline(always)]
+    unsafe fn q8_rows<B: Block, P: Products>(
         w: &[u8],
         row_bytes: usize,
         acts: &[Q8Block],
@@ -358,17 +409,73 @@ mod imp {
             let nt = (n - t0).min(2);
             unsafe {
                 match nt {
-                    1 => token_group::<B, 1>(w, row_bytes, acts, n, t0, out),
-                    _ => token_group::<B, 2>(w, row_bytes, acts, n, t0, out),
+                    1 => token_group::<B, P, 1>(w, row_bytes, acts, n, t0, out),
+                    _ => token_group::<B, P, 2>(w, row_bytes, acts, n, t0, out),
                 }
             }
             t0 += nt;
         }
     }
 
+    /// [`q8_rows`] compiled for AVX2.
+    ///
+    /// # Safety
+    /// As [`rows_q8`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q8_rows_avx2<B: Block>(
+        w: &[u8],
+        row_bytes: usize,
+        acts: &[Q8Block],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: contract passed on; AVX2, FMA, F16C enabled here.
+        unsafe { q8_rows::<B, Avx2>(w, row_bytes, acts, n, out) }
+    }
+
+    /// [`q8_rows`] compiled for AVX-512 VNNI (256-bit forms).
+    ///
+    /// # Safety
+    /// As [`rows_q8`], and the CPU has AVX-512 VNNI and VL.
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    unsafe fn q8_rows_vnni<B: Block>(
+        w: &[u8],
+        row_bytes: usize,
+        acts: &[Q8Block],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: contract passed on; the features are enabled here.
+        unsafe { q8_rows::<B, Vnni>(w, row_bytes, acts, n, out) }
+    }
+
+    /// One format's kernel: the VNNI build where the CPU has it (and `vnni` allows), else AVX2.
+    ///
+    /// # Safety
+    /// As [`rows_q8`].
+    unsafe fn q8_rows_best<B: Block>(
+        vnni: bool,
+        w: &[u8],
+        row_bytes: usize,
+        acts: &[Q8Block],
+        n: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: contract passed on; VNNI only where `has_vnni` says the CPU has it.
+        unsafe {
+            if vnni && super::has_vnni() {
+                q8_rows_vnni::<B>(w, row_bytes, acts, n, out)
+            } else {
+                q8_rows_avx2::<B>(w, row_bytes, acts, n, out)
+            }
+        }
+    }
+
     /// `out[r·n + t] = row_r · acts_t` for the rows of `w` (a 32-element format `ty`, rows
     /// `row_bytes` apart) and `n` tokens whose activations are `acts[t·nb..(t+1)·nb]`.
     /// Inconsistent sizes make it return without writing (callers check them first).
+    ///
+    /// `vnni: false` keeps the AVX2 products where VNNI would run (tests compare the two).
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C ([`super::available`]).
@@ -379,6 +486,7 @@ mod imp {
         acts: &[Q8Block],
         n: usize,
         out: &mut [f32],
+        vnni: bool,
     ) {
         let rows = out.len().checked_div(n).unwrap_or(0);
         let block_bytes = ty.block_bytes();
@@ -391,11 +499,11 @@ mod imp {
         // SAFETY: sizes checked above; CPU features per this function's contract.
         unsafe {
             match ty {
-                GgmlType::Q4_0 => q8_rows::<Q4_0>(w, row_bytes, acts, n, out),
-                GgmlType::Q4_1 => q8_rows::<Q4_1>(w, row_bytes, acts, n, out),
-                GgmlType::Q5_0 => q8_rows::<Q5_0>(w, row_bytes, acts, n, out),
-                GgmlType::Q5_1 => q8_rows::<Q5_1>(w, row_bytes, acts, n, out),
-                GgmlType::Q8_0 => q8_rows::<Q8_0>(w, row_bytes, acts, n, out),
+                GgmlType::Q4_0 => q8_rows_best::<Q4_0>(vnni, w, row_bytes, acts, n, out),
+                GgmlType::Q4_1 => q8_rows_best::<Q4_1>(vnni, w, row_bytes, acts, n, out),
+                GgmlType::Q5_0 => q8_rows_best::<Q5_0>(vnni, w, row_bytes, acts, n, out),
+                GgmlType::Q5_1 => q8_rows_best::<Q5_1>(vnni, w, row_bytes, acts, n, out),
+                GgmlType::Q8_0 => q8_rows_best::<Q8_0>(vnni, w, row_bytes, acts, n, out),
                 _ => {}
             }
         }

@@ -50,16 +50,25 @@ fn bound(ty: GgmlType, w: &[f64], x: &[f32]) -> f64 {
     e
 }
 
+/// The kernel sets this CPU runs: scalar, then AVX2, then AVX2 with VNNI products.
+fn isas() -> Vec<Isa> {
+    let mut isas = vec![Isa::Scalar];
+    if super::dot_avx2::available() {
+        isas.push(Isa::Avx2);
+        if super::dot_avx2::has_vnni() {
+            isas.push(Isa::Avx2Vnni);
+        }
+    }
+    isas
+}
+
 /// Runs one case and checks it against the f64 reference (and scalar == SIMD).
 fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, seed: u64) {
     let mut rng = Rng(seed);
     let w = matrix(ty, rows, cols, &rng.vec(rows * cols));
     let x: Vec<f32> = (0..n * cols).map(|_| rng.uniform() * 2.0).collect();
     let wf: Vec<f64> = w.dequantize_all().iter().map(|v| f64::from(*v)).collect();
-    let mut isas = vec![Isa::Scalar];
-    if super::dot_avx2::available() {
-        isas.push(Isa::Avx2);
-    }
+    let isas = isas();
     let mut results = Vec::new();
     for &isa in &isas {
         let mut out = vec![f32::NAN; n * rows];
@@ -79,7 +88,16 @@ fn check(ty: GgmlType, rows: usize, cols: usize, n: usize, seed: u64) {
         }
         results.push(out);
     }
-    if let [scalar, simd] = &results[..] {
+    // The VNNI products are the AVX2 ones: the same bits.
+    if let [_, avx2, vnni] = &results[..] {
+        assert!(
+            avx2.iter()
+                .zip(vnni)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{ty:?} [{rows}x{cols}] n={n}: VNNI and AVX2 results differ"
+        );
+    }
+    if let [scalar, simd, ..] = &results[..] {
         // Same integer sums; only the f32 summation order differs.
         for (i, (a, b)) in scalar.iter().zip(simd).enumerate() {
             let (t, r) = (i / rows, i % rows);
@@ -118,10 +136,7 @@ fn matmul_matches_f64_reference_all_formats() {
 /// differently; models with f16/bf16 weights depend on it).
 #[test]
 fn matmul_rows_are_bit_identical_whatever_the_batch() {
-    let mut isas = vec![Isa::Scalar];
-    if super::dot_avx2::available() {
-        isas.push(Isa::Avx2);
-    }
+    let isas = isas();
     let mut seed = 900;
     for ty in ALL {
         let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16);
