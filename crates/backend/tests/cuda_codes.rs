@@ -11,9 +11,11 @@
 //!   adjacent in value (fp8: ±0 count as one value), scales within one f16 ulp.
 //! - **attention**: the GPU rounds queries, centroids and softmax weights × scales to f16
 //!   (2⁻¹¹ relative) for its MMAs and sums in another order; the CPU uses f32 throughout.
-//!   Outputs of size ≈ rms(V): 1e-2 absolute + 2e-2 relative (the bf16 tolerance of the
-//!   16-bit tests, f16 being finer), and on the same bytes (a block moved between backends)
-//!   the same.
+//!   The kernel with int8 key products (TurboQuant keys and values, groups up to 8, the
+//!   default) reads key centroids rounded to int8 instead, each within 0.5% of the largest
+//!   (`int8_table`), and queries as 16-bit integers. Outputs of size ≈ rms(V): 1e-2 absolute +
+//!   2e-2 relative (the bf16 tolerance of the 16-bit tests), and on the same bytes (a block
+//!   moved between backends) the same.
 
 use std::sync::{Arc, OnceLock};
 
@@ -44,6 +46,21 @@ fn gpu_rows() -> Option<&'static CudaBackend> {
     B.get_or_init(|| {
         let opts = CudaOptions {
             coded_prefill_tiles: false,
+            ..CudaOptions::default()
+        };
+        Some(CudaBackend::with_options(0, &opts).expect("a second CUDA backend"))
+    })
+    .as_ref()
+}
+
+/// A backend whose TurboQuant pools decode on the f16 keys-as-M kernels
+/// (`CudaOptions::coded_int8_keys` off) instead of the ones with int8 key products.
+fn gpu_f16() -> Option<&'static CudaBackend> {
+    static B: OnceLock<Option<CudaBackend>> = OnceLock::new();
+    gpu()?;
+    B.get_or_init(|| {
+        let opts = CudaOptions {
+            coded_int8_keys: false,
             ..CudaOptions::default()
         };
         Some(CudaBackend::with_options(0, &opts).expect("a second CUDA backend"))
@@ -510,6 +527,31 @@ fn coded_pools_match_the_cpu_codec_and_attention() {
         frac >= 0.999,
         "only {frac} of key codes equal the CPU codec's"
     );
+}
+
+#[test]
+fn the_f16_keys_as_m_kernels_match_the_cpu_backend() {
+    let Some(g) = gpu_f16() else { return };
+    let mut seed = 61;
+    for d in [64, 128] {
+        for dtype in ["tq4", "tq3", "tq2", "k4v3", "k3v2", "k2v4"] {
+            for (group, centered) in [(1, true), (4, false), (8, true)] {
+                seed += 1;
+                run_case(
+                    g,
+                    &Case {
+                        dtype,
+                        d,
+                        group,
+                        centered,
+                        window: NO_WINDOW,
+                        sliding: None,
+                    },
+                    seed,
+                );
+            }
+        }
+    }
 }
 
 #[test]

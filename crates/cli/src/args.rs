@@ -460,7 +460,8 @@ pub struct BenchAttentionArgs {
     /// pool's blocks, as a long-running server's cache ends up).
     #[arg(long)]
     pub contiguous_blocks: bool,
-    /// Also time every other instantiation of the decode kernel.
+    /// Also time every other instantiation of the 16-bit decode kernel, and the compressed
+    /// formats on the f16 keys-as-M kernels where the default takes int8 key products.
     #[arg(long)]
     pub compare_variants: bool,
     /// Skip the PyTorch SDPA peer.

@@ -154,9 +154,11 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
         backend.describe(),
         copy_bw / 1e9
     );
-    // (label, options): the default choice, then (with --compare-variants) each
-    // instantiation for this head_dim forced for every shape.
-    let mut configs: Vec<(String, CudaOptions)> = vec![("default".into(), base.clone())];
+    // (label, options, whether it times compressed formats): the default choice, then (with
+    // --compare-variants) each 16-bit instantiation for this head_dim forced for every shape,
+    // and the compressed formats on the f16 coded kernels.
+    let mut configs: Vec<(String, CudaOptions, Option<bool>)> =
+        vec![("default".into(), base.clone(), None)];
     if args.compare_variants {
         for v in DECODE_VARIANTS
             .iter()
@@ -168,14 +170,23 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
                     decode_variant: Some(*v),
                     ..base.clone()
                 },
+                Some(false),
             ));
         }
+        configs.push((
+            "coded-f16".into(),
+            CudaOptions {
+                coded_int8_keys: false,
+                ..base.clone()
+            },
+            Some(true),
+        ));
     }
     let mut rows = Vec::new();
     // The default configuration's output per point (it runs first), to check the variants on
     // the same inputs.
     let mut default_out: HashMap<(String, usize, usize), Vec<f32>> = HashMap::new();
-    for (label, opts) in &configs {
+    for (label, opts, compressed) in &configs {
         let b = if label == "default" {
             None
         } else {
@@ -187,6 +198,9 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
         let be = b.as_ref().unwrap_or(&backend);
         for (name, dtype, window) in &formats {
             let (dtype, window) = (*dtype, *window);
+            if compressed.is_some_and(|c| c != dtype.is_compressed()) {
+                continue;
+            }
             for &batch in &batches {
                 for &ctx in &ctxs {
                     let case = DecodeAttentionCase {

@@ -10,6 +10,7 @@
 //! | `TURBOKV_ATTN_BLOCKS_PER_SM=N` | SIMT decode attention splits until N blocks per SM (default 2, ≥ 1) |
 //! | `TURBOKV_PREFILL_WARPS=4\|8` | warps per block of the tensor-core prefill attention (default 4) |
 //! | `TURBOKV_CODED_PREFILL_TILES=0\|1` | prefill over coded caches through tensor cores (default 1; 0: the decode kernels per row) |
+//! | `TURBOKV_CODED_INT8_KEYS=0\|1` | decode over TurboQuant caches with int8 key products (default 1; 0: the f16 kernel) |
 //! | `TURBOKV_CPU_WEIGHTS=native\|f32` | CPU matmuls on the stored weights with 8-bit activations (default), or on weights dequantized to f32 (the exact reference; slow) |
 //! | `TURBOKV_CPU_CODE_PRODUCTS=int8\|f32` | CPU decode scores of TurboQuant-coded keys through int8 products where AVX-512 VNNI and VBMI are present (default), or in f32 (exact over the decoded codes) |
 //!
@@ -87,6 +88,7 @@ fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<EnvOptions> {
         n => bail!("TURBOKV_PREFILL_WARPS=\"{n}\": expected 4 or 8"),
     };
     cuda.coded_prefill_tiles = flag("TURBOKV_CODED_PREFILL_TILES", cuda.coded_prefill_tiles)?;
+    cuda.coded_int8_keys = flag("TURBOKV_CODED_INT8_KEYS", cuda.coded_int8_keys)?;
     let step_graphs = flag("TURBOKV_STEP_GRAPHS", true)?;
     let weights = match get("TURBOKV_CPU_WEIGHTS").as_deref().map(str::trim) {
         None | Some("native") => WeightMode::Native,
@@ -130,6 +132,7 @@ mod tests {
         assert_eq!(o.cuda.attention_blocks_per_sm, d.attention_blocks_per_sm);
         assert!(o.cuda.device_top_k && o.cuda.dec_mma && o.cuda.rope_gemv);
         assert_eq!(o.cuda.coded_prefill_tiles, d.coded_prefill_tiles);
+        assert_eq!(o.cuda.coded_int8_keys, d.coded_int8_keys);
         assert_eq!(o.cpu, CpuOptions::default());
     }
 
@@ -142,6 +145,7 @@ mod tests {
             ("TURBOKV_ATTN_BLOCKS_PER_SM", "4"),
             ("TURBOKV_PREFILL_WARPS", "8"),
             ("TURBOKV_CODED_PREFILL_TILES", "0"),
+            ("TURBOKV_CODED_INT8_KEYS", "0"),
             ("TURBOKV_CPU_WEIGHTS", "f32"),
             ("TURBOKV_CPU_CODE_PRODUCTS", "f32"),
         ])
@@ -150,6 +154,7 @@ mod tests {
         assert_eq!(o.cpu.code_products, CodeProducts::F32);
         assert_eq!(o.cuda.prefill_warps, 8);
         assert!(!o.cuda.coded_prefill_tiles);
+        assert!(!o.cuda.coded_int8_keys);
         assert!(!o.step_graphs);
         assert!(!o.cuda.pdl);
         assert_eq!(o.cuda.gemv_max_rows, 0);
@@ -166,6 +171,7 @@ mod tests {
             ("TURBOKV_ATTN_BLOCKS_PER_SM", "two"),
             ("TURBOKV_PREFILL_WARPS", "6"),
             ("TURBOKV_CODED_PREFILL_TILES", "yes"),
+            ("TURBOKV_CODED_INT8_KEYS", "on"),
             ("TURBOKV_CPU_WEIGHTS", "q8"),
             ("TURBOKV_CPU_CODE_PRODUCTS", "int4"),
         ] {

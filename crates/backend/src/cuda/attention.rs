@@ -297,6 +297,9 @@ impl CudaBackend {
         let pairs = rows * g.n_kv_heads;
         // (Head dims above the template's have only these: the group was checked above.)
         let keys_as_m = grp <= KEYS_AS_M_MAX_GROUP;
+        // The kernel with int8 key products where it exists for the pool's forms.
+        let int8_keys = code_kernel
+            .filter(|&i| keys_as_m && self.coded_int8_keys && self.k.attn_codes_k8[i].is_some());
         let dec = match code_kernel {
             Some(_) => None,
             None => (self.dec_mma && grp <= dec_max_group(hd))
@@ -314,7 +317,9 @@ impl CudaBackend {
         });
         let splits = match (code_kernel, dec) {
             (Some(i), _) => {
-                let slots = if keys_as_m {
+                let slots = if int8_keys.is_some() {
+                    self.code_k8_slots[i]
+                } else if keys_as_m {
                     self.code_m_slots[i]
                 } else {
                     self.code_slots[i]
@@ -431,6 +436,9 @@ impl CudaBackend {
             addr(&out.buf, &self.stream),
         );
         let f = match (dec_kernel, rows_kernel) {
+            _ if int8_keys.is_some() => self.k.attn_codes_k8[int8_keys.unwrap_or(0)]
+                .as_ref()
+                .ok_or_else(|| shape("attention", "no int8-key kernel for these forms".into()))?,
             _ if code_kernel.is_some() && keys_as_m => {
                 &self.k.attn_codes_m[code_kernel.unwrap_or(0)]
             }

@@ -19,7 +19,7 @@ use super::cuda_err;
 use crate::Error;
 
 /// u32 words of one role's format descriptor (write_kv.cu `CODE_DESC_WORDS`).
-pub(crate) const DESC_WORDS: usize = 288;
+pub(crate) const DESC_WORDS: usize = 296;
 /// Keys per staged tile of the coded decode kernels (attention.cu `ATTN_CODES`).
 pub(crate) const CODE_TILE: usize = 128;
 /// Warps per block of the coded decode kernels.
@@ -41,6 +41,10 @@ pub(crate) fn coded_max_group(head_dim: usize) -> usize {
 fn exact_split_smem_bytes(head_dim: usize) -> usize {
     4 * head_dim * coded_max_group(head_dim) + 2 * 32 * head_dim * 2
 }
+/// The descriptor word where a TurboQuant role's int8 codebook starts (attention.cu
+/// `INT8_TABLE_WORD`): four words of table bytes, then 1/α as f32 bits ([`int8_table`]).
+/// The rotation's sign masks from word 32 end before it.
+pub(crate) const INT8_TABLE_WORD: usize = 288;
 /// Tile bytes a coded kernel keeps in flight (attention.cu `code_stages`).
 const CODE_BYTES_IN_FLIGHT: usize = 49152;
 
@@ -159,6 +163,24 @@ impl CodeVariant {
         matches!(self.head_dim, 64 | 128)
     }
 
+    /// Whether the kernel with int8 key products (`int8_keys_name`) is instantiated:
+    /// TurboQuant keys and values at head_dim 64 or 128 (attention.cu `ATTN_CODES_TQ_FORMS`).
+    pub(crate) fn has_int8_keys(&self) -> bool {
+        matches!(self.head_dim, 64 | 128)
+            && matches!((self.key, self.value), (CodeForm::Mse(_), CodeForm::Mse(_)))
+    }
+
+    /// The name of its keys-as-M kernel with int8 key products (attention.cu
+    /// `ATTN_CODES_K8`; groups up to [`KEYS_AS_M_MAX_GROUP`]).
+    pub(crate) fn int8_keys_name(&self) -> String {
+        format!(
+            "attn_codes_k8_{}_{}_{}",
+            self.head_dim,
+            self.key.tag(),
+            self.value.tag()
+        )
+    }
+
     /// The name of its dequantization kernel (attention.cu `CODES_DEQUANT`).
     pub(crate) fn dequant_name(&self) -> String {
         format!(
@@ -274,7 +296,7 @@ pub(crate) fn descriptor(
             w[1] = 8;
         }
         DeviceFormat::HadamardMse(h) => {
-            if h.sign_masks.len() > DESC_WORDS - 32 || h.boundaries.len() > 15 {
+            if h.sign_masks.len() > INT8_TABLE_WORD - 32 || h.boundaries.len() > 15 {
                 return Err(Error::Cuda {
                     op: "kv pool",
                     detail: format!(
@@ -303,9 +325,45 @@ pub(crate) fn descriptor(
                 w[28 + j / 4] |= u32::from(bits >> 8) << (8 * (j % 4));
             }
             w[32..32 + h.sign_masks.len()].copy_from_slice(&h.sign_masks);
+            // Sign-magnitude records look up magnitudes and their negatives; the others the
+            // signed centroids.
+            let (bytes, inv_alpha) = int8_table(table);
+            let neg = bytes.map(|b| (b as i8).wrapping_neg() as u8);
+            for (i, q) in bytes.chunks_exact(4).chain(neg.chunks_exact(4)).enumerate() {
+                w[INT8_TABLE_WORD + i] = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+            }
+            w[INT8_TABLE_WORD + 4] = inv_alpha.to_bits();
         }
     }
     Ok(w)
+}
+
+/// A codebook of at most 8 centroids as int8 bytes for the kernels with int8 key products
+/// (attention.cu `attn_codes_k8_*`): byte j is `round(α·c[j])`, and the kernel multiplies by the
+/// returned 1/α. α puts the largest centroid between 96 and 127, where the rounding's mean
+/// square error over the table is least: every centroid moves by at most half a step, 0.5/96
+/// of the largest (0.5%; unit test below).
+pub(crate) fn int8_table(centroids: &[f32]) -> ([u8; 8], f32) {
+    let cmax = centroids.iter().fold(0f32, |m, c| m.max(c.abs()));
+    if cmax == 0.0 || !cmax.is_finite() {
+        return ([0; 8], 1.0);
+    }
+    let mse = |alpha: f32| {
+        centroids
+            .iter()
+            .map(|&c| ((alpha * c).round() / alpha - c).powi(2))
+            .sum::<f32>()
+    };
+    const STEPS: u32 = 1024;
+    let alpha = (0..=STEPS)
+        .map(|i| (96.0 + 31.0 * i as f32 / STEPS as f32) / cmax)
+        .min_by(|a, b| mse(*a).total_cmp(&mse(*b)))
+        .unwrap_or(127.0 / cmax);
+    let mut bytes = [0u8; 8];
+    for (b, &c) in bytes.iter_mut().zip(centroids) {
+        *b = (alpha * c).round() as i8 as u8;
+    }
+    (bytes, 1.0 / alpha)
 }
 
 /// Why a dtype has no coded kernel, or `None` when it has one (at `head_dim`).
@@ -441,6 +499,34 @@ mod tests {
             assert!(v.smem_bytes() <= limit * 1024, "{v:?}");
             assert_eq!(v.has_template(), v.head_dim <= 128);
         }
+    }
+
+    #[test]
+    fn int8_tables_stay_within_half_a_step() {
+        use turbokv_codec::codebook::Codebook;
+        for d in [64, 128, 256] {
+            for bits in [2u8, 3, 4] {
+                let cb = Codebook::get(d, bits).unwrap();
+                // The 4-bit records' tables hold the 8 positive magnitudes.
+                let table = if bits == 4 {
+                    &cb.centroids()[8..]
+                } else {
+                    cb.centroids()
+                };
+                let (bytes, inv_alpha) = int8_table(table);
+                let cmax = table.iter().fold(0f32, |m, c| m.max(c.abs()));
+                for (j, &c) in table.iter().enumerate() {
+                    let got = f32::from(bytes[j] as i8) * inv_alpha;
+                    assert!(
+                        (got - c).abs() <= 0.5 * inv_alpha * 1.0001 && inv_alpha <= cmax / 96.0,
+                        "d={d} b={bits} centroid {j}: {got} vs {c}"
+                    );
+                }
+                // A table of fewer than 8 entries leaves the rest zero.
+                assert!(bytes[table.len()..].iter().all(|&b| b == 0));
+            }
+        }
+        assert_eq!(int8_table(&[0.0; 4]), ([0; 8], 1.0));
     }
 
     #[test]

@@ -49,6 +49,9 @@ pub(crate) struct Kernels {
     pub attn_codes: Vec<Option<CudaFunction>>,
     /// The keys-as-M coded decode kernels (GQA groups up to 8), in the same order.
     pub attn_codes_m: Vec<CudaFunction>,
+    /// Their counterparts with int8 key products for TurboQuant keys and values, in the same
+    /// order (`None` where not instantiated: `CodeVariant::has_int8_keys`).
+    pub attn_codes_k8: Vec<Option<CudaFunction>>,
     /// The coded prefill's dequantization into f16 rows, in the same order (`None` where
     /// there is no tile kernel: `CodeVariant::has_prefill`).
     pub codes_dequant: Vec<Option<CudaFunction>>,
@@ -421,6 +424,14 @@ impl Kernels {
             attn_codes_m: super::codes::CodeVariant::all()
                 .iter()
                 .map(|v| f(&at, &v.kernel_name(true)))
+                .collect::<Result<_, _>>()?,
+            attn_codes_k8: super::codes::CodeVariant::all()
+                .iter()
+                .map(|v| {
+                    v.has_int8_keys()
+                        .then(|| f(&at, &v.int8_keys_name()))
+                        .transpose()
+                })
                 .collect::<Result<_, _>>()?,
             codes_dequant: super::codes::CodeVariant::all()
                 .iter()

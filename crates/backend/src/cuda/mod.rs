@@ -250,6 +250,11 @@ pub struct CudaOptions {
     /// reads those and the exact blocks. Default on; off runs the coded decode kernels for
     /// every row, which unpack each key once per row (tests cover both).
     pub coded_prefill_tiles: bool,
+    /// Decode over TurboQuant keys and values (head_dim 64 or 128, GQA groups up to 8) runs
+    /// the kernel whose key products are int8 MMAs (`attn_codes_k8_*`: key codes looked up as
+    /// int8 centroids, each within 0.5% of the largest). Default on; off runs the f16
+    /// keys-as-M kernel (tests cover both).
+    pub coded_int8_keys: bool,
 }
 
 /// See [`CudaOptions::gemv_max_rows`]. On an H200 (llama3-8b shapes) the GEMV kernel beat
@@ -269,6 +274,7 @@ impl Default for CudaOptions {
             decode_variant: None,
             prefill_warps: 4,
             coded_prefill_tiles: true,
+            coded_int8_keys: true,
         }
     }
 }
@@ -303,6 +309,8 @@ pub struct CudaBackend {
     prefill_warps: usize,
     /// See [`CudaOptions::coded_prefill_tiles`].
     coded_prefill_tiles: bool,
+    /// See [`CudaOptions::coded_int8_keys`].
+    coded_int8_keys: bool,
     /// Blocks of each decode variant (index of [`DECODE_VARIANTS`]) resident on the whole GPU
     /// at once, from the occupancy calculator with its pipeline's shared memory.
     decode_slots: Vec<usize>,
@@ -310,6 +318,8 @@ pub struct CudaBackend {
     code_slots: Vec<usize>,
     /// The same for the keys-as-M coded kernels.
     code_m_slots: Vec<usize>,
+    /// The same for the coded kernels with int8 key products (0 where not instantiated).
+    code_k8_slots: Vec<usize>,
     state: Mutex<State>,
     /// cuBLAS workspace set on the handle (so that captured GEMMs allocate nothing).
     _blas_workspace: CudaSlice<u8>,
@@ -443,6 +453,7 @@ impl CudaBackend {
             .chain(&k.attn_dec)
             .chain(k.attn_codes.iter().flatten())
             .chain(&k.attn_codes_m)
+            .chain(k.attn_codes_k8.iter().flatten())
         {
             // The opt-in limit covers static and dynamic shared memory together.
             let fixed = f
@@ -478,6 +489,14 @@ impl CudaBackend {
             .iter()
             .zip(&k.attn_codes_m)
             .map(|(v, f)| resident(f, v.threads(), v.smem_bytes()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let code_k8_slots = codes::CodeVariant::all()
+            .iter()
+            .zip(&k.attn_codes_k8)
+            .map(|(v, f)| {
+                f.as_ref()
+                    .map_or(Ok(0), |f| resident(f, v.threads(), v.smem_bytes()))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         if let Some(v) = opts.decode_variant
             && !DECODE_VARIANTS.contains(&v)
@@ -517,9 +536,11 @@ impl CudaBackend {
             decode_variant: opts.decode_variant,
             prefill_warps: opts.prefill_warps,
             coded_prefill_tiles: opts.coded_prefill_tiles,
+            coded_int8_keys: opts.coded_int8_keys,
             decode_slots,
             code_slots,
             code_m_slots,
+            code_k8_slots,
             state: Mutex::new(State::default()),
             _blas_workspace: blas_workspace,
         })

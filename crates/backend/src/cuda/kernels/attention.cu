@@ -1362,7 +1362,7 @@ ATTN_DEC16(128, 32, 2, 2)
 // ---- Coded formats: int8, fp8 and TurboQuant-MSE, attended over on their codes ---------
 // Pool layout (the codec's block layout, crates/codec/src/layout.rs): per (physical block,
 // kv head) one block of `total` bytes, the code records of its tokens back to back (ROW bytes
-// each, bits arranged per cuda/code_layout.rs), then at `soff` one f16 scale per token. Format words `fmt` (one 288-word descriptor
+// each, bits arranged per cuda/code_layout.rs), then at `soff` one f16 scale per token. Format words `fmt` (one CODE_DESC_WORDS-word descriptor
 // for keys, then one for values; see CodeDesc in cuda/codes.rs): [3] total bytes, [4] scale
 // offset, [24..28) / [28..32) the low / high bytes of the centroids as f16 (TurboQuant; the 8
 // magnitudes for 4-bit sign-magnitude records).
@@ -1484,6 +1484,14 @@ template <int R> struct Codes<4, R> {
         a = prmt(l, h, 0x5140u);
         b = prmt(l, h, 0x7362u);
     }
+    // As int8 bytes: the magnitudes (tab[0..2)) where positive, their negatives (tab[2..4))
+    // elsewhere, `pos` as above.
+    __device__ static __forceinline__ u32 int8(const u32* w, int g, const u32* tab) {
+        const u32 sel = w[g >> 1] >> (16 * (g & 1));
+        const u32 mags = ~sel & 0x7777u;
+        const u32 pos = prmt(sel << 4, sel, 0xd9c8u);
+        return (prmt(tab[0], tab[1], mags) & pos) | (prmt(tab[2], tab[3], mags) & ~pos);
+    }
 };
 // 3-bit nibble units (R a multiple of 16: U = R / 16 units of three halfwords, halfword
 // U·j + u): group g is j = g / U, unit u = g % U; j < 3 is the halfword's nibbles, j = 3 the
@@ -1492,38 +1500,49 @@ template <int R> struct Codes3Units {
     static constexpr int U = R / 16;
     static_assert(U == 1 || U == 2 || U == 4, "runs of 16, 32 or 64 codes");
     __device__ static constexpr int dim(int g, int j) { return 16 * (g % U) + 4 * (g / U) + j; }
-    __device__ static __forceinline__ void group(const u32* w, int g, const u32* lo, const u32* hi,
-                                                 u32& a, u32& b) {
-        u32 sel;
+    // The prmt selector of group g: one 3-bit index per nibble of the low 16 bits.
+    __device__ static __forceinline__ u32 sel(const u32* w, int g) {
         if constexpr (U == 4) {   // halfword 4j + u is half u & 1 of word 2j + u / 2
             const int j = g >> 2, u = g & 3;
             auto hw = [&](int jj) { return w[2 * jj + (u >> 1)] >> (16 * (u & 1)); };
-            sel = j < 3 ? hw(j) & 0x7777u
-                        : ((hw(0) >> 3) & 0x1111u) | ((hw(1) >> 2) & 0x2222u) | ((hw(2) >> 1) & 0x4444u);
+            return j < 3 ? hw(j) & 0x7777u
+                         : ((hw(0) >> 3) & 0x1111u) | ((hw(1) >> 2) & 0x2222u) | ((hw(2) >> 1) & 0x4444u);
         } else if constexpr (U == 2) {
             const int j = g >> 1;
             const u32 s = j < 3 ? w[j] & 0x77777777u
                                 : ((w[0] >> 3) & 0x11111111u) | ((w[1] >> 2) & 0x22222222u) |
                                       ((w[2] >> 1) & 0x44444444u);
-            sel = (g & 1) ? s >> 16 : s;
+            return (g & 1) ? s >> 16 : s;
         } else {
-            sel = g == 0 ? w[0] & 0x7777u
-                : g == 1 ? (w[0] >> 16) & 0x7777u
-                : g == 2 ? w[1] & 0x7777u
-                         : ((w[0] >> 3) & 0x1111u) | ((w[0] >> 18) & 0x2222u) | ((w[1] >> 1) & 0x4444u);
+            return g == 0 ? w[0] & 0x7777u
+                 : g == 1 ? (w[0] >> 16) & 0x7777u
+                 : g == 2 ? w[1] & 0x7777u
+                          : ((w[0] >> 3) & 0x1111u) | ((w[0] >> 18) & 0x2222u) | ((w[1] >> 1) & 0x4444u);
         }
-        lookup8(sel, lo, hi, a, b);
+    }
+    __device__ static __forceinline__ void group(const u32* w, int g, const u32* lo, const u32* hi,
+                                                 u32& a, u32& b) {
+        lookup8(sel(w, g), lo, hi, a, b);
+    }
+    // Group g as 4 bytes (byte j: slot j) from the 8-entry byte table `tab` (int8 centroids).
+    __device__ static __forceinline__ u32 int8(const u32* w, int g, const u32* tab) {
+        return prmt(tab[0], tab[1], sel(w, g));
     }
 };
 // 3-bit codes in the codec's packing (runs of 8): 3-bit fields spread into nibbles.
 struct Codes3Packed {
     __device__ static constexpr int dim(int g, int j) { return 4 * g + j; }
-    __device__ static __forceinline__ void group(const u32* w, int g, const u32* lo, const u32* hi,
-                                                 u32& a, u32& b) {
+    __device__ static __forceinline__ u32 sel(const u32* w, int g) {
         const int bit = 12 * g, wi = bit >> 5, sh = bit & 31;
         const u32 f = sh <= 20 ? w[wi] >> sh : shf_r(w[wi], w[wi + 1], sh);
-        const u32 sel = (f & 7u) | ((f << 1) & 0x70u) | ((f << 2) & 0x700u) | ((f << 3) & 0x7000u);
-        lookup8(sel, lo, hi, a, b);
+        return (f & 7u) | ((f << 1) & 0x70u) | ((f << 2) & 0x700u) | ((f << 3) & 0x7000u);
+    }
+    __device__ static __forceinline__ void group(const u32* w, int g, const u32* lo, const u32* hi,
+                                                 u32& a, u32& b) {
+        lookup8(sel(w, g), lo, hi, a, b);
+    }
+    __device__ static __forceinline__ u32 int8(const u32* w, int g, const u32* tab) {
+        return prmt(tab[0], tab[1], sel(w, g));
     }
 };
 template <bool C, class A, class B> struct Pick { using type = A; };
@@ -1540,6 +1559,10 @@ template <int R> struct Codes<2, R> {   // 4 centroids; a word's even codes, the
         const u32 l = prmt(lo[0], hi[0], sel), h = prmt(lo[0], hi[0], sel | 0x4444u);
         a = prmt(l, h, 0x5140u);
         b = prmt(l, h, 0x7362u);
+    }
+    __device__ static __forceinline__ u32 int8(const u32* w, int g, const u32* tab) {
+        const int sub = g & 3;
+        return prmt(tab[0], tab[1], ((w[g >> 2] >> (2 * (sub & 1))) >> (16 * (sub >> 1))) & 0x3333u);
     }
 };
 
@@ -1602,10 +1625,10 @@ struct KvCodes {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             klo[i] = fmt[24 + i]; khi[i] = fmt[28 + i];
-            vlo[i] = fmt[288 + 24 + i]; vhi[i] = fmt[288 + 28 + i];
+            vlo[i] = fmt[CODE_DESC_WORDS + 24 + i]; vhi[i] = fmt[CODE_DESC_WORDS + 28 + i];
         }
         ktot = (int)fmt[3]; ksoff = (int)fmt[4];
-        vtot = (int)fmt[288 + 3]; vsoff = (int)fmt[288 + 4];
+        vtot = (int)fmt[CODE_DESC_WORDS + 3]; vsoff = (int)fmt[CODE_DESC_WORDS + 4];
     }
     __device__ static __forceinline__ int out_dim(int nd, int c, int e) {
         return (2 * c + e) * VR + Codes<VB, VR>::dim(nd >> 2, nd & 3);
@@ -1734,6 +1757,169 @@ __device__ __forceinline__ u32 movmatrix_trans(u32 x) {
     return d;
 }
 
+// The end of a keys-as-M block: each warp's state (o[nd]: Oᵀ rows q, q + 8 of value MMA nd, at
+// dims q·VR + Codes<VB, VR>::dim(nd / 2, 2(nd % 2)) and the next slot, columns heads 2c,
+// 2c + 1; log2 units) merged through shared memory into the split's partial, then the fused
+// split merge.
+template <int D, int VB, int NW>
+__device__ __forceinline__ void keys_as_m_finish(float* sh, const float (&o)[D / 16][4], float m0,
+    float m1, float l0, float l1, int g, int r, int kh, int sp, int n_heads, int n_kv, int n_splits,
+    u32* __restrict__ counters, float* __restrict__ part_ml, float* __restrict__ part_acc,
+    float* __restrict__ out, u16* __restrict__ out_bf16, const float* __restrict__ sinks)
+{
+    constexpr int NTH = NW * 32, VR = D / 8;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, c = lane & 3, q = lane >> 2;
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+    }
+    __syncthreads();              // stages are reused for the warps' states
+    // Per warp: m[8], l[8], acc[8][D] (log2 units).
+    float* ws = sh + (u64)warp * 8 * (D + 2);
+    if (q == 0) { ws[2 * c] = m0; ws[2 * c + 1] = m1; ws[8 + 2 * c] = l0; ws[8 + 2 * c + 1] = l1; }
+#pragma unroll
+    for (int nd = 0; nd < D / 16; nd++) {
+        const int vg = nd >> 1, h = nd & 1;
+        const int dx = q * VR + Codes<VB, VR>::dim(vg, 2 * h);
+        const int dy = q * VR + Codes<VB, VR>::dim(vg, 2 * h + 1);
+        ws[16 + (2 * c) * D + dx] = o[nd][0];
+        ws[16 + (2 * c + 1) * D + dx] = o[nd][1];
+        ws[16 + (2 * c) * D + dy] = o[nd][2];
+        ws[16 + (2 * c + 1) * D + dy] = o[nd][3];
+    }
+    __syncthreads();
+    for (int e = tid; e < g * D; e += NTH) {
+        const int h = e / D, dd = e - h * D;
+        float mx = -1e30f;
+#pragma unroll
+        for (int wi = 0; wi < NW; wi++) mx = fmaxf(mx, sh[wi * 8 * (D + 2) + h]);
+        float lt = 0.0f, at = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < NW; wi++) {
+            const float* pw = sh + wi * 8 * (D + 2);
+            const float wt = exp2f(pw[h] - mx);
+            lt = fmaf(pw[8 + h], wt, lt);
+            at = fmaf(pw[16 + h * D + dd], wt, at);
+        }
+        const u64 b = ((u64)r * n_heads + kh * g + h) * n_splits + sp;
+        part_acc[b * D + dd] = at;
+        if (dd == 0) {
+            part_ml[2 * b] = lt > 0.0f ? mx * 0.6931471805599453f : -INFINITY;
+            part_ml[2 * b + 1] = lt;
+        }
+    }
+    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
+}
+
+// The keys of coded split `sp` (of n_coded) of a decode row at `pos`, for the keys-as-M
+// kernels: tiles of TK keys from k0 (runs of 16 keys are staged whole, so a sliding window
+// starts at its first key's run), keys below klo and from k1 on masked.
+struct CodedKeys { int k0, k1, klo, ntiles; };
+template <int TK>
+__device__ __forceinline__ CodedKeys coded_keys(const ExactArgs& xa, int pos, int window, int sp,
+                                                int n_coded)
+{
+    const CodedRange cr = coded_range(xa, pos + 1);
+    const int wlo = window_lo(pos, window);
+    const int base = wlo & ~15;
+    const int chunk = ((cr.hi - base + n_coded - 1) / n_coded + TK - 1) / TK * TK;
+    const int k0 = base + sp * chunk;
+    const int k1 = min(k0 + chunk, cr.hi);
+    return {k0, k1, max(cr.lo, wlo), k1 > k0 ? (k1 - k0 + TK - 1) / TK : 0};
+}
+
+// A windowed pool's exact split, when block (r, kh, sp) is one (sp >= n_coded): run whole, merge
+// included; true if it was (the caller returns).
+template <int D, int NW>
+__device__ __forceinline__ bool exact_split_block(float* sh, ATTN_PARAMS, const ExactArgs& xa,
+                                                  int window, int n_coded)
+{
+    const int g = n_heads / n_kv;
+    const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
+    if (sp < n_coded) return false;
+    const u32 pos = tok_pos[r];
+    pdl_wait();
+    attn_exact_split<D, NW>(sh, xa, qkv + (u64)r * width + (u64)kh * g * D, scale * 1.4426950408889634f,
+                            g, r, kh, sp, sp - n_coded, n_heads, n_kv, n_splits, tok_seq[r], (int)pos + 1,
+                            window_lo((int)pos, window), block_size, part_ml, part_acc);
+    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
+    return true;
+}
+
+
+// The rest of a keys-as-M tile after the scores s (Sᵀ fragments of the warp's NS steps of 16
+// keys from tile row kw, masked keys -inf, log2 units): the online softmax update of heads 2c,
+// 2c + 1 (state m, l; accumulators o rescaled only when a maximum moves) and O += P·V over the
+// staged value codes at vs (records of the tile, scales at vs + vsc_at), looked up as f16.
+template <int D, int VB, int NS>
+__device__ __forceinline__ void keys_as_m_values(float (&o)[D / 16][4], float (&s)[NS][4], float& m0,
+    float& m1, float& l0, float& l1, const unsigned char* vs, int vsc_at, const u32* vlo, const u32* vhi,
+    int kw, int lane)
+{
+    constexpr int VROW = D * code_bits(VB) / 8, VR = D / 8, VRB = VR * code_bits(VB) / 8;
+    constexpr float VS = code_scale(VB);
+    const int c = lane & 3, q = lane >> 2;
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int st = 0; st < NS; st++) {
+        mx0 = fmaxf(mx0, fmaxf(s[st][0], s[st][2]));
+        mx1 = fmaxf(mx1, fmaxf(s[st][1], s[st][3]));
+    }
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+    }
+    // The running maxima settle after the first tiles: rescale only when one moved.
+    if (__any_sync(0xffffffffu, mx0 > m0 || mx1 > m1)) {
+        const float c0 = exp2_ftz(m0 - mx0), c1 = exp2_ftz(m1 - mx1);
+        m0 = mx0; m1 = mx1;
+        l0 *= c0; l1 *= c1;
+#pragma unroll
+        for (int nd = 0; nd < D / 16; nd++) {
+            o[nd][0] *= c0; o[nd][1] *= c1; o[nd][2] *= c0; o[nd][3] *= c1;
+        }
+    }
+#pragma unroll
+    for (int st = 0; st < NS; st++) {
+        s[st][0] = exp2_ftz(s[st][0] - m0); s[st][1] = exp2_ftz(s[st][1] - m1);
+        s[st][2] = exp2_ftz(s[st][2] - m0); s[st][3] = exp2_ftz(s[st][3] - m1);
+        l0 += s[st][0] + s[st][2];
+        l1 += s[st][1] + s[st][3];
+        // Weights × the keys' value scales (a weight of exactly 0 — a masked key — stays 0
+        // whatever its stale scale), transposed into the B fragment of the value MMAs.
+        const int ka = kw + 16 * st + q, kb = ka + 8;
+        const u16* vsc = (const u16*)(vs + vsc_at);
+        const float va = VS * f16_to_f32(vsc[ka]), vb = VS * f16_to_f32(vsc[kb]);
+        auto w = [](float pv, float sv) { return pv > 0.f ? pv * sv : 0.f; };
+        const u32 pb0 = movmatrix_trans(pack_f16(w(s[st][0], va), w(s[st][1], va)));
+        const u32 pb1 = movmatrix_trans(pack_f16(w(s[st][2], vb), w(s[st][3], vb)));
+        // Value runs q of keys 2c, 2c + 1, 2c + 8, 2c + 9 of the step.
+        u32 vw[4][(VRB + 3) / 4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int key = kw + 16 * st + 2 * c + (i & 1) + 8 * (i >> 1);
+            load_run<VRB>(vs + key * VROW + q * VRB, vw[i]);
+        }
+#pragma unroll
+        for (int vg = 0; vg < VR / 4; vg++) {
+            u32 x[4][2];
+#pragma unroll
+            for (int i = 0; i < 4; i++) Codes<VB, VR>::group(vw[i], vg, vlo, vhi, x[i][0], x[i][1]);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {   // value MMA 2vg + h: slots 2h (row q), 2h + 1 (row q + 8)
+                u32 a[4];
+                a[0] = prmt(x[0][h], x[1][h], 0x5410u);
+                a[1] = prmt(x[0][h], x[1][h], 0x7632u);
+                a[2] = prmt(x[2][h], x[3][h], 0x5410u);
+                a[3] = prmt(x[2][h], x[3][h], 0x7632u);
+                mma_f16(o[2 * vg + h], a, pb0, pb1);
+            }
+        }
+    }
+}
+
 template <int D, int KB, int VB, int TK, int STAGES, int NW>
 __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const u32* fmt,
                                                   const ExactArgs& xa, int window)
@@ -1745,28 +1931,13 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
     constexpr int KRB = KC::KRB, VRB = KC::VRB;
     constexpr int KT = KC::template k_tile_bytes<TK>(), VT = KC::template v_tile_bytes<TK>();
     constexpr int STAGE_BYTES = KT + VT;
+    const int n_coded = n_splits - exact_splits(xa);
+    if (exact_split_block<D, NW>(sh, ATTN_ARGS, xa, window, n_coded)) return;
     const int g = n_heads / n_kv;
     const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5, c = lane & 3, q = lane >> 2;
-    const u32 pos = tok_pos[r];
-    const int n_coded = n_splits - exact_splits(xa);
-    if (sp >= n_coded) {   // an exact split of a windowed pool
-        pdl_wait();
-        attn_exact_split<D, NW>(sh, xa, qkv + (u64)r * width + (u64)kh * g * D, scale * 1.4426950408889634f,
-                                g, r, kh, sp, sp - n_coded, n_heads, n_kv, n_splits, tok_seq[r], (int)pos + 1,
-                                window_lo((int)pos, window), block_size, part_ml, part_acc);
-        attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
-        return;
-    }
-    const CodedRange cr = coded_range(xa, (int)pos + 1);
-    const int kend = cr.hi;
-    const int wlo = window_lo((int)pos, window);
-    const int base = wlo & ~15;        // runs of 16 keys are staged whole
-    const int klo = max(cr.lo, wlo);   // keys below are masked
-    const int chunk = ((kend - base + n_coded - 1) / n_coded + TK - 1) / TK * TK;
-    const int k0 = base + sp * chunk;
-    const int k1 = min(k0 + chunk, kend);
-    const int ntiles = k1 > k0 ? (k1 - k0 + TK - 1) / TK : 0;
+    const CodedKeys ck = coded_keys<TK>(xa, (int)tok_pos[r], window, sp, n_coded);
+    const int k0 = ck.k0, k1 = ck.k1, klo = ck.klo, ntiles = ck.ntiles;
     const PagedKv kv(tables + seq_tbl[tok_seq[r]], n_kv, kh, block_size);
     const KC f(fmt);
     unsigned char* stage = (unsigned char*)sh;   // [STAGES][K tile, V tile]
@@ -1834,107 +2005,161 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
                 if (!lb) { s[st][2] = -INFINITY; s[st][3] = -INFINITY; }
             }
         }
-        float mx0 = m0, mx1 = m1;
-#pragma unroll
-        for (int st = 0; st < NS; st++) {
-            mx0 = fmaxf(mx0, fmaxf(s[st][0], s[st][2]));
-            mx1 = fmaxf(mx1, fmaxf(s[st][1], s[st][3]));
-        }
-#pragma unroll
-        for (int x = 4; x < 32; x <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-        }
-        // The running maxima settle after the first tiles: rescale only when one moved.
-        if (__any_sync(0xffffffffu, mx0 > m0 || mx1 > m1)) {
-            const float c0 = exp2_ftz(m0 - mx0), c1 = exp2_ftz(m1 - mx1);
-            m0 = mx0; m1 = mx1;
-            l0 *= c0; l1 *= c1;
-#pragma unroll
-            for (int nd = 0; nd < D / 16; nd++) {
-                o[nd][0] *= c0; o[nd][1] *= c1; o[nd][2] *= c0; o[nd][3] *= c1;
-            }
-        }
-#pragma unroll
-        for (int st = 0; st < NS; st++) {
-            s[st][0] = exp2_ftz(s[st][0] - m0); s[st][1] = exp2_ftz(s[st][1] - m1);
-            s[st][2] = exp2_ftz(s[st][2] - m0); s[st][3] = exp2_ftz(s[st][3] - m1);
-            l0 += s[st][0] + s[st][2];
-            l1 += s[st][1] + s[st][3];
-            // Weights × the keys' value scales (a weight of exactly 0 — a masked key — stays 0
-            // whatever its stale scale), transposed into the B fragment of the value MMAs.
-            const int ka = kw + 16 * st + q, kb = ka + 8;
-            const u16* vsc = (const u16*)(vs + TK * VROW);
-            const float va = KC::VS * f16_to_f32(vsc[ka]), vb = KC::VS * f16_to_f32(vsc[kb]);
-            auto w = [](float pv, float sv) { return pv > 0.f ? pv * sv : 0.f; };
-            const u32 pb0 = movmatrix_trans(pack_f16(w(s[st][0], va), w(s[st][1], va)));
-            const u32 pb1 = movmatrix_trans(pack_f16(w(s[st][2], vb), w(s[st][3], vb)));
-            // Value runs q of keys 2c, 2c + 1, 2c + 8, 2c + 9 of the step.
-            u32 vw[4][(VRB + 3) / 4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int key = kw + 16 * st + 2 * c + (i & 1) + 8 * (i >> 1);
-                load_run<VRB>(vs + key * VROW + q * VRB, vw[i]);
-            }
-#pragma unroll
-            for (int vg = 0; vg < VR / 4; vg++) {
-                u32 x[4][2];
-#pragma unroll
-                for (int i = 0; i < 4; i++) Codes<VB, VR>::group(vw[i], vg, f.vlo, f.vhi, x[i][0], x[i][1]);
-#pragma unroll
-                for (int h = 0; h < 2; h++) {   // value MMA 2vg + h: slots 2h (row q), 2h + 1 (row q + 8)
-                    u32 a[4];
-                    a[0] = prmt(x[0][h], x[1][h], 0x5410u);
-                    a[1] = prmt(x[0][h], x[1][h], 0x7632u);
-                    a[2] = prmt(x[2][h], x[3][h], 0x5410u);
-                    a[3] = prmt(x[2][h], x[3][h], 0x7632u);
-                    mma_f16(o[2 * vg + h], a, pb0, pb1);
-                }
-            }
-        }
+        keys_as_m_values<D, VB, NS>(o, s, m0, m1, l0, l1, vs, TK * VROW, f.vlo, f.vhi, kw, lane);
     }
     cp_async_wait<0>();
+    keys_as_m_finish<D, VB, NW>(sh, o, m0, m1, l0, l1, g, r, kh, sp, n_heads, n_kv, n_splits, counters,
+                                part_ml, part_acc, out, out_bf16, sinks);
+}
+
+// ---- Coded decode attention with the key products in int8 (TurboQuant keys, g <= 8) -----
+// The keys-as-M kernel above spends about as many instructions making f16 MMA operands of key
+// codes (four prmt per four codes: the centroids' low and high bytes, then interleaved) as of
+// value codes. Here a key code becomes one int8 byte, four per prmt from an 8-byte table of
+// the centroids × α rounded to integers (`codes::int8_table`: α puts the largest centroid
+// near 127, so a centroid moves by at most 0.4% of the largest), and the score MMAs are
+// m16n8k32 in int8 with int32 sums — native on sm_80+ (e4m3 MMAs, tried first, are emulated
+// on sm_90 by conversions to f16). The query is two int8 terms (hi·256 + lo: 16 bits), so the
+// scores are as close as the f16 kernel's apart from the centroids' rounding. Values are
+// summed as in the f16 kernel.
+//
+// Lane (q, c) reads run c of keys q and q + 8 as there; the lookups' bytes are its A registers
+// (k slots 4c .. 4c + 3 of MMA kk: group 2kk of the run, slots 16 + 4c ..: group 2kk + 1), and
+// head q's query at the same dims its B column.
+__device__ __forceinline__ void mma_s8(int* c, const u32* a, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Descriptor words of the int8 key codebook (cuda/codes.rs `INT8_TABLE_WORD`): two words of
+// table bytes (entry j in byte j; 4-bit records: the 8 magnitudes, then two words of their
+// negatives), then 1/α as f32 bits.
+constexpr int INT8_TABLE_WORD = 288;
+
+template <int D, int KB, int VB, int TK, int STAGES, int NW>
+__device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const u32* fmt,
+                                                   const ExactArgs& xa, int window)
+{
+    constexpr int NTH = NW * 32, KPW = TK / NW, NS = KPW / 16;   // 16-key steps per warp
+    static_assert(KPW % 16 == 0, "a warp's keys are whole 16-key steps");
+    using KC = KvCodes<D, KB, VB>;
+    constexpr int KROW = KC::KROW, VROW = KC::VROW, KR = KC::KR, VR = KC::VR;
+    constexpr int KRB = KC::KRB, VRB = KC::VRB;
+    constexpr int KT = KC::template k_tile_bytes<TK>(), VT = KC::template v_tile_bytes<TK>();
+    constexpr int STAGE_BYTES = KT + VT;
+    const int n_coded = n_splits - exact_splits(xa);
+    if (exact_split_block<D, NW>(sh, ATTN_ARGS, xa, window, n_coded)) return;
+    const int g = n_heads / n_kv;
+    const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5, c = lane & 3, q = lane >> 2;
+    const CodedKeys ck = coded_keys<TK>(xa, (int)tok_pos[r], window, sp, n_coded);
+    const int k0 = ck.k0, k1 = ck.k1, klo = ck.klo, ntiles = ck.ntiles;
+    const PagedKv kv(tables + seq_tbl[tok_seq[r]], n_kv, kh, block_size);
+    const KC f(fmt);
+    u32 ktab[4];
 #pragma unroll
-    for (int x = 4; x < 32; x <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
-    }
-    __syncthreads();              // stages are reused for the warps' states
-    // Per warp: m[8], l[8], acc[8][D] (log2 units).
-    float* ws = sh + (u64)warp * 8 * (D + 2);
-    if (q == 0) { ws[2 * c] = m0; ws[2 * c + 1] = m1; ws[8 + 2 * c] = l0; ws[8 + 2 * c + 1] = l1; }
-#pragma unroll
-    for (int nd = 0; nd < D / 16; nd++) {
-        const int vg = nd >> 1, h = nd & 1;
-        const int dx = q * VR + Codes<VB, VR>::dim(vg, 2 * h);
-        const int dy = q * VR + Codes<VB, VR>::dim(vg, 2 * h + 1);
-        ws[16 + (2 * c) * D + dx] = o[nd][0];
-        ws[16 + (2 * c + 1) * D + dx] = o[nd][1];
-        ws[16 + (2 * c) * D + dy] = o[nd][2];
-        ws[16 + (2 * c + 1) * D + dy] = o[nd][3];
-    }
-    __syncthreads();
-    for (int e = tid; e < g * D; e += NTH) {
-        const int h = e / D, dd = e - h * D;
-        float mx = -1e30f;
-#pragma unroll
-        for (int wi = 0; wi < NW; wi++) mx = fmaxf(mx, sh[wi * 8 * (D + 2) + h]);
-        float lt = 0.0f, at = 0.0f;
-#pragma unroll
-        for (int wi = 0; wi < NW; wi++) {
-            const float* pw = sh + wi * 8 * (D + 2);
-            const float wt = exp2f(pw[h] - mx);
-            lt = fmaf(pw[8 + h], wt, lt);
-            at = fmaf(pw[16 + h * D + dd], wt, at);
+    for (int i = 0; i < 4; i++) ktab[i] = fmt[INT8_TABLE_WORD + i];
+    unsigned char* stage = (unsigned char*)sh;   // [STAGES][K tile, V tile]
+    auto issue = [&](int t) {
+        if (t < ntiles) {
+            unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
+            f.template stage<TK, NTH>(ks, ks + KT, k0 + t * TK, k1, -1, kv, k_cache, v_cache, tid);
         }
-        const u64 b = ((u64)r * n_heads + kh * g + h) * n_splits + sp;
-        part_acc[b * D + dd] = at;
-        if (dd == 0) {
-            part_ml[2 * b] = lt > 0.0f ? mx * 0.6931471805599453f : -INFINITY;
-            part_ml[2 * b + 1] = lt;
-        }
+        cp_async_commit();
+    };
+    pdl_wait();
+#pragma unroll
+    for (int t = 0; t < STAGES - 1; t++) issue(t);
+
+    // Head q's query at run c's dims × `up` (largest |element| near 2^15) as hi·256 + lo with
+    // hi, lo in [-128, 127], as B fragments (zero past g).
+    u32 qhi[D / 32][2], qlo[D / 32][2];
+    float qn0, qn1;   // what the scores of heads 2c, 2c + 1 are multiplied by (with the key scale)
+    {
+        const float* qh = q < g ? qkv + (u64)r * width + (u64)(kh * g + q) * D : nullptr;
+        float x[D / 16][4], amax = 0.f;
+#pragma unroll
+        for (int gi = 0; gi < D / 16; gi++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                x[gi][j] = qh ? qh[c * KR + Codes<KB, KR>::dim(gi, j)] : 0.f;
+                amax = fmaxf(amax, fabsf(x[gi][j]));
+            }
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        const float up = amax > 0.f ? 32512.f / amax : 1.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 32; kk++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                u32 hb = 0, lb = 0;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const int v = __float2int_rn(x[2 * kk + h][j] * up);
+                    const int hi = (v + 128) >> 8, lo = v - 256 * hi;
+                    hb |= (u32)(hi & 0xff) << (8 * j);
+                    lb |= (u32)(lo & 0xff) << (8 * j);
+                }
+                qhi[kk][h] = hb;
+                qlo[kk][h] = lb;
+            }
+        const float qn = scale * 1.4426950408889634f * __uint_as_float(fmt[INT8_TABLE_WORD + 4]) / up;
+        qn0 = __shfl_sync(0xffffffffu, qn, 8 * c);
+        qn1 = __shfl_sync(0xffffffffu, qn, 8 * c + 4);
     }
-    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
+    // o[nd]: Oᵀ rows q, q + 8 of value MMA nd (dims out_dim(nd, 0 / 1)), heads 2c, 2c + 1.
+    float o[D / 16][4];
+#pragma unroll
+    for (int nd = 0; nd < D / 16; nd++) { o[nd][0] = 0.f; o[nd][1] = 0.f; o[nd][2] = 0.f; o[nd][3] = 0.f; }
+    float m0 = -1e30f, m1 = -1e30f, l0 = 0.f, l1 = 0.f;   // heads 2c, 2c + 1 (log2 units)
+    for (int t = 0; t < ntiles; t++) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();          // tile t landed for all; tile t-1's stage is free
+        issue(t + STAGES - 1);
+        const unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
+        const unsigned char* vs = ks + KT;
+        const int kw = warp * KPW;                 // the warp's first key in the tile
+        const int key0 = k0 + t * TK + kw;
+        const bool interior = key0 >= klo && key0 + KPW <= k1;   // no key of the warp's masked
+        float s[NS][4];
+#pragma unroll
+        for (int st = 0; st < NS; st++) {
+            const int ka = kw + 16 * st + q, kb = ka + 8;   // this lane's two keys (tile rows)
+            u32 wa[(KRB + 3) / 4], wb[(KRB + 3) / 4];
+            load_run<KRB>(ks + ka * KROW + c * KRB, wa);
+            load_run<KRB>(ks + kb * KROW + c * KRB, wb);
+            u32 a[D / 32][4];
+#pragma unroll
+            for (int kk = 0; kk < D / 32; kk++) {
+                a[kk][0] = Codes<KB, KR>::int8(wa, 2 * kk, ktab);
+                a[kk][1] = Codes<KB, KR>::int8(wb, 2 * kk, ktab);
+                a[kk][2] = Codes<KB, KR>::int8(wa, 2 * kk + 1, ktab);
+                a[kk][3] = Codes<KB, KR>::int8(wb, 2 * kk + 1, ktab);
+            }
+            int acc[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int kk = 0; kk < D / 32; kk++) mma_s8(acc, a[kk], qhi[kk][0], qhi[kk][1]);
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[e] <<= 8;
+#pragma unroll
+            for (int kk = 0; kk < D / 32; kk++) mma_s8(acc, a[kk], qlo[kk][0], qlo[kk][1]);
+            const u16* ksc = (const u16*)(ks + TK * KROW);
+            const float sa = f16_to_f32(ksc[ka]), sb = f16_to_f32(ksc[kb]);
+            s[st][0] = (float)acc[0] * (sa * qn0); s[st][1] = (float)acc[1] * (sa * qn1);
+            s[st][2] = (float)acc[2] * (sb * qn0); s[st][3] = (float)acc[3] * (sb * qn1);
+            if (!interior) {
+                const int pa = key0 + 16 * st + q, pb = pa + 8;
+                const bool la = pa < k1 && pa >= klo, lb = pb < k1 && pb >= klo;
+                if (!la) { s[st][0] = -INFINITY; s[st][1] = -INFINITY; }
+                if (!lb) { s[st][2] = -INFINITY; s[st][3] = -INFINITY; }
+            }
+        }
+        keys_as_m_values<D, VB, NS>(o, s, m0, m1, l0, l1, vs, TK * VROW, f.vlo, f.vhi, kw, lane);
+    }
+    cp_async_wait<0>();
+    keys_as_m_finish<D, VB, NW>(sh, o, m0, m1, l0, l1, g, r, kh, sp, n_heads, n_kv, n_splits, counters,
+                                part_ml, part_acc, out, out_bf16, sinks);
 }
 
 // Pipeline stages of a coded kernel: enough that about 48 KiB of tiles are in flight per
@@ -1977,6 +2202,22 @@ constexpr int code_stages(int d, int kb, int vb, int tk) {
     X(__VA_ARGS__, 2, 4) X(__VA_ARGS__, 2, 3) X(__VA_ARGS__, 2, 2)
 ATTN_CODES_FORMS(ATTN_CODES_BOTH, 64)
 ATTN_CODES_FORMS(ATTN_CODES_BOTH, 128)
+// attn_codes_k8_{D}_{KB}_{VB}: the keys-as-M kernel with int8 key products, for TurboQuant keys
+// and values (g <= 8), head dims 64 and 128. The list must match CodeVariant::has_int8_keys in
+// cuda/codes.rs.
+#define ATTN_CODES_K8(D, KB, VB) \
+    extern "C" __global__ void __launch_bounds__(128, 4) attn_codes_k8_##D##_##KB##_##VB(ATTN_PARAMS, \
+        const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
+        extern __shared__ float sh[]; \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
+        attn_codes_k8_impl<D, KB, VB, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt, xa, window); \
+    }
+#define ATTN_CODES_TQ_FORMS(X, ...) \
+    X(__VA_ARGS__, 4, 4) X(__VA_ARGS__, 4, 3) X(__VA_ARGS__, 4, 2) \
+    X(__VA_ARGS__, 3, 4) X(__VA_ARGS__, 3, 3) X(__VA_ARGS__, 3, 2) \
+    X(__VA_ARGS__, 2, 4) X(__VA_ARGS__, 2, 3) X(__VA_ARGS__, 2, 2)
+ATTN_CODES_TQ_FORMS(ATTN_CODES_K8, 64)
+ATTN_CODES_TQ_FORMS(ATTN_CODES_K8, 128)
 // Head dim 256 (Gemma 3): the keys-as-M kernels only (its GQA groups are at most 8; the
 // template's accumulators would not fit in registers).
 #define ATTN_CODES_M256(D, KB, VB) ATTN_CODES_M(D, KB, VB, 2)

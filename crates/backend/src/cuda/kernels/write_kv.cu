@@ -69,15 +69,14 @@ extern "C" __global__ void write_kv(
 }
 
 // ---- Coded pools (int8, fp8, TurboQuant-MSE): the codec's encoder, bit for bit ---------
-// Format descriptor (288 u32 words per role, keys then values; built by cuda/codes.rs):
+// Format descriptor (CODE_DESC_WORDS u32 words per role, keys then values; built by cuda/codes.rs):
 // [0] kind (0 int8, 1 TurboQuant, 2 fp8), [1] bits, [2] code bytes per token, [3] bytes per
 // (block, kv head), [4] offset of the scales in it, [5] the record layout, [6] σ, [7] 1/σ
 // (f32 bits), [8..23) the boundaries, [24..32) the centroid byte tables (attention.cu; the 8
 // positive centroids for sign-magnitude records), [32..32+d) the
-// rotation's sign masks. Every f32 operation below is the codec's (crates/codec/src/tq.rs,
+// rotation's sign masks, [288..293) the int8 key codebook (attention.cu `INT8_TABLE_WORD`). Every f32 operation below is the codec's (crates/codec/src/tq.rs,
 // plain.rs, kernels/mod.rs), in its order and without FMA contraction, so the codes equal
 // the CPU's.
-#define CODE_DESC_WORDS 288
 
 // In-place unnormalised FWHT of the d values a warp holds, lane l owning v[m] = x[l + 32m]:
 // stages h = 1, 2, 4, … with butterflies (a + b, a − b), as kernels::fwht_scalar.
