@@ -42,30 +42,30 @@ fn gpu() -> Option<&'static CudaBackend> {
 /// (`CudaOptions::coded_prefill_tiles` off), not the tensor-core tiles.
 fn gpu_rows() -> Option<&'static CudaBackend> {
     static B: OnceLock<Option<CudaBackend>> = OnceLock::new();
-    gpu()?;
-    B.get_or_init(|| {
-        let opts = CudaOptions {
-            coded_prefill_tiles: false,
-            ..CudaOptions::default()
-        };
-        Some(CudaBackend::with_options(0, &opts).expect("a second CUDA backend"))
+    second_backend(&B, || CudaOptions {
+        coded_prefill_tiles: false,
+        ..CudaOptions::default()
     })
-    .as_ref()
+}
+
+/// A second backend with other options, kept in `cell` (none where [`gpu`] has no GPU).
+fn second_backend(
+    cell: &'static OnceLock<Option<CudaBackend>>,
+    opts: impl FnOnce() -> CudaOptions,
+) -> Option<&'static CudaBackend> {
+    gpu()?;
+    cell.get_or_init(|| Some(CudaBackend::with_options(0, &opts()).expect("a second CUDA backend")))
+        .as_ref()
 }
 
 /// A backend whose TurboQuant pools decode on the f16 keys-as-M kernels
 /// (`CudaOptions::coded_int8_keys` off) instead of the ones with int8 key products.
 fn gpu_f16() -> Option<&'static CudaBackend> {
     static B: OnceLock<Option<CudaBackend>> = OnceLock::new();
-    gpu()?;
-    B.get_or_init(|| {
-        let opts = CudaOptions {
-            coded_int8_keys: false,
-            ..CudaOptions::default()
-        };
-        Some(CudaBackend::with_options(0, &opts).expect("a second CUDA backend"))
+    second_backend(&B, || CudaOptions {
+        coded_int8_keys: false,
+        ..CudaOptions::default()
     })
-    .as_ref()
 }
 
 struct Rng(u64);
