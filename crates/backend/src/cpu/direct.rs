@@ -280,6 +280,26 @@ pub(crate) fn accumulate(
     );
     let simd = pages.check(w);
     #[cfg(target_arch = "x86_64")]
+    if simd && super::direct_avx512::takes(pages.fmt, w) {
+        let max = super::direct_avx512::MAX_ROWS;
+        for r0 in (0..rows).step_by(max) {
+            let rr = (rows - r0).min(max);
+            // SAFETY: `takes` checked the CPU, the format and w (a positive multiple of 16);
+            // every page's records and scales are readable (`check`); `acc[r0·w..]` holds
+            // rr·w floats; `weights[r0·ws..]` holds (rr − 1)·ws + end floats (asserted above).
+            unsafe {
+                super::direct_avx512::accumulate(
+                    pages,
+                    &weights[r0 * ws..],
+                    ws,
+                    &mut acc[r0 * w..(r0 + rr) * w],
+                    rr,
+                )
+            };
+        }
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if has_simd() && simd {
         for r0 in (0..rows).step_by(MAX_ROWS) {
             let rr = (rows - r0).min(MAX_ROWS);
@@ -455,7 +475,7 @@ mod tests {
         }
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         for fmt in formats(&mut rng) {
-            for w in [8, 24, 64, 128] {
+            for w in [8, 24, 48, 64, 80, 128] {
                 for n in [1, 2, 3, 5, 16, 17, 31, 70] {
                     for rows in [1, 2, 3, 4, 5, 9] {
                         let stride = fmt.record_len(w) + if n % 2 == 0 { 0 } else { 6 };

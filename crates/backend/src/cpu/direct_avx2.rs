@@ -497,37 +497,15 @@ pub(super) unsafe fn accumulate(
 ) {
     let (w, stride) = (acc.len() / rows, pages.stride);
     let ap = acc.as_mut_ptr();
-    let mut buf = [0f32; SCALE_RUN];
-    // The run's weights times its scales, one row of SCALE_RUN per accumulator row.
-    let mut scaled = [0f32; 4 * SCALE_RUN];
     macro_rules! go {
         ($r:literal) => {
             with_loader!(pages.fmt, ld => {
-                for (i, pg) in pages.list.iter().enumerate() {
-                    if let Some(next) = pages.list.get(i + PREFETCH_PAGES) {
-                        prefetch(next, &pages);
-                    }
-                    for j0 in (0..pg.n).step_by(SCALE_RUN) {
-                        let n = (pg.n - j0).min(SCALE_RUN);
-                        let sc = &mut buf[..n];
-                        // SAFETY: the scales of records j0..j0 + n are in bounds (caller).
-                        unsafe { page_scales(&pages, pg, j0, sc) };
-                        for r in 0..$r {
-                            let src = &weights[r * ws + pg.off + j0..][..n];
-                            let dst = &mut scaled[r * SCALE_RUN..][..n];
-                            for ((d, &p), &s) in dst.iter_mut().zip(src).zip(sc.iter()) {
-                                *d = p * s;
-                            }
-                        }
-                        // SAFETY: records j0..j0 + n of the page are in bounds (caller);
-                        // `scaled` holds $r rows of SCALE_RUN weights.
-                        unsafe {
-                            accumulate_t::<_, $r>(
-                                ld, pg.bytes.as_ptr().add(j0 * stride), stride, n,
-                                scaled.as_ptr(), SCALE_RUN, ap, w,
-                            )
-                        }
-                    }
+                // SAFETY: the pages' records, scales and weights are in bounds (caller);
+                // `scaled` holds $r rows of SCALE_RUN weights.
+                unsafe {
+                    scaled_runs!(&pages, weights, ws, $r, |rec, n, scaled| {
+                        accumulate_t::<_, $r>(ld, rec, stride, n, scaled.as_ptr(), SCALE_RUN, ap, w)
+                    })
                 }
             })
         };
@@ -539,6 +517,44 @@ pub(super) unsafe fn accumulate(
         _ => go!(4),
     }
 }
+
+/// The value passes' walk over the pages `$pages`: for each run of at most [`SCALE_RUN`]
+/// records of a page, in order and prefetching ahead, `$body` with `$rec` the run's first
+/// record, `$n` its count and `$scaled` (`[f32; 4 * SCALE_RUN]`) holding `$rows` rows of
+/// [`SCALE_RUN`] weights times the records' scales (`weights[r·ws + off + j] · mul · s_j`).
+/// A macro, not a function taking a closure: the closure measured 20% slower on the AVX2
+/// loop.
+///
+/// Safety (the caller's `unsafe` block): AVX2/F16C; `$rows <= 4`; every page's `n` scales (if
+/// any) are readable and its records lie in its bytes; for every page `$weights` holds
+/// `($rows − 1)·$ws + off + n` floats.
+macro_rules! scaled_runs {
+    ($pages:expr, $weights:expr, $ws:expr, $rows:expr, |$rec:ident, $n:ident, $scaled:ident| $body:expr) => {{
+        let pages = $pages;
+        let mut buf = [0f32; SCALE_RUN];
+        let mut $scaled = [0f32; 4 * SCALE_RUN];
+        for (i, pg) in pages.list.iter().enumerate() {
+            if let Some(next) = pages.list.get(i + PREFETCH_PAGES) {
+                prefetch(next, pages);
+            }
+            for j0 in (0..pg.n).step_by(SCALE_RUN) {
+                let $n = (pg.n - j0).min(SCALE_RUN);
+                let sc = &mut buf[..$n];
+                page_scales(pages, pg, j0, sc);
+                for r in 0..$rows {
+                    let src = &$weights[r * $ws + pg.off + j0..][..$n];
+                    let dst = &mut $scaled[r * SCALE_RUN..][..$n];
+                    for ((d, &p), &s) in dst.iter_mut().zip(src).zip(sc.iter()) {
+                        *d = p * s;
+                    }
+                }
+                let $rec = pg.bytes.as_ptr().add(j0 * pages.stride);
+                $body
+            }
+        }
+    }};
+}
+pub(super) use scaled_runs;
 
 /// [`Load8`] over every page of `pages`: `out[(off + j)·os..][..w] = mul · s_j · x_j`.
 ///

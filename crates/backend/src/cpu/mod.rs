@@ -11,6 +11,8 @@ mod direct;
 #[cfg(target_arch = "x86_64")]
 mod direct_avx2;
 #[cfg(target_arch = "x86_64")]
+mod direct_avx512;
+#[cfg(target_arch = "x86_64")]
 mod direct_vnni;
 mod kv;
 mod moe;

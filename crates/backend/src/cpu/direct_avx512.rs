@@ -1,0 +1,190 @@
+//! The value pass of decode (`acc_r += Σ_j w_rj · s_j · x_j`) through AVX-512 for 16-bit
+//! records (bf16 and f16 pools, a preset window's f16 copies) whose width is a multiple of 16:
+//! the same f32 products and sums as `direct_avx2`, 16 lanes per instruction, so a token costs
+//! half the conversions, broadcasts and loop overhead of the 8-lane loop.
+//!
+//! Table codes stay on the AVX2 loop: expanded as the integer score pass expands them and
+//! looked up 16 at a time with `vpermps`, they measured slower on Zen 4, whose 512-bit
+//! shuffles and FMAs take two 256-bit slots each (BENCHMARKS.md, session 26).
+
+use std::arch::x86_64::*;
+
+use super::direct::{Fmt, Pages};
+use super::direct_avx2::{PREFETCH_PAGES, SCALE_RUN, page_scales, prefetch, scaled_runs};
+
+/// Accumulator rows per call (with 4 chunks of 16 coordinates, 16 of the 32 registers).
+pub(super) const MAX_ROWS: usize = 4;
+
+/// Whether the pass takes records of `fmt` with `w` coordinates on this CPU: 16-bit values,
+/// `w` a positive multiple of 16, AVX-512 F/BW/VL and the AVX2 kernels' features.
+pub(super) fn takes(fmt: Fmt, w: usize) -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    matches!(fmt, Fmt::Bf16 | Fmt::F16)
+        && w > 0
+        && w.is_multiple_of(16)
+        && *HAS.get_or_init(|| {
+            super::direct::has_simd()
+                && is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+        })
+}
+
+/// Loads coordinates `64c + 16s .. 64c + 16s + 16` of a record for `s < S`.
+trait Load64: Copy {
+    /// # Safety
+    /// [`takes`] holds; the record's bytes up to coordinate `64c + 16S` are readable.
+    unsafe fn load<const S: usize>(self, rec: *const u8, c: usize) -> [__m512; S];
+}
+
+#[derive(Clone, Copy)]
+struct Bf16;
+
+impl Load64 for Bf16 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    unsafe fn load<const S: usize>(self, rec: *const u8, c: usize) -> [__m512; S] {
+        std::array::from_fn(|s| {
+            // SAFETY: 32 bytes at coordinate 64c + 16s are readable (caller).
+            let h = unsafe { _mm256_loadu_si256(rec.add(2 * (64 * c + 16 * s)).cast()) };
+            // bf16 → f32 is the 16 bits moved to the top of the word.
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+        })
+    }
+}
+
+#[derive(Clone, Copy)]
+struct F16;
+
+impl Load64 for F16 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    unsafe fn load<const S: usize>(self, rec: *const u8, c: usize) -> [__m512; S] {
+        std::array::from_fn(|s| {
+            // SAFETY: 32 bytes at coordinate 64c + 16s are readable (caller).
+            _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(rec.add(2 * (64 * c + 16 * s)).cast()) })
+        })
+    }
+}
+
+/// `acc[r·w + 64c + 16s ..][..16] += Σ_j weights[r·ws + j] · x_j` for `s < S` over the `n`
+/// records at `rec` (`stride` bytes apart), the `R·S` accumulators held in registers.
+///
+/// # Safety
+/// [`takes`]; `64c + 16S <= w`; `acc` holds `R·w` floats, `weights` `(R − 1)·ws + n`; the `n`
+/// records are readable.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn pass<L: Load64, const R: usize, const S: usize>(
+    ld: L,
+    rec: *const u8,
+    stride: usize,
+    n: usize,
+    weights: *const f32,
+    ws: usize,
+    acc: *mut f32,
+    w: usize,
+    c: usize,
+) {
+    // SAFETY: the accumulator chunks lie inside every row; token j < n (caller).
+    unsafe {
+        let at = |r: usize, s: usize| acc.add(r * w + 64 * c + 16 * s);
+        let mut a: [[__m512; S]; R] =
+            std::array::from_fn(|r| std::array::from_fn(|s| _mm512_loadu_ps(at(r, s))));
+        for j in 0..n {
+            let x = ld.load::<S>(rec.add(j * stride), c);
+            for (r, ar) in a.iter_mut().enumerate() {
+                let wv = _mm512_set1_ps(*weights.add(r * ws + j));
+                for (ai, xi) in ar.iter_mut().zip(&x) {
+                    *ai = _mm512_fmadd_ps(wv, *xi, *ai);
+                }
+            }
+        }
+        for (r, ar) in a.iter().enumerate() {
+            for (s, ai) in ar.iter().enumerate() {
+                _mm512_storeu_ps(at(r, s), *ai);
+            }
+        }
+    }
+}
+
+/// [`pass`] over every chunk of the records' `w` coordinates: whole chunks of 64, then the
+/// rest (16, 32 or 48).
+///
+/// # Safety
+/// As [`pass`], for the whole width.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn sweep<L: Load64, const R: usize>(
+    ld: L,
+    rec: *const u8,
+    stride: usize,
+    n: usize,
+    weights: *const f32,
+    ws: usize,
+    acc: *mut f32,
+    w: usize,
+) {
+    // SAFETY: each pass's chunk lies inside the width (the match follows `w`); the rest is
+    // forwarded from the caller.
+    unsafe {
+        for c in 0..w / 64 {
+            pass::<L, R, 4>(ld, rec, stride, n, weights, ws, acc, w, c);
+        }
+        let c = w / 64;
+        match (w % 64) / 16 {
+            1 => pass::<L, R, 1>(ld, rec, stride, n, weights, ws, acc, w, c),
+            2 => pass::<L, R, 2>(ld, rec, stride, n, weights, ws, acc, w, c),
+            3 => pass::<L, R, 3>(ld, rec, stride, n, weights, ws, acc, w, c),
+            _ => {}
+        }
+    }
+}
+
+/// `acc[r·w..][..w] += Σ_j weights[r·ws + off + j] · mul · s_j · x_j` over the records of
+/// every page, for `rows` (1..=[`MAX_ROWS`]) accumulator rows.
+///
+/// # Safety
+/// [`takes`]`(pages.fmt, w)` with `w = acc.len() / rows`; every page's `n` records and its `n`
+/// scales (if any) are readable; for every page `weights` holds `(rows − 1)·ws + off + n`
+/// floats.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn accumulate(
+    pages: Pages<'_>,
+    weights: &[f32],
+    ws: usize,
+    acc: &mut [f32],
+    rows: usize,
+) {
+    let (w, stride) = (acc.len() / rows, pages.stride);
+    let ap = acc.as_mut_ptr();
+    macro_rules! go {
+        ($ld:expr, $r:literal) => {{
+            let ld = $ld;
+            // SAFETY: the pages' records, scales and weights are in bounds (caller);
+            // `scaled` holds $r rows of SCALE_RUN weights.
+            unsafe {
+                scaled_runs!(&pages, weights, ws, $r, |rec, n, scaled| {
+                    sweep::<_, $r>(ld, rec, stride, n, scaled.as_ptr(), SCALE_RUN, ap, w)
+                })
+            }
+        }};
+    }
+    macro_rules! rows {
+        ($ld:expr) => {
+            match rows {
+                1 => go!($ld, 1),
+                2 => go!($ld, 2),
+                3 => go!($ld, 3),
+                _ => go!($ld, 4),
+            }
+        };
+    }
+    match pages.fmt {
+        Fmt::Bf16 => rows!(Bf16),
+        Fmt::F16 => rows!(F16),
+        f => unreachable!("the AVX-512 value pass does not take {f:?}"),
+    }
+}
