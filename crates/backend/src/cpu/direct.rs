@@ -280,40 +280,23 @@ pub(crate) fn accumulate(
     );
     let simd = pages.check(w);
     #[cfg(target_arch = "x86_64")]
-    if simd && super::direct_avx512::takes(pages.fmt, w) {
-        let max = super::direct_avx512::MAX_ROWS;
-        for r0 in (0..rows).step_by(max) {
-            let rr = (rows - r0).min(max);
-            // SAFETY: `takes` checked the CPU, the format and w (a positive multiple of 16);
-            // every page's records and scales are readable (`check`); `acc[r0·w..]` holds
-            // rr·w floats; `weights[r0·ws..]` holds (rr − 1)·ws + end floats (asserted above).
-            unsafe {
-                super::direct_avx512::accumulate(
-                    pages,
-                    &weights[r0 * ws..],
-                    ws,
-                    &mut acc[r0 * w..(r0 + rr) * w],
-                    rr,
-                )
-            };
-        }
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
     if has_simd() && simd {
+        // 16-bit records 16 lanes wide where the CPU has AVX-512, else the AVX2 loop; both
+        // take up to MAX_ROWS accumulator rows per call.
+        let wide = super::direct_avx512::takes(pages.fmt, w);
         for r0 in (0..rows).step_by(MAX_ROWS) {
             let rr = (rows - r0).min(MAX_ROWS);
-            // SAFETY: AVX2/FMA/F16C detected; w is a positive multiple of 8, every chunk of
-            // every page's records and every scale is readable (`check`); `acc[r0·w..]` holds
-            // rr·w floats; `weights[r0·ws..]` holds (rr − 1)·ws + end floats (asserted above).
+            let (wt, out) = (&weights[r0 * ws..], &mut acc[r0 * w..(r0 + rr) * w]);
+            // SAFETY: AVX2/FMA/F16C detected (and, for the AVX-512 pass, `takes` checked the
+            // CPU, the format and that w is a multiple of 16); w is a positive multiple of 8;
+            // every chunk of every page's records and every scale is readable (`check`); `out`
+            // holds rr·w floats; `wt` holds (rr − 1)·ws + end floats (asserted above).
             unsafe {
-                super::direct_avx2::accumulate(
-                    pages,
-                    &weights[r0 * ws..],
-                    ws,
-                    &mut acc[r0 * w..(r0 + rr) * w],
-                    rr,
-                )
+                if wide {
+                    super::direct_avx512::accumulate(pages, wt, ws, out, rr)
+                } else {
+                    super::direct_avx2::accumulate(pages, wt, ws, out, rr)
+                }
             };
         }
         return;

@@ -529,7 +529,8 @@ pub(super) unsafe fn accumulate(
 /// any) are readable and its records lie in its bytes; for every page `$weights` holds
 /// `($rows − 1)·$ws + off + n` floats.
 macro_rules! scaled_runs {
-    ($pages:expr, $weights:expr, $ws:expr, $rows:expr, |$rec:ident, $n:ident, $scaled:ident| $body:expr) => {{
+    ($pages:expr, $weights:expr, $ws:expr, $rows:expr,
+     |$rec:ident, $n:ident, $scaled:ident| $body:expr) => {{
         let pages = $pages;
         let mut buf = [0f32; SCALE_RUN];
         let mut $scaled = [0f32; 4 * SCALE_RUN];

@@ -12,9 +12,6 @@ use std::arch::x86_64::*;
 use super::direct::{Fmt, Pages};
 use super::direct_avx2::{PREFETCH_PAGES, SCALE_RUN, page_scales, prefetch, scaled_runs};
 
-/// Accumulator rows per call (with 4 chunks of 16 coordinates, 16 of the 32 registers).
-pub(super) const MAX_ROWS: usize = 4;
-
 /// Whether the pass takes records of `fmt` with `w` coordinates on this CPU: 16-bit values,
 /// `w` a positive multiple of 16, AVX-512 F/BW/VL and the AVX2 kernels' features.
 pub(super) fn takes(fmt: Fmt, w: usize) -> bool {
@@ -144,7 +141,8 @@ unsafe fn sweep<L: Load64, const R: usize>(
 }
 
 /// `acc[r·w..][..w] += Σ_j weights[r·ws + off + j] · mul · s_j · x_j` over the records of
-/// every page, for `rows` (1..=[`MAX_ROWS`]) accumulator rows.
+/// every page, for `rows` accumulator rows (1–4: with 4 chunks of 16 coordinates, 16 of the
+/// 32 registers).
 ///
 /// # Safety
 /// [`takes`]`(pages.fmt, w)` with `w = acc.len() / rows`; every page's `n` records and its `n`
