@@ -1,7 +1,8 @@
 //! The value pass of decode (`acc_r += Σ_j w_rj · s_j · x_j`) through AVX-512 for 16-bit
 //! records (bf16 and f16 pools, a preset window's f16 copies) whose width is a multiple of 16:
-//! the same f32 products and sums as `direct_avx2`, 16 lanes per instruction, so a token costs
-//! half the conversions, broadcasts and loop overhead of the 8-lane loop.
+//! the same f32 products and sums as `direct_avx2`, 16 lanes per instruction. One pass covers
+//! 64 coordinates of a token where the AVX2 loop makes four passes of 16, each converting its
+//! coordinates and broadcasting every row's weight again.
 //!
 //! Table codes stay on the AVX2 loop: expanded as the integer score pass expands them and
 //! looked up 16 at a time with `vpermps`, they measured slower on Zen 4, whose 512-bit
