@@ -22,8 +22,9 @@
 //! span's rows, each attending causally to everything before it (the tiled path). Use few
 //! `--layers` there: a chunk's work grows with N × ctx.
 //!
-//! `--scores f32` scores TurboQuant-coded keys in f32 instead of through int8 products
-//! (`CodeProducts`; the same binary for an A/B of the two on a CPU with AVX-512 VNNI).
+//! `--scores f32` scores TurboQuant-coded keys and sums their values in f32 instead of through
+//! int8 products (`CodeProducts`; the same binary for an A/B of the two on a CPU with AVX-512
+//! VNNI).
 
 use std::hint::black_box;
 use std::time::Instant;

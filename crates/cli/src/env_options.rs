@@ -12,7 +12,7 @@
 //! | `TURBOKV_CODED_PREFILL_TILES=0\|1` | prefill over coded caches through tensor cores (default 1; 0: the decode kernels per row) |
 //! | `TURBOKV_CODED_INT8_KEYS=0\|1` | decode over TurboQuant caches with int8 key products (default 1; 0: the f16 kernel) |
 //! | `TURBOKV_CPU_WEIGHTS=native\|f32` | CPU matmuls on the stored weights with 8-bit activations (default), or on weights dequantized to f32 (the exact reference; slow) |
-//! | `TURBOKV_CPU_CODE_PRODUCTS=int8\|f32` | CPU decode scores of TurboQuant-coded keys through int8 products where AVX-512 VNNI and VBMI are present (default), or in f32 (exact over the decoded codes) |
+//! | `TURBOKV_CPU_CODE_PRODUCTS=int8\|f32` | CPU decode scores and value sums of TurboQuant codes through int8 products where AVX-512 VNNI and VBMI are present (default), or in f32 (exact over the decoded codes) |
 //!
 //! A value that does not parse is an error naming the variable, never silently ignored.
 //!

@@ -396,12 +396,12 @@ fn run_in(
     for (run, list) in views.v.runs.iter().zip(&vpages) {
         let pages = run.pages(list, 1.0);
         if run.dim == wv {
-            direct::accumulate(pages, p, nk, &mut acc, rows);
+            direct::accumulate(pages, p, nk, &mut acc, rows, views.products);
             continue;
         }
         part.clear();
         part.resize(rows * run.dim, 0.0);
-        direct::accumulate(pages, p, nk, part, rows);
+        direct::accumulate(pages, p, nk, part, rows, views.products);
         for (a, b) in acc.chunks_exact_mut(wv).zip(part.chunks_exact(run.dim)) {
             a[run.work..run.work + run.dim]
                 .iter_mut()
@@ -410,7 +410,7 @@ fn run_in(
         }
     }
     let evp = exact_pages(2 * wv, 1.0, &evpages);
-    direct::accumulate(evp, p, nk, &mut acc, rows);
+    direct::accumulate(evp, p, nk, &mut acc, rows, CodeProducts::F32);
 
     // A task that saw every key of its query finishes its rows here, in parallel.
     let whole = t.k0 == 0 && t.k1 == qpos + 1;

@@ -266,12 +266,17 @@ pub(crate) fn scores_ref(pages: Pages<'_>, q: &[f32], rows: usize, out: &mut [f3
 
 /// `acc[r·w..(r + 1)·w] += Σ weights[r·ws + off + j] · mul · s_j · x_j` over record `j` of
 /// every page at `off`, for the accumulator rows of `acc` (`w = acc.len() / rows`).
+///
+/// Table codes are summed through int8 products where the CPU has AVX-512 VBMI and VNNI
+/// (`direct_vnni_values`: the weights rounded to 8 bits per run of keys, the codebook to 8
+/// bits, within a bound the tests check) when `products` is `Int8`; everything else in f32.
 pub(crate) fn accumulate(
     pages: Pages<'_>,
     weights: &[f32],
     ws: usize,
     acc: &mut [f32],
     rows: usize,
+    products: CodeProducts,
 ) {
     let (end, w) = (pages.end(), acc.len() / rows.max(1));
     assert!(
@@ -279,6 +284,29 @@ pub(crate) fn accumulate(
         "accumulate: weights too short"
     );
     let simd = pages.check(w);
+    #[cfg(target_arch = "x86_64")]
+    if simd
+        && products == CodeProducts::Int8
+        && let Fmt::Table { bits, table } = pages.fmt
+        && w <= super::direct_vnni::MAX_W
+        && super::direct_vnni::available()
+        && let Some(book) = super::direct_vnni::Codebook::signed(bits, &table)
+    {
+        let max = super::direct_vnni::MAX_ROWS;
+        for r0 in (0..rows).step_by(max) {
+            let rr = (rows - r0).min(max);
+            let (wt, out) = (&weights[r0 * ws..], &mut acc[r0 * w..(r0 + rr) * w]);
+            // SAFETY: AVX-512 VBMI/VNNI and AVX2 detected; the table's width is `bits`
+            // (1..=4: the codec's tables) and `book` its signed codebook; w is a positive
+            // multiple of 8 and at most MAX_W; every page's records, the bytes the f32 pass
+            // reads past them, and its scales are readable (`check`); `out` holds rr·w floats;
+            // `wt` holds (rr − 1)·ws + end floats (asserted above).
+            unsafe {
+                super::direct_vnni_values::accumulate(pages, bits, &table, &book, wt, ws, out, rr)
+            };
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if has_simd() && simd {
         // 16-bit records 16 lanes wide where the CPU has AVX-512, else the AVX2 loop; both
@@ -501,7 +529,7 @@ mod tests {
                         let p: Vec<f32> = (0..rows * ws).map(|_| rng.next()).collect();
                         let mut got: Vec<f32> = (0..rows * w).map(|_| rng.next()).collect();
                         let mut want = got.clone();
-                        accumulate(pages, &p, ws, &mut got, rows);
+                        accumulate(pages, &p, ws, &mut got, rows, CodeProducts::F32);
                         accumulate_ref(pages, &p, ws, &mut want, rows);
                         for (g, e) in got.iter().zip(&want) {
                             close(*g, *e, n, mag, &what);
@@ -610,6 +638,119 @@ mod tests {
         assert!(rel < 0.01, "integer scores: {rel:.2e} relative RMS error");
     }
 
+    /// Integer value sums of table codes stay within the bound of their two roundings: with
+    /// `Δw` a span's weight step (`max_j w_j / 255` over its keys, spans of 64 keys in page
+    /// order) and `Δt = max|t| / 127`, coordinate `i` moves from the f32 sum by at most
+    /// `Σ_j (w_j·Δt/2 + |t(c_ji)|·Δw/2 + Δw·Δt/4)` (`w_j` the weight times `mul · s_j`),
+    /// and over all coordinates by under 1% RMS. Rows 1–9, widths with a partial last chunk,
+    /// ragged pages, scales or none, weights spread over many orders of magnitude (as softmax
+    /// numerators are). Negative weights take the f32 pass: equal to the reference to f32
+    /// rounding.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn integer_value_sums_stay_within_their_rounding_bound() {
+        use super::super::direct_vnni_values::SPAN;
+        if !super::super::direct_vnni::available() {
+            eprintln!("skipped: no AVX-512 VBMI/VNNI on this CPU");
+            return;
+        }
+        let mut rng = Rng(0x5851_F42D_4C95_7F2D);
+        let (mut err2, mut ref2) = (0f64, 0f64);
+        for bits in 1..=4u8 {
+            let mut table = [0f32; 16];
+            for t in table.iter_mut().take(1 << bits) {
+                *t = rng.next() * 2.0;
+            }
+            let fmt = Fmt::Table { bits, table };
+            let dt = table.iter().fold(0f32, |m, t| m.max(t.abs())) / 127.0;
+            for w in [8, 24, 64, 72, 128, 200, 256] {
+                for (n, rows) in [(1, 1), (5, 3), (16, 2), (37, 4), (70, 9), (200, 3)] {
+                    let stride = fmt.record_len(w) + n % 3;
+                    let bytes = records(fmt, n, stride, w, &mut rng);
+                    let scale_step = [0, 2][n % 2];
+                    let mut scale_bytes = vec![0u8; n * scale_step];
+                    for s in scale_bytes.chunks_exact_mut(2) {
+                        let v = rng.next().abs() + 0.01;
+                        s.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+                    }
+                    let list =
+                        ragged_pages(&bytes, &scale_bytes, n, stride, scale_step, |i| 7 * i + 1);
+                    let pages = Pages {
+                        fmt,
+                        stride,
+                        scale_step,
+                        mul: 0.6,
+                        list: &list,
+                    };
+                    let ws = n + 1;
+                    // exp(−8…0): the spread of softmax numerators, and some exact zeros.
+                    let p: Vec<f32> = (0..rows * ws)
+                        .map(|i| {
+                            if i % 11 == 3 {
+                                0.0
+                            } else {
+                                (8.0 * (rng.next() - 1.0) / 2.0).exp()
+                            }
+                        })
+                        .collect();
+                    let init: Vec<f32> = (0..rows * w).map(|_| rng.next()).collect();
+                    let (mut got, mut want) = (init.clone(), init.clone());
+                    accumulate(pages, &p, ws, &mut got, rows, CodeProducts::Int8);
+                    accumulate_ref(pages, &p, ws, &mut want, rows);
+                    // The bound, span by span as the kernel rounds: SPAN keys in page order.
+                    let keys: Vec<(&Page<'_>, usize)> = pages
+                        .list
+                        .iter()
+                        .flat_map(|pg| (0..pg.n).map(move |j| (pg, j)))
+                        .collect();
+                    let mut bound = vec![0f32; rows * w];
+                    for r in 0..rows {
+                        let wt = |&(pg, j): &(&Page<'_>, usize)| {
+                            p[r * ws + pg.off + j] * pages.scale(pg, j)
+                        };
+                        for span in keys.chunks(SPAN) {
+                            let dw = span.iter().map(wt).fold(0f32, f32::max) / 255.0;
+                            for key in span {
+                                let rec = pages.record(key.0, key.1);
+                                for (i, b) in bound[r * w..][..w].iter_mut().enumerate() {
+                                    let t = fmt.value(rec, i).abs();
+                                    *b += wt(key) * dt / 2.0 + t * dw / 2.0 + dw * dt / 4.0;
+                                }
+                            }
+                        }
+                    }
+                    for (k, ((g, e), b)) in got.iter().zip(&want).zip(&bound).enumerate() {
+                        let b = b * 1.0001 + 1e-5 * (1.0 + e.abs());
+                        assert!(
+                            (g - e).abs() <= b,
+                            "bits {bits} w {w} n {n} rows {rows} coordinate {k}: {g} vs {e}, \
+                             bound {b}"
+                        );
+                    }
+                    for ((g, e), i) in got.iter().zip(&want).zip(&init) {
+                        err2 += f64::from(g - e).powi(2);
+                        ref2 += f64::from(e - i).powi(2);
+                    }
+                    // Negative weights send their runs through the f32 pass: row 0, all
+                    // negative, equals the reference to f32 rounding.
+                    let mut neg = p.clone();
+                    neg[..n].iter_mut().for_each(|x| *x = -*x);
+                    let (mut got, mut want) = (init.clone(), init.clone());
+                    accumulate(pages, &neg, ws, &mut got, rows, CodeProducts::Int8);
+                    accumulate_ref(pages, &neg, ws, &mut want, rows);
+                    for (g, e) in got[..w].iter().zip(&want) {
+                        close(*g, *e, n, 3.0, "negative weights");
+                    }
+                }
+            }
+        }
+        let rel = (err2 / ref2).sqrt();
+        assert!(
+            rel < 0.01,
+            "integer value sums: {rel:.2e} relative RMS error"
+        );
+    }
+
     /// The SIMD loader decodes all 256 E4M3 codes to `fp8::decode`'s values over the unit
     /// (NaN codes to NaN): a value sum with weight 1 into zeros is the decoded record itself.
     #[test]
@@ -633,7 +774,7 @@ mod tests {
             list: &list,
         };
         let mut acc = vec![0f32; 256];
-        accumulate(pages, &[1.0], 1, &mut acc, 1);
+        accumulate(pages, &[1.0], 1, &mut acc, 1, CodeProducts::F32);
         for (c, a) in acc.iter().enumerate() {
             let (a, want) = (a * Fmt::Fp8.unit(), turbokv_codec::fp8::decode(c as u8));
             assert!(

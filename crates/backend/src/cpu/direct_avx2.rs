@@ -15,7 +15,7 @@ use std::arch::x86_64::*;
 use super::direct::{Fmt, Page, Pages};
 
 /// Eight consecutive coordinates of a token record as f32 lanes (without the token scale).
-trait Load8: Copy {
+pub(super) trait Load8: Copy {
     /// Coordinates `8c..8c + 8` of the record at `rec`.
     ///
     /// # Safety
@@ -89,7 +89,7 @@ impl Load8 for Fp8 {
 
 /// `B`-bit codes through a 16-entry table held in two registers.
 #[derive(Clone, Copy)]
-struct Table<const B: usize> {
+pub(super) struct Table<const B: usize> {
     lo: __m256,
     hi: __m256,
 }
@@ -97,7 +97,7 @@ struct Table<const B: usize> {
 impl<const B: usize> Table<B> {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    fn new(table: &[f32; 16]) -> Self {
+    pub(super) fn new(table: &[f32; 16]) -> Self {
         // `vpermps` reads the low three bits of each index lane and ignores the rest, so
         // [`Load8::load8`] leaves the next codes' bits above a code in place instead of
         // masking them off. For B < 3 that needs the 2^B entries repeated over all eight
@@ -331,7 +331,7 @@ unsafe fn accumulate_pass<L: Load8, const R: usize, const C: usize>(
 #[allow(clippy::too_many_arguments)]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn accumulate_t<L: Load8, const R: usize>(
+pub(super) unsafe fn accumulate_t<L: Load8, const R: usize>(
     ld: L,
     rec: *const u8,
     stride: usize,

@@ -4,9 +4,10 @@
 //! 64 coordinates of a token where the AVX2 loop makes four passes of 16, each converting its
 //! coordinates and broadcasting every row's weight again.
 //!
-//! Table codes stay on the AVX2 loop: expanded as the integer score pass expands them and
-//! looked up 16 at a time with `vpermps`, they measured slower on Zen 4, whose 512-bit
-//! shuffles and FMAs take two 256-bit slots each (BENCHMARKS.md, session 26).
+//! Table codes are not taken here: expanded as the integer score pass expands them and looked
+//! up 16 at a time with `vpermps`, they measured slower than the AVX2 loop on Zen 4, whose
+//! 512-bit shuffles and FMAs take two 256-bit slots each (BENCHMARKS.md, session 26); with
+//! VNNI they take the integer pass (`direct_vnni_values`).
 
 use std::arch::x86_64::*;
 

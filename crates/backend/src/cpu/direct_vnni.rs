@@ -7,7 +7,8 @@
 //! `vpmultishiftqb` to bring code `i` to the low bits of byte `i`, `vpermb` through the
 //! codebook (repeated to 64 entries, so the next codes' bits above a code do not matter), and
 //! one `vpdpbusd` per query row. `128 · Σ q` undoes the offset; the sums become f32 scores
-//! with the rows' steps and the keys' scales. The value pass stays in f32 (`direct_avx2`).
+//! with the rows' steps and the keys' scales. The value pass has its own module
+//! (`direct_vnni_values`).
 //!
 //! The rounding is the only difference from the f32 kernels: a score moves by at most
 //! `(Δq/2)·Σ|t(c_i)| + (Δt/2)·Σ|q̂_i|` times the key's scale (`Δq`, `Δt` the two steps; see
@@ -43,7 +44,7 @@ pub(super) fn available() -> bool {
 /// `vpdpbusd`), repeated to 64 entries.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Codebook {
-    bytes: [u8; 64],
+    pub(super) bytes: [u8; 64],
     /// The value of one unit of a byte.
     pub(super) step: f32,
 }
@@ -64,6 +65,17 @@ impl Codebook {
             *b = (nearest(entries[i % entries.len()] / step) + 128) as u8;
         }
         Some(Codebook { bytes, step })
+    }
+
+    /// The codebook of the first `2^bits` entries of `table` as signed bytes,
+    /// `round(t_i / step)` with no offset (the signed operand of `vpdpbusd`, for the value
+    /// pass, whose weights are the unsigned one), or `None` as [`Codebook::new`].
+    pub(super) fn signed(bits: u8, table: &[f32; 16]) -> Option<Self> {
+        let mut book = Self::new(bits, table)?;
+        for b in book.bytes.iter_mut() {
+            *b = b.wrapping_sub(128);
+        }
+        Some(book)
     }
 }
 

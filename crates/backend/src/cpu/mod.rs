@@ -14,6 +14,8 @@ mod direct_avx2;
 mod direct_avx512;
 #[cfg(target_arch = "x86_64")]
 mod direct_vnni;
+#[cfg(target_arch = "x86_64")]
+mod direct_vnni_values;
 mod kv;
 mod moe;
 pub(crate) mod ops;
@@ -98,12 +100,13 @@ pub enum WeightMode {
     DequantizedF32,
 }
 
-/// How decode attention scores keys stored as TurboQuant codes.
+/// How decode attention reads keys and values stored as TurboQuant codes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CodeProducts {
-    /// Through int8 products where the CPU has AVX-512 VBMI and VNNI: the query rows and the
-    /// codebook rounded to 8 bits (about 0.5% of a score, far below the codes' own error);
-    /// f32 elsewhere. Value sums stay f32.
+    /// Through int8 products where the CPU has AVX-512 VBMI and VNNI: for scores the query
+    /// rows and the codebook rounded to 8 bits (about 0.5% of a score, far below the codes'
+    /// own error), for value sums the softmax weights rounded to 8 bits per span of 64 keys
+    /// and the codebook to 8 bits (about 0.4% of a sum); f32 elsewhere.
     #[default]
     Int8,
     /// In f32 on the decoded codes: attention exactly over the vectors the codes decode to
