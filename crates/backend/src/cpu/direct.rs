@@ -555,7 +555,7 @@ mod tests {
     /// `Δq = max|q_r| / 127` and `Δt = max|t| / 127`, a score moves from the exact one by at
     /// most `mul·|s_j|·((Δq/2)·Σ|t(c_i)| + (Δt/2)·Σ(|q_ri| + Δq/2))` (plus f32 rounding), and
     /// over all keys by under 1% RMS. Widths that are not a multiple of 64 (a partial last
-    /// chunk), 1–9 rows, ragged pages, scales or none; value sums stay f32 (exact).
+    /// chunk), 1–9 rows, ragged pages, scales or none.
     #[test]
     fn integer_scores_stay_within_their_rounding_bound() {
         #[cfg(target_arch = "x86_64")]

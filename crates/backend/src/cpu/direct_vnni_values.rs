@@ -3,9 +3,10 @@
 //!
 //! A score sums over the coordinates of one key, so its `vpdpbusd` takes four coordinates of
 //! a key per lane. A value sum runs over keys, so here a lane takes one coordinate of four
-//! keys: four registers whose lane `4L + i` holds coordinate `16L + 4m + i` of the four keys
-//! (register `m`) as codebook bytes, built from the four records by three shuffles each
-//! ([`Gather4`]), and each row's four weights, one byte each, broadcast as the other operand.
+//! keys: four registers whose lane `ℓ` holds coordinate `16m + ℓ` of the four keys (register
+//! `m`) as codebook bytes, built from the four records by three shuffles each ([`Gather4`]),
+//! and each row's four weights, one byte each, broadcast as the other operand. The integer
+//! sums of a span are converted and added to the accumulator rows in place.
 //! Per four keys and 64 coordinates: four masked loads, twelve shuffles and four `vpdpbusd`
 //! per row, where the f32 pass decodes 256 coordinates and issues 48 FMAs per row.
 //!
@@ -19,7 +20,7 @@ use std::arch::x86_64::*;
 
 use super::direct::Pages;
 use super::direct_avx2::{PREFETCH_PAGES, Table, accumulate_t, page_scales, prefetch};
-use super::direct_vnni::{Codebook, MAX_ROWS, MAX_W};
+use super::direct_vnni::{Codebook, MAX_ROWS};
 
 /// Keys gathered for one rounding of their weights: up to [`SPAN`] keys from one page or
 /// several (a cache block holds fewer), so that the rounding, the conversion of the integer
@@ -89,9 +90,64 @@ impl SpanWeights {
     }
 }
 
+/// The [`Gather4`] shuffle controls for `B`-bit codes, computed at compile time.
+struct GatherTables<const B: usize>;
+
+impl<const B: usize> GatherTables<B> {
+    /// Per register `m`: the `vpermt2b` index of each byte of each qword `Q` (coordinates
+    /// `16m + 2Q` and the next): its bytes `2k`, `2k + 1` are key `k`'s record bytes holding
+    /// them (keys 0, 1 in the first table register at bytes 0 and 32, keys 2, 3 in the second).
+    const IDX: [[u8; 64]; 4] = {
+        let mut idx = [[0u8; 64]; 4];
+        let mut m = 0;
+        while m < 4 {
+            let mut q = 0;
+            while q < 8 {
+                let byte = B * (16 * m + 2 * q) / 8;
+                let mut k = 0;
+                while k < 4 {
+                    let base = 64 * (k / 2) + 32 * (k % 2) + byte;
+                    idx[m][8 * q + 2 * k] = (base & 127) as u8;
+                    idx[m][8 * q + 2 * k + 1] = ((base + 1) & 127) as u8;
+                    k += 1;
+                }
+                q += 1;
+            }
+            m += 1;
+        }
+        idx
+    };
+
+    /// Per register `m`: the `vpmultishiftqb` bit offset of output byte `4e + k` of qword
+    /// `Q`, key `k`'s code of coordinate `16m + 2Q + e` within the gathered qword.
+    const SHIFTS: [[u8; 64]; 4] = {
+        let mut shifts = [[0u8; 64]; 4];
+        let mut m = 0;
+        while m < 4 {
+            let mut q = 0;
+            while q < 8 {
+                let first = 16 * m + 2 * q;
+                let byte = B * first / 8;
+                let mut e = 0;
+                while e < 2 {
+                    let mut k = 0;
+                    while k < 4 {
+                        shifts[m][8 * q + 4 * e + k] = (16 * k + B * (first + e) - 8 * byte) as u8;
+                        k += 1;
+                    }
+                    e += 1;
+                }
+                q += 1;
+            }
+            m += 1;
+        }
+        shifts
+    };
+}
+
 /// Constants that expand four keys' `B`-bit codes of a chunk of 64 coordinates straight into
-/// the interleaved layout: register `m` (0..4) holds, in byte `4ℓ + k` of its dword lane
-/// `ℓ = 4L + i`, the codebook byte of key `k`'s coordinate `16L + 4m + i`.
+/// the interleaved layout: register `m` (0..4) holds, in byte `k` of its dword lane `ℓ`, the
+/// codebook byte of key `k`'s coordinate `16m + ℓ` (so the sums come out in coordinate order).
 ///
 /// Keys 0 and 1 are loaded into one register (bytes 0.. and 32..), keys 2 and 3 into
 /// another. A qword of the output covers two coordinates of the four keys, whose codes lie
@@ -119,29 +175,13 @@ impl Gather4 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
     fn new<const B: usize>(book: &Codebook, w: usize) -> Self {
-        let (mut idx, mut shifts) = ([[0u8; 64]; 4], [[0u8; 64]; 4]);
-        for (m, (idx_m, shifts_m)) in idx.iter_mut().zip(shifts.iter_mut()).enumerate() {
-            for (p, shift) in shifts_m.iter_mut().enumerate() {
-                let (lane, b) = (p / 16, p % 16);
-                let (i, k) = (b / 4, b % 4);
-                let (h, e) = (i / 2, i % 2);
-                let first = 16 * lane + 4 * m + 2 * h; // even coordinate of the qword
-                let byte = B * first / 8;
-                // The qword's bytes 2k, 2k + 1 are key k's record bytes `byte`, `byte + 1`.
-                let q = p / 8 * 8;
-                for t in 0..2 {
-                    idx_m[q + 2 * k + t] = ((64 * (k / 2) + 32 * (k % 2) + byte + t) & 127) as u8;
-                }
-                *shift = (16 * k + B * (first + e) - 8 * byte) as u8;
-            }
-        }
         let mask = |codes: usize| -> __mmask64 { (1u64 << (codes * B).div_ceil(8)) - 1 };
         let tail = w % 64;
         // SAFETY: every array holds 64 bytes.
         let load = |a: &[u8; 64]| unsafe { _mm512_loadu_si512(a.as_ptr().cast()) };
         Gather4 {
-            idx: std::array::from_fn(|m| load(&idx[m])),
-            shifts: std::array::from_fn(|m| load(&shifts[m])),
+            idx: std::array::from_fn(|m| load(&GatherTables::<B>::IDX[m])),
+            shifts: std::array::from_fn(|m| load(&GatherTables::<B>::SHIFTS[m])),
             book: load(&book.bytes),
             full: mask(64),
             last: mask(if tail == 0 { 64 } else { tail }),
@@ -190,13 +230,12 @@ impl Gather4 {
     }
 }
 
-/// `sums[r][64c + 16m + 4L + i] += Σ_j ŵ_rj · t̂(c_j, 64c + 16L + 4m + i)` over the span's
-/// keys: the integer sums of chunk `c` (in the [`Gather4`] order), converted with the rows'
-/// steps.
+/// `acc[r·w + 64c + d] += Σ_j ŵ_rj · t̂(c_j, 64c + d) · step_r` for the chunk's coordinates
+/// `d < 64` (those below `w`) over the span's keys.
 ///
 /// # Safety
-/// As [`accumulate_b`]; the span's records are readable; `c < g.chunks`; `sums` holds `R`
-/// rows of [`MAX_W`] floats.
+/// As [`accumulate_b`]; the span's records are readable; `c < g.chunks`; `acc` holds `R·w`
+/// floats.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
 unsafe fn span_chunk<const B: usize, const R: usize>(
@@ -204,16 +243,17 @@ unsafe fn span_chunk<const B: usize, const R: usize>(
     span: &Span<R>,
     wt: &SpanWeights,
     c: usize,
-    sums: &mut [f32; MAX_ROWS * MAX_W],
+    acc: *mut f32,
+    w: usize,
 ) {
     let n = span.n;
-    let mut acc = [[_mm512_setzero_si512(); 4]; R];
+    let mut ints = [[_mm512_setzero_si512(); 4]; R];
     for j in (0..n).step_by(4) {
         // A partial last group repeats its last key, whose weight bytes are zero.
         let rec = std::array::from_fn(|k| span.rec[(j + k).min(n - 1)]);
         // SAFETY: every key index is below n, whose records are readable (caller).
         let z = unsafe { g.centroids::<B>(rec, c) };
-        for (r, ar) in acc.iter_mut().enumerate() {
+        for (r, ar) in ints.iter_mut().enumerate() {
             // SAFETY: bytes j..j + 4 of row r lie inside the row (j + 4 <= SPAN, a multiple
             // of 4).
             let wv = unsafe { wt.bytes[r].as_ptr().add(j).cast::<i32>().read_unaligned() };
@@ -223,15 +263,25 @@ unsafe fn span_chunk<const B: usize, const R: usize>(
             }
         }
     }
-    for (r, ar) in acc.iter().enumerate() {
+    for (r, ar) in ints.iter().enumerate() {
         let step = _mm512_set1_ps(wt.step[r]);
         for (m, am) in ar.iter().enumerate() {
-            let at = &mut sums[r * MAX_W + 64 * c + 16 * m..][..16];
-            // SAFETY: `at` holds 16 floats.
+            let d = 64 * c + 16 * m;
+            if d >= w {
+                break;
+            }
+            // Lanes past the record's width are neither read nor written (w is a multiple
+            // of 8).
+            let mask: __mmask16 = if w - d >= 16 { !0 } else { 0xFF };
+            // SAFETY: coordinates d.. of row r below w lie inside `acc` (caller).
             unsafe {
-                let s =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(*am), step, _mm512_loadu_ps(at.as_ptr()));
-                _mm512_storeu_ps(at.as_mut_ptr(), s);
+                let at = acc.add(r * w + d);
+                let s = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(*am),
+                    step,
+                    _mm512_maskz_loadu_ps(mask, at),
+                );
+                _mm512_mask_storeu_ps(at, mask, s);
             }
         }
     }
@@ -242,9 +292,9 @@ unsafe fn span_chunk<const B: usize, const R: usize>(
 ///
 /// # Safety
 /// [`super::direct_vnni::available`]; `B` is the pages' table width and `w` (a positive
-/// multiple of 8, at most [`MAX_W`]) their record width; every page's `n` records (`w·B/8`
-/// bytes each, and the 4 bytes the f32 pass reads past a chunk) and its `n` scales (if any) are
-/// readable; for every page `weights` holds `(R − 1)·ws + off + n` floats; `acc` holds `R·w`.
+/// multiple of 8, at most [`super::direct_vnni::MAX_W`]) their record width; every page's
+/// `n` records (`w·B/8` bytes each, and the 4 bytes the f32 pass reads past a chunk) and its
+/// `n` scales (if any) are readable; for every page `weights` holds `(R − 1)·ws + off + n` floats; `acc` holds `R·w`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
 unsafe fn accumulate_b<const B: usize, const R: usize>(
     pages: Pages<'_>,
@@ -257,8 +307,6 @@ unsafe fn accumulate_b<const B: usize, const R: usize>(
 ) {
     let g = Gather4::new::<B>(book, w);
     let f32_pass = Table::<B>::new(table);
-    // The float sums in the `Gather4` order, 64 per chunk and row.
-    let mut sums = [0f32; MAX_ROWS * MAX_W];
     let mut span = Span::<R> {
         rec: [std::ptr::null(); SPAN],
         scaled: [[0.0; SPAN]; R],
@@ -270,7 +318,7 @@ unsafe fn accumulate_b<const B: usize, const R: usize>(
             Some(wt) => {
                 for c in 0..g.chunks {
                     // SAFETY: the span's records are readable (caller); c < chunks.
-                    unsafe { span_chunk::<B, R>(&g, span, &wt, c, &mut sums) };
+                    unsafe { span_chunk::<B, R>(&g, span, &wt, c, acc.as_mut_ptr(), w) };
                 }
             }
             None => {
@@ -316,14 +364,8 @@ unsafe fn accumulate_b<const B: usize, const R: usize>(
     if span.n > 0 {
         flush(&mut span);
     }
-    // Back to coordinate order: sum 16m + 4L + i of a chunk is coordinate 16L + 4m + i.
-    for r in 0..R {
-        for d in 0..w {
-            let (c, l, m, i) = (d / 64, d % 64 / 16, d % 16 / 4, d % 4);
-            acc[r * w + d] += sums[r * MAX_W + 64 * c + 16 * m + 4 * l + i];
-        }
-    }
 }
+
 /// [`accumulate_b`] for a table of `bits` (1..=4) bits and `rows` (1..=[`MAX_ROWS`]) rows.
 ///
 /// # Safety
