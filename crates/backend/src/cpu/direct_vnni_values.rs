@@ -5,8 +5,9 @@
 //! a key per lane. A value sum runs over keys, so here a lane takes one coordinate of four
 //! keys: four registers whose lane `ℓ` holds coordinate `16m + ℓ` of the four keys (register
 //! `m`) as codebook bytes, built from the four records by three shuffles each ([`Gather4`]),
-//! and each row's four weights, one byte each, broadcast as the other operand. The integer
-//! sums of a span are converted and added to the accumulator rows in place.
+//! and each row's four weights, one byte each, broadcast as the other operand (four keys that
+//! are consecutive records of 64 codes, as in a block of the cache, take two loads instead of
+//! four). The integer sums of a span are converted and added to the accumulator rows in place.
 //! Per four keys and 64 coordinates: four masked loads, twelve shuffles and four `vpdpbusd`
 //! per row, where the f32 pass decodes 256 coordinates and issues 48 FMAs per row.
 //!
@@ -107,6 +108,29 @@ impl<const B: usize> GatherTables<B> {
                 let mut k = 0;
                 while k < 4 {
                     let base = 64 * (k / 2) + 32 * (k % 2) + byte;
+                    idx[m][8 * q + 2 * k] = (base & 127) as u8;
+                    idx[m][8 * q + 2 * k + 1] = ((base + 1) & 127) as u8;
+                    k += 1;
+                }
+                q += 1;
+            }
+            m += 1;
+        }
+        idx
+    };
+
+    /// [`Self::IDX`] for four consecutive records of 64 codes (`8B` bytes each) loaded as one
+    /// run of `32B` bytes across the two table registers: key `k`'s bytes start at `8B·k`.
+    const IDX_RUN: [[u8; 64]; 4] = {
+        let mut idx = [[0u8; 64]; 4];
+        let mut m = 0;
+        while m < 4 {
+            let mut q = 0;
+            while q < 8 {
+                let byte = B * (16 * m + 2 * q) / 8;
+                let mut k = 0;
+                while k < 4 {
+                    let base = 8 * B * k + byte;
                     idx[m][8 * q + 2 * k] = (base & 127) as u8;
                     idx[m][8 * q + 2 * k + 1] = ((base + 1) & 127) as u8;
                     k += 1;
@@ -230,6 +254,41 @@ impl Gather4 {
     }
 }
 
+impl Gather4 {
+    /// [`Gather4::centroids`] of four records of 64 codes that lie one after another from
+    /// `rec`: two loads of their `32B` bytes instead of four.
+    ///
+    /// # Safety
+    /// The `32B` bytes from `rec` are readable.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    unsafe fn centroids_run<const B: usize>(&self, rec: *const u8) -> [__m512i; 4] {
+        let mask = |bytes: usize| -> __mmask64 {
+            match bytes {
+                0 => 0,
+                64.. => !0,
+                b => (1 << b) - 1,
+            }
+        };
+        let (first, second) = (mask(32 * B), mask((32 * B).saturating_sub(64)));
+        // SAFETY: the masked loads read bytes 0..32B from rec (caller); masked-off bytes are
+        // neither read nor faulted on.
+        let (a, b) = unsafe {
+            (
+                _mm512_maskz_loadu_epi8(first, rec.cast()),
+                _mm512_maskz_loadu_epi8(second, rec.wrapping_add(64).cast()),
+            )
+        };
+        std::array::from_fn(|m| {
+            // SAFETY: the table holds 64 bytes.
+            let idx = unsafe { _mm512_loadu_si512(GatherTables::<B>::IDX_RUN[m].as_ptr().cast()) };
+            let codes =
+                _mm512_multishift_epi64_epi8(self.shifts[m], _mm512_permutex2var_epi8(a, idx, b));
+            _mm512_permutexvar_epi8(codes, self.book)
+        })
+    }
+}
+
 /// `acc[r·w + 64c + d] += Σ_j ŵ_rj · t̂(c_j, 64c + d) · step_r` for the chunk's coordinates
 /// `d < 64` (those below `w`) over the span's keys.
 ///
@@ -250,9 +309,17 @@ unsafe fn span_chunk<const B: usize, const R: usize>(
     let mut ints = [[_mm512_setzero_si512(); 4]; R];
     for j in (0..n).step_by(4) {
         // A partial last group repeats its last key, whose weight bytes are zero.
-        let rec = std::array::from_fn(|k| span.rec[(j + k).min(n - 1)]);
-        // SAFETY: every key index is below n, whose records are readable (caller).
-        let z = unsafe { g.centroids::<B>(rec, c) };
+        let rec: [*const u8; 4] = std::array::from_fn(|k| span.rec[(j + k).min(n - 1)]);
+        let run = w == 64 && (1..4).all(|k| rec[k] as usize == rec[0] as usize + 8 * B * k);
+        // SAFETY: every key index is below n, whose records are readable (caller); a run's
+        // four records are its 32B bytes.
+        let z = unsafe {
+            if run {
+                g.centroids_run::<B>(rec[0])
+            } else {
+                g.centroids::<B>(rec, c)
+            }
+        };
         for (r, ar) in ints.iter_mut().enumerate() {
             // SAFETY: bytes j..j + 4 of row r lie inside the row (j + 4 <= SPAN, a multiple
             // of 4).
@@ -294,7 +361,8 @@ unsafe fn span_chunk<const B: usize, const R: usize>(
 /// [`super::direct_vnni::available`]; `B` is the pages' table width and `w` (a positive
 /// multiple of 8, at most [`super::direct_vnni::MAX_W`]) their record width; every page's
 /// `n` records (`w·B/8` bytes each, and the 4 bytes the f32 pass reads past a chunk) and its
-/// `n` scales (if any) are readable; for every page `weights` holds `(R − 1)·ws + off + n` floats; `acc` holds `R·w`.
+/// `n` scales (if any) are readable; for every page `weights` holds `(R − 1)·ws + off + n`
+/// floats; `acc` holds `R·w`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
 unsafe fn accumulate_b<const B: usize, const R: usize>(
     pages: Pages<'_>,
