@@ -551,6 +551,63 @@ mod tests {
         }
     }
 
+    /// A random table-code case of the integer tests: its pages, the code width, the table's
+    /// largest magnitude, the record width, the key count and the row count.
+    struct TableCase<'a> {
+        pages: Pages<'a>,
+        bits: u8,
+        tmax: f32,
+        w: usize,
+        n: usize,
+        rows: usize,
+    }
+
+    /// Runs `check` on random 1–4-bit table codes: widths with a partial last 64-code chunk,
+    /// 1–9 rows, packed records (stride = record) for some counts and padded ones for the
+    /// others, f16 scales or none, ragged pages (1, 8, 15, … keys) at their offsets.
+    fn for_each_table_case(rng: &mut Rng, mut check: impl FnMut(&mut Rng, TableCase<'_>)) {
+        for bits in 1..=4u8 {
+            let mut table = [0f32; 16];
+            for t in table.iter_mut().take(1 << bits) {
+                *t = rng.next() * 2.0;
+            }
+            let fmt = Fmt::Table { bits, table };
+            let tmax = table.iter().fold(0f32, |m, t| m.max(t.abs()));
+            for w in [8, 24, 64, 72, 128, 200, 256] {
+                for (n, rows) in [(1, 1), (5, 3), (16, 2), (37, 4), (70, 9), (200, 3)] {
+                    let stride = fmt.record_len(w) + (n + w) % 3;
+                    let bytes = records(fmt, n, stride, w, rng);
+                    let scale_step = [0, 2][n % 2];
+                    let mut scale_bytes = vec![0u8; n * scale_step];
+                    for s in scale_bytes.chunks_exact_mut(2) {
+                        let v = rng.next().abs() + 0.01;
+                        s.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+                    }
+                    let list =
+                        ragged_pages(&bytes, &scale_bytes, n, stride, scale_step, |i| 7 * i + 1);
+                    let pages = Pages {
+                        fmt,
+                        stride,
+                        scale_step,
+                        mul: 0.6,
+                        list: &list,
+                    };
+                    check(
+                        rng,
+                        TableCase {
+                            pages,
+                            bits,
+                            tmax,
+                            w,
+                            n,
+                            rows,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
     /// Integer scores of table codes stay within the bound of their two roundings: with
     /// `Δq = max|q_r| / 127` and `Δt = max|t| / 127`, a score moves from the exact one by at
     /// most `mul·|s_j|·((Δq/2)·Σ|t(c_i)| + (Δt/2)·Σ(|q_ri| + Δq/2))` (plus f32 rounding),
@@ -567,73 +624,47 @@ mod tests {
         return;
         let mut rng = Rng(0x2545_F491_4F6C_DD1D);
         let (mut err2, mut ref2) = (0f64, 0f64);
-        for bits in 1..=4u8 {
-            let mut table = [0f32; 16];
-            for t in table.iter_mut().take(1 << bits) {
-                *t = rng.next() * 2.0;
+        for_each_table_case(&mut rng, |rng, c| {
+            let (pages, fmt, bits, w, n, rows) = (c.pages, c.pages.fmt, c.bits, c.w, c.n, c.rows);
+            // Rows of different sizes, one of them zero.
+            let mut q: Vec<f32> = (0..rows * w)
+                .map(|i| rng.next() * (1 + i / w) as f32)
+                .collect();
+            if rows > 2 {
+                q[w..2 * w].fill(0.0);
             }
-            let fmt = Fmt::Table { bits, table };
-            let tmax = table.iter().fold(0f32, |m, t| m.max(t.abs()));
-            for w in [8, 24, 64, 72, 128, 200, 256] {
-                for (n, rows) in [(1, 1), (5, 3), (16, 2), (37, 4), (70, 9), (200, 3)] {
-                    let stride = fmt.record_len(w) + n % 3;
-                    let bytes = records(fmt, n, stride, w, &mut rng);
-                    let scale_step = [0, 2][n % 2];
-                    let mut scale_bytes = vec![0u8; n * scale_step];
-                    for s in scale_bytes.chunks_exact_mut(2) {
-                        let v = rng.next().abs() + 0.01;
-                        s.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
-                    }
-                    let list =
-                        ragged_pages(&bytes, &scale_bytes, n, stride, scale_step, |i| 7 * i + 1);
-                    let pages = Pages {
-                        fmt,
-                        stride,
-                        scale_step,
-                        mul: 0.6,
-                        list: &list,
-                    };
-                    // Rows of different sizes, one of them zero.
-                    let mut q: Vec<f32> = (0..rows * w)
-                        .map(|i| rng.next() * (1 + i / w) as f32)
-                        .collect();
-                    if rows > 2 {
-                        q[w..2 * w].fill(0.0);
-                    }
-                    let os = n + 2;
-                    let mut got = vec![f32::NAN; rows * os];
-                    let mut want = got.clone();
-                    scores(pages, &q, rows, &mut got, os, CodeProducts::Int8);
-                    scores_ref(pages, &q, rows, &mut want, os);
-                    for r in 0..rows {
-                        let qr = &q[r * w..(r + 1) * w];
-                        let dq = qr.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
-                        let dt = tmax / 127.0;
-                        let qabs: f32 = qr.iter().map(|x| x.abs() + dq / 2.0).sum();
-                        for pg in pages.list {
-                            for j in 0..pg.n {
-                                let k = pg.off + j;
-                                let tabs: f32 = (0..w)
-                                    .map(|i| fmt.value(pages.record(pg, j), i).abs())
-                                    .sum();
-                                let s = pages.scale(pg, j).abs();
-                                let (g, e) = (got[r * os + k], want[r * os + k]);
-                                let bound = s * (dq / 2.0 * tabs + dt / 2.0 * qabs)
-                                    + 1e-5 * s * w as f32 * dq * 127.0 * tmax;
-                                assert!(
-                                    (g - e).abs() <= bound,
-                                    "bits {bits} w {w} n {n} row {r} key {k}: {g} vs {e}, \
+            let os = n + 2;
+            let mut got = vec![f32::NAN; rows * os];
+            let mut want = got.clone();
+            scores(pages, &q, rows, &mut got, os, CodeProducts::Int8);
+            scores_ref(pages, &q, rows, &mut want, os);
+            for r in 0..rows {
+                let qr = &q[r * w..(r + 1) * w];
+                let dq = qr.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
+                let dt = c.tmax / 127.0;
+                let qabs: f32 = qr.iter().map(|x| x.abs() + dq / 2.0).sum();
+                for pg in pages.list {
+                    for j in 0..pg.n {
+                        let k = pg.off + j;
+                        let tabs: f32 = (0..w)
+                            .map(|i| fmt.value(pages.record(pg, j), i).abs())
+                            .sum();
+                        let s = pages.scale(pg, j).abs();
+                        let (g, e) = (got[r * os + k], want[r * os + k]);
+                        let bound = s * (dq / 2.0 * tabs + dt / 2.0 * qabs)
+                            + 1e-5 * s * w as f32 * dq * 127.0 * c.tmax;
+                        assert!(
+                            (g - e).abs() <= bound,
+                            "bits {bits} w {w} n {n} row {r} key {k}: {g} vs {e}, \
                                      bound {bound}"
-                                );
-                                err2 += f64::from(g - e).powi(2);
-                                ref2 += f64::from(e).powi(2);
-                            }
-                        }
-                        assert!(got[r * os + n..(r + 1) * os].iter().all(|x| x.is_nan()));
+                        );
+                        err2 += f64::from(g - e).powi(2);
+                        ref2 += f64::from(e).powi(2);
                     }
                 }
+                assert!(got[r * os + n..(r + 1) * os].iter().all(|x| x.is_nan()));
             }
-        }
+        });
         let rel = (err2 / ref2).sqrt();
         assert!(rel < 0.01, "integer scores: {rel:.2e} relative RMS error");
     }
@@ -656,96 +687,68 @@ mod tests {
         }
         let mut rng = Rng(0x5851_F42D_4C95_7F2D);
         let (mut err2, mut ref2) = (0f64, 0f64);
-        for bits in 1..=4u8 {
-            let mut table = [0f32; 16];
-            for t in table.iter_mut().take(1 << bits) {
-                *t = rng.next() * 2.0;
-            }
-            let fmt = Fmt::Table { bits, table };
-            let dt = table.iter().fold(0f32, |m, t| m.max(t.abs())) / 127.0;
-            for w in [8, 24, 64, 72, 128, 200, 256] {
-                for (n, rows) in [(1, 1), (5, 3), (16, 2), (37, 4), (70, 9), (200, 3)] {
-                    // Packed records (stride = record, so groups of four within a page are one run
-                    // of bytes) for some counts, padded ones for the others.
-                    let stride = fmt.record_len(w) + (n + w) % 3;
-                    let bytes = records(fmt, n, stride, w, &mut rng);
-                    let scale_step = [0, 2][n % 2];
-                    let mut scale_bytes = vec![0u8; n * scale_step];
-                    for s in scale_bytes.chunks_exact_mut(2) {
-                        let v = rng.next().abs() + 0.01;
-                        s.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+        for_each_table_case(&mut rng, |rng, c| {
+            let (pages, fmt, bits, w, n, rows) = (c.pages, c.pages.fmt, c.bits, c.w, c.n, c.rows);
+            let dt = c.tmax / 127.0;
+            let ws = n + 1;
+            // exp(−8…0): the spread of softmax numerators, and some exact zeros.
+            let p: Vec<f32> = (0..rows * ws)
+                .map(|i| {
+                    if i % 11 == 3 {
+                        0.0
+                    } else {
+                        (8.0 * (rng.next() - 1.0) / 2.0).exp()
                     }
-                    let list =
-                        ragged_pages(&bytes, &scale_bytes, n, stride, scale_step, |i| 7 * i + 1);
-                    let pages = Pages {
-                        fmt,
-                        stride,
-                        scale_step,
-                        mul: 0.6,
-                        list: &list,
-                    };
-                    let ws = n + 1;
-                    // exp(−8…0): the spread of softmax numerators, and some exact zeros.
-                    let p: Vec<f32> = (0..rows * ws)
-                        .map(|i| {
-                            if i % 11 == 3 {
-                                0.0
-                            } else {
-                                (8.0 * (rng.next() - 1.0) / 2.0).exp()
-                            }
-                        })
-                        .collect();
-                    let init: Vec<f32> = (0..rows * w).map(|_| rng.next()).collect();
-                    let (mut got, mut want) = (init.clone(), init.clone());
-                    accumulate(pages, &p, ws, &mut got, rows, CodeProducts::Int8);
-                    accumulate_ref(pages, &p, ws, &mut want, rows);
-                    // The bound, span by span as the kernel rounds: SPAN keys in page order.
-                    let keys: Vec<(&Page<'_>, usize)> = pages
-                        .list
-                        .iter()
-                        .flat_map(|pg| (0..pg.n).map(move |j| (pg, j)))
-                        .collect();
-                    let mut bound = vec![0f32; rows * w];
-                    for r in 0..rows {
-                        let wt = |&(pg, j): &(&Page<'_>, usize)| {
-                            p[r * ws + pg.off + j] * pages.scale(pg, j)
-                        };
-                        for span in keys.chunks(SPAN) {
-                            let dw = span.iter().map(wt).fold(0f32, f32::max) / 255.0;
-                            for key in span {
-                                let rec = pages.record(key.0, key.1);
-                                for (i, b) in bound[r * w..][..w].iter_mut().enumerate() {
-                                    let t = fmt.value(rec, i).abs();
-                                    *b += wt(key) * dt / 2.0 + t * dw / 2.0 + dw * dt / 4.0;
-                                }
-                            }
+                })
+                .collect();
+            let init: Vec<f32> = (0..rows * w).map(|_| rng.next()).collect();
+            let (mut got, mut want) = (init.clone(), init.clone());
+            accumulate(pages, &p, ws, &mut got, rows, CodeProducts::Int8);
+            accumulate_ref(pages, &p, ws, &mut want, rows);
+            // The bound, span by span as the kernel rounds: SPAN keys in page order.
+            let keys: Vec<(&Page<'_>, usize)> = pages
+                .list
+                .iter()
+                .flat_map(|pg| (0..pg.n).map(move |j| (pg, j)))
+                .collect();
+            let mut bound = vec![0f32; rows * w];
+            for r in 0..rows {
+                let wt =
+                    |&(pg, j): &(&Page<'_>, usize)| p[r * ws + pg.off + j] * pages.scale(pg, j);
+                for span in keys.chunks(SPAN) {
+                    let dw = span.iter().map(wt).fold(0f32, f32::max) / 255.0;
+                    for key in span {
+                        let rec = pages.record(key.0, key.1);
+                        for (i, b) in bound[r * w..][..w].iter_mut().enumerate() {
+                            let t = fmt.value(rec, i).abs();
+                            *b += wt(key) * dt / 2.0 + t * dw / 2.0 + dw * dt / 4.0;
                         }
-                    }
-                    for (k, ((g, e), b)) in got.iter().zip(&want).zip(&bound).enumerate() {
-                        let b = b * 1.0001 + 1e-5 * (1.0 + e.abs());
-                        assert!(
-                            (g - e).abs() <= b,
-                            "bits {bits} w {w} n {n} rows {rows} coordinate {k}: {g} vs {e}, \
-                             bound {b}"
-                        );
-                    }
-                    for ((g, e), i) in got.iter().zip(&want).zip(&init) {
-                        err2 += f64::from(g - e).powi(2);
-                        ref2 += f64::from(e - i).powi(2);
-                    }
-                    // Negative weights send their runs through the f32 pass: row 0, all
-                    // negative, equals the reference to f32 rounding.
-                    let mut neg = p.clone();
-                    neg[..n].iter_mut().for_each(|x| *x = -*x);
-                    let (mut got, mut want) = (init.clone(), init.clone());
-                    accumulate(pages, &neg, ws, &mut got, rows, CodeProducts::Int8);
-                    accumulate_ref(pages, &neg, ws, &mut want, rows);
-                    for (g, e) in got[..w].iter().zip(&want) {
-                        close(*g, *e, n, 3.0, "negative weights");
                     }
                 }
             }
-        }
+            for (k, ((g, e), b)) in got.iter().zip(&want).zip(&bound).enumerate() {
+                let b = b * 1.0001 + 1e-5 * (1.0 + e.abs());
+                assert!(
+                    (g - e).abs() <= b,
+                    "bits {bits} w {w} n {n} rows {rows} coordinate {k}: {g} vs {e}, \
+                             bound {b}"
+                );
+            }
+            for ((g, e), i) in got.iter().zip(&want).zip(&init) {
+                err2 += f64::from(g - e).powi(2);
+                ref2 += f64::from(e - i).powi(2);
+            }
+            // Negative weights send their runs through the f32 pass: row 0, all
+            // negative, equals the reference to f32 rounding.
+            let mut neg = p.clone();
+            neg[..n].iter_mut().for_each(|x| *x = -*x);
+            let (mut got, mut want) = (init.clone(), init.clone());
+            accumulate(pages, &neg, ws, &mut got, rows, CodeProducts::Int8);
+            accumulate_ref(pages, &neg, ws, &mut want, rows);
+            for (g, e) in got[..w].iter().zip(&want) {
+                close(*g, *e, n, 3.0, "negative weights");
+            }
+        });
         let rel = (err2 / ref2).sqrt();
         assert!(
             rel < 0.01,

@@ -91,6 +91,29 @@ impl SpanWeights {
     }
 }
 
+/// The `vpermt2b` indices of [`GatherTables`] for `b`-bit codes, the four keys' records at
+/// bytes 0, 32, 64, 96 of the two table registers or, for a `run`, at `8b·k`.
+const fn gather_idx(b: usize, run: bool) -> [[u8; 64]; 4] {
+    let mut idx = [[0u8; 64]; 4];
+    let mut m = 0;
+    while m < 4 {
+        let mut q = 0;
+        while q < 8 {
+            let byte = b * (16 * m + 2 * q) / 8;
+            let mut k = 0;
+            while k < 4 {
+                let base = if run { 8 * b * k } else { 32 * k } + byte;
+                idx[m][8 * q + 2 * k] = (base & 127) as u8;
+                idx[m][8 * q + 2 * k + 1] = ((base + 1) & 127) as u8;
+                k += 1;
+            }
+            q += 1;
+        }
+        m += 1;
+    }
+    idx
+}
+
 /// The [`Gather4`] shuffle controls for `B`-bit codes, computed at compile time.
 struct GatherTables<const B: usize>;
 
@@ -98,49 +121,11 @@ impl<const B: usize> GatherTables<B> {
     /// Per register `m`: the `vpermt2b` index of each byte of each qword `Q` (coordinates
     /// `16m + 2Q` and the next): its bytes `2k`, `2k + 1` are key `k`'s record bytes holding
     /// them (keys 0, 1 in the first table register at bytes 0 and 32, keys 2, 3 in the second).
-    const IDX: [[u8; 64]; 4] = {
-        let mut idx = [[0u8; 64]; 4];
-        let mut m = 0;
-        while m < 4 {
-            let mut q = 0;
-            while q < 8 {
-                let byte = B * (16 * m + 2 * q) / 8;
-                let mut k = 0;
-                while k < 4 {
-                    let base = 64 * (k / 2) + 32 * (k % 2) + byte;
-                    idx[m][8 * q + 2 * k] = (base & 127) as u8;
-                    idx[m][8 * q + 2 * k + 1] = ((base + 1) & 127) as u8;
-                    k += 1;
-                }
-                q += 1;
-            }
-            m += 1;
-        }
-        idx
-    };
+    const IDX: [[u8; 64]; 4] = gather_idx(B, false);
 
     /// [`Self::IDX`] for four consecutive records of 64 codes (`8B` bytes each) loaded as one
     /// run of `32B` bytes across the two table registers: key `k`'s bytes start at `8B·k`.
-    const IDX_RUN: [[u8; 64]; 4] = {
-        let mut idx = [[0u8; 64]; 4];
-        let mut m = 0;
-        while m < 4 {
-            let mut q = 0;
-            while q < 8 {
-                let byte = B * (16 * m + 2 * q) / 8;
-                let mut k = 0;
-                while k < 4 {
-                    let base = 8 * B * k + byte;
-                    idx[m][8 * q + 2 * k] = (base & 127) as u8;
-                    idx[m][8 * q + 2 * k + 1] = ((base + 1) & 127) as u8;
-                    k += 1;
-                }
-                q += 1;
-            }
-            m += 1;
-        }
-        idx
-    };
+    const IDX_RUN: [[u8; 64]; 4] = gather_idx(B, true);
 
     /// Per register `m`: the `vpmultishiftqb` bit offset of output byte `4e + k` of qword
     /// `Q`, key `k`'s code of coordinate `16m + 2Q + e` within the gathered qword.
