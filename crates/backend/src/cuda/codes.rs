@@ -325,25 +325,46 @@ pub(crate) fn descriptor(
                 w[28 + j / 4] |= u32::from(bits >> 8) << (8 * (j % 4));
             }
             w[32..32 + h.sign_masks.len()].copy_from_slice(&h.sign_masks);
-            // Sign-magnitude records look up magnitudes and their negatives; the others the
-            // signed centroids.
-            let (bytes, inv_alpha) = int8_table(table);
-            let neg = bytes.map(|b| (b as i8).wrapping_neg() as u8);
-            for (i, q) in bytes.chunks_exact(4).chain(neg.chunks_exact(4)).enumerate() {
-                w[INT8_TABLE_WORD + i] = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
-            }
+            let (tables, inv_alpha) = int8_key_words(table, record);
+            w[INT8_TABLE_WORD..INT8_TABLE_WORD + 4].copy_from_slice(&tables);
             w[INT8_TABLE_WORD + 4] = inv_alpha.to_bits();
         }
     }
     Ok(w)
 }
 
+/// The four table words of the int8 key codebook (descriptor words `INT8_TABLE_WORD..+4`) and
+/// 1/α. Signed records: the centroids' bytes ([`int8_table`]), then zeros. 4-bit sign-magnitude
+/// records (`table` = the 8 magnitudes) are read as two one-sided lookups
+/// (attention.cu `Codes<4>::int8_pair`): the first table holds -|c_m| at byte 7 - m (looked up by
+/// the stored nibble 8·pos | 7 - m; a positive code gets the byte's sign, -1, instead), the
+/// second |c_m| + 1 at byte m (looked up by the complemented nibble; a negative code gets its
+/// sign, 0), so their sum is ±|c_m|. A magnitude that rounds to 0 has sign 0 in the first
+/// table, so the second holds 0 for it; the largest is at most 126 so that |c_m| + 1 stays
+/// positive.
+fn int8_key_words(table: &[f32], record: RecordLayout) -> ([u32; 4], f32) {
+    let words = |b: [u8; 8]| [0, 4].map(|i| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]));
+    if record != RecordLayout::SignMagnitude4 {
+        let (bytes, inv_alpha) = int8_table(table, 127);
+        let [a, b] = words(bytes);
+        return ([a, b, 0, 0], inv_alpha);
+    }
+    let (mags, inv_alpha) = int8_table(table, 126);
+    let (mut neg, mut pos) = ([0u8; 8], [0u8; 8]);
+    for (m, &b) in mags.iter().enumerate() {
+        neg[7 - m] = (b as i8).wrapping_neg() as u8;
+        pos[m] = if b == 0 { 0 } else { b + 1 };
+    }
+    let ([n0, n1], [p0, p1]) = (words(neg), words(pos));
+    ([n0, n1, p0, p1], inv_alpha)
+}
+
 /// A codebook of at most 8 centroids as int8 bytes for the kernels with int8 key products
 /// (attention.cu `attn_codes_k8_*`): byte j is `round(α·c[j])`, and the kernel multiplies by the
-/// returned 1/α. α puts the largest centroid between 96 and 127, where the rounding's mean
-/// square error over the table is least: every centroid moves by at most half a step, 0.5/96
-/// of the largest (0.5%; unit test below).
-pub(crate) fn int8_table(centroids: &[f32]) -> ([u8; 8], f32) {
+/// returned 1/α. α puts the largest centroid between 96 and `max_byte` (≤ 127), where the
+/// rounding's mean square error over the table is least: every centroid moves by at most half a
+/// step, 0.5/96 of the largest (0.5%; unit test below).
+pub(crate) fn int8_table(centroids: &[f32], max_byte: u8) -> ([u8; 8], f32) {
     let cmax = centroids.iter().fold(0f32, |m, c| m.max(c.abs()));
     if cmax == 0.0 || !cmax.is_finite() {
         return ([0; 8], 1.0);
@@ -356,9 +377,9 @@ pub(crate) fn int8_table(centroids: &[f32]) -> ([u8; 8], f32) {
     };
     const STEPS: u32 = 1024;
     let alpha = (0..=STEPS)
-        .map(|i| (96.0 + 31.0 * i as f32 / STEPS as f32) / cmax)
+        .map(|i| (96.0 + (f32::from(max_byte) - 96.0) * i as f32 / STEPS as f32) / cmax)
         .min_by(|a, b| mse(*a).total_cmp(&mse(*b)))
-        .unwrap_or(127.0 / cmax);
+        .unwrap_or(f32::from(max_byte) / cmax);
     let mut bytes = [0u8; 8];
     for (b, &c) in bytes.iter_mut().zip(centroids) {
         *b = (alpha * c).round() as i8 as u8;
@@ -513,7 +534,7 @@ mod tests {
                 } else {
                     cb.centroids()
                 };
-                let (bytes, inv_alpha) = int8_table(table);
+                let (bytes, inv_alpha) = int8_table(table, 127);
                 let cmax = table.iter().fold(0f32, |m, c| m.max(c.abs()));
                 for (j, &c) in table.iter().enumerate() {
                     let got = f32::from(bytes[j] as i8) * inv_alpha;
@@ -526,7 +547,48 @@ mod tests {
                 assert!(bytes[table.len()..].iter().all(|&b| b == 0));
             }
         }
-        assert_eq!(int8_table(&[0.0; 4]), ([0; 8], 1.0));
+        assert_eq!(int8_table(&[0.0; 4], 127), ([0; 8], 1.0));
+    }
+
+    /// One byte of PTX `prmt.b32` (default mode) from the 8 bytes of its two sources: bits 0-2
+    /// of the selector nibble pick the byte, bit 3 asks for its sign replicated instead.
+    fn prmt_byte(src: &[u32], sel: u32) -> i8 {
+        let byte = (src[(sel as usize & 7) / 4] >> (8 * (sel & 3))) as u8;
+        match sel & 8 {
+            0 => byte as i8,
+            _ => -((byte >> 7) as i8),
+        }
+    }
+
+    #[test]
+    fn four_bit_keys_sum_two_one_sided_lookups_to_their_centroid() {
+        use turbokv_codec::codebook::Codebook;
+        let mut cases: Vec<Vec<f32>> = [64, 128, 256]
+            .iter()
+            .map(|&d| Codebook::get(d, 4).unwrap().centroids()[8..].to_vec())
+            .collect();
+        // A magnitude that rounds to zero must still give 0 for both signs.
+        cases.push(vec![0.001, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 3.0]);
+        for mags in cases {
+            let (words, inv_alpha) = int8_key_words(&mags, RecordLayout::SignMagnitude4);
+            let (bytes, inv_alpha_table) = int8_table(&mags, 126);
+            assert_eq!(inv_alpha, inv_alpha_table);
+            assert!(bytes.iter().all(|&b| b <= 126), "{bytes:?}");
+            // Stored nibble n: bit 3 set for a positive code, bits 0-2 the complement of m.
+            for n in 0u32..16 {
+                let m = (!n & 7) as usize;
+                let want = if n & 8 != 0 { bytes[m] as i8 } else { -(bytes[m] as i8) };
+                let got = prmt_byte(&words[..2], n) + prmt_byte(&words[2..], !n & 15);
+                assert_eq!(got, want, "mags {mags:?} nibble {n}");
+            }
+        }
+        // Signed tables fill the first two words only.
+        let cb = Codebook::get(128, 3).unwrap();
+        let (words, _) = int8_key_words(cb.centroids(), RecordLayout::Codec);
+        let (bytes, _) = int8_table(cb.centroids(), 127);
+        assert_eq!(words[0].to_le_bytes(), bytes[..4]);
+        assert_eq!(words[1].to_le_bytes(), bytes[4..]);
+        assert_eq!(words[2..], [0, 0]);
     }
 
     #[test]
