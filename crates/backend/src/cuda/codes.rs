@@ -343,7 +343,8 @@ pub(crate) fn descriptor(
 /// table, so the second holds 0 for it; the largest is at most 126 so that |c_m| + 1 stays
 /// positive.
 fn int8_key_words(table: &[f32], record: RecordLayout) -> ([u32; 4], f32) {
-    let words = |b: [u8; 8]| [0, 4].map(|i| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]));
+    let words =
+        |b: [u8; 8]| [0, 4].map(|i| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]));
     if record != RecordLayout::SignMagnitude4 {
         let (bytes, inv_alpha) = int8_table(table, 127);
         let [a, b] = words(bytes);
@@ -577,7 +578,11 @@ mod tests {
             // Stored nibble n: bit 3 set for a positive code, bits 0-2 the complement of m.
             for n in 0u32..16 {
                 let m = (!n & 7) as usize;
-                let want = if n & 8 != 0 { bytes[m] as i8 } else { -(bytes[m] as i8) };
+                let want = if n & 8 != 0 {
+                    bytes[m] as i8
+                } else {
+                    -(bytes[m] as i8)
+                };
                 let got = prmt_byte(&words[..2], n) + prmt_byte(&words[2..], !n & 15);
                 assert_eq!(got, want, "mags {mags:?} nibble {n}");
             }
