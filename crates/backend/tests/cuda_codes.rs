@@ -68,6 +68,16 @@ fn gpu_f16() -> Option<&'static CudaBackend> {
     })
 }
 
+/// A backend whose 2- and 3-bit TurboQuant values are summed through int8 MMAs too
+/// (`CudaOptions::coded_int8_values`).
+fn gpu_v8() -> Option<&'static CudaBackend> {
+    static B: OnceLock<Option<CudaBackend>> = OnceLock::new();
+    second_backend(&B, || CudaOptions {
+        coded_int8_values: true,
+        ..CudaOptions::default()
+    })
+}
+
 struct Rng(u64);
 impl Rng {
     fn f(&mut self) -> f32 {
@@ -550,6 +560,51 @@ fn the_f16_keys_as_m_kernels_match_the_cpu_backend() {
                     seed,
                 );
             }
+        }
+    }
+}
+
+/// The kernels with int8 value products: the CPU backend's int8 value table (the same
+/// centroids as its own value sums where it has int8 products) and weights rounded to u8 per
+/// 32-key tile and head, each within 0.5/255 of the tile's largest; the same tolerance as the
+/// f16 value sums. Plain pools of every width pair they serve, GQA 1/4/8, centered or not, and
+/// a preset's exact window beside the codes.
+#[test]
+fn int8_value_sums_match_the_cpu_backend() {
+    let Some(g) = gpu_v8() else { return };
+    let mut seed = 201;
+    for d in [64, 128] {
+        for dtype in ["tq3", "tq2", "k4v3", "k4v2", "k3v2", "k2v3"] {
+            for (group, centered) in [(1, true), (4, false), (8, true)] {
+                seed += 1;
+                run_case(
+                    g,
+                    &Case {
+                        dtype,
+                        d,
+                        group,
+                        centered,
+                        window: NO_WINDOW,
+                        sliding: None,
+                    },
+                    seed,
+                );
+            }
+        }
+        for (dtype, recent) in [("k4v2", 40), ("k4v3", 130)] {
+            seed += 1;
+            run_case(
+                g,
+                &Case {
+                    dtype,
+                    d,
+                    group: 4,
+                    centered: false,
+                    window: KvWindow { recent, sinks: 1 },
+                    sliding: None,
+                },
+                seed,
+            );
         }
     }
 }

@@ -11,6 +11,7 @@
 //! | `TURBOKV_PREFILL_WARPS=4\|8` | warps per block of the tensor-core prefill attention (default 4) |
 //! | `TURBOKV_CODED_PREFILL_TILES=0\|1` | prefill over coded caches through tensor cores (default 1; 0: the decode kernels per row) |
 //! | `TURBOKV_CODED_INT8_KEYS=0\|1` | decode over TurboQuant caches with int8 key products (default 1; 0: the f16 kernel) |
+//! | `TURBOKV_CODED_INT8_VALUES=0\|1` | with int8 key products, 2- and 3-bit TurboQuant value sums through int8 products too (default 0) |
 //! | `TURBOKV_CPU_WEIGHTS=native\|f32` | CPU matmuls on the stored weights with 8-bit activations (default), or on weights dequantized to f32 (the exact reference; slow) |
 //! | `TURBOKV_CPU_CODE_PRODUCTS=int8\|f32` | CPU decode scores and value sums of TurboQuant codes through int8 products where AVX-512 VNNI and VBMI are present (default), or in f32 (exact over the decoded codes) |
 //!
@@ -89,6 +90,7 @@ fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<EnvOptions> {
     };
     cuda.coded_prefill_tiles = flag("TURBOKV_CODED_PREFILL_TILES", cuda.coded_prefill_tiles)?;
     cuda.coded_int8_keys = flag("TURBOKV_CODED_INT8_KEYS", cuda.coded_int8_keys)?;
+    cuda.coded_int8_values = flag("TURBOKV_CODED_INT8_VALUES", cuda.coded_int8_values)?;
     let step_graphs = flag("TURBOKV_STEP_GRAPHS", true)?;
     let weights = match get("TURBOKV_CPU_WEIGHTS").as_deref().map(str::trim) {
         None | Some("native") => WeightMode::Native,
@@ -133,6 +135,7 @@ mod tests {
         assert!(o.cuda.device_top_k && o.cuda.dec_mma && o.cuda.rope_gemv);
         assert_eq!(o.cuda.coded_prefill_tiles, d.coded_prefill_tiles);
         assert_eq!(o.cuda.coded_int8_keys, d.coded_int8_keys);
+        assert_eq!(o.cuda.coded_int8_values, d.coded_int8_values);
         assert_eq!(o.cpu, CpuOptions::default());
     }
 
@@ -146,6 +149,7 @@ mod tests {
             ("TURBOKV_PREFILL_WARPS", "8"),
             ("TURBOKV_CODED_PREFILL_TILES", "0"),
             ("TURBOKV_CODED_INT8_KEYS", "0"),
+            ("TURBOKV_CODED_INT8_VALUES", "1"),
             ("TURBOKV_CPU_WEIGHTS", "f32"),
             ("TURBOKV_CPU_CODE_PRODUCTS", "f32"),
         ])
@@ -155,6 +159,7 @@ mod tests {
         assert_eq!(o.cuda.prefill_warps, 8);
         assert!(!o.cuda.coded_prefill_tiles);
         assert!(!o.cuda.coded_int8_keys);
+        assert!(o.cuda.coded_int8_values);
         assert!(!o.step_graphs);
         assert!(!o.cuda.pdl);
         assert_eq!(o.cuda.gemv_max_rows, 0);
@@ -172,6 +177,7 @@ mod tests {
             ("TURBOKV_PREFILL_WARPS", "6"),
             ("TURBOKV_CODED_PREFILL_TILES", "yes"),
             ("TURBOKV_CODED_INT8_KEYS", "on"),
+            ("TURBOKV_CODED_INT8_VALUES", "true"),
             ("TURBOKV_CPU_WEIGHTS", "q8"),
             ("TURBOKV_CPU_CODE_PRODUCTS", "int4"),
         ] {

@@ -300,6 +300,8 @@ impl CudaBackend {
         // The kernel with int8 key products where it exists for the pool's forms.
         let int8_keys = code_kernel
             .filter(|&i| keys_as_m && self.coded_int8_keys && self.k.attn_codes_k8[i].is_some());
+        let int8_values =
+            int8_keys.filter(|&i| self.coded_int8_values && self.k.attn_codes_k8v[i].is_some());
         let dec = match code_kernel {
             Some(_) => None,
             None => (self.dec_mma && grp <= dec_max_group(hd))
@@ -317,7 +319,9 @@ impl CudaBackend {
         });
         let splits = match (code_kernel, dec) {
             (Some(i), _) => {
-                let slots = if int8_keys.is_some() {
+                let slots = if int8_values.is_some() {
+                    self.code_k8v_slots[i]
+                } else if int8_keys.is_some() {
                     self.code_k8_slots[i]
                 } else if keys_as_m {
                     self.code_m_slots[i]
@@ -436,6 +440,9 @@ impl CudaBackend {
             addr(&out.buf, &self.stream),
         );
         let f = match (dec_kernel, rows_kernel) {
+            _ if int8_values.is_some() => self.k.attn_codes_k8v[int8_values.unwrap_or(0)]
+                .as_ref()
+                .ok_or_else(|| shape("attention", "no int8-value kernel for these forms".into()))?,
             _ if int8_keys.is_some() => self.k.attn_codes_k8[int8_keys.unwrap_or(0)]
                 .as_ref()
                 .ok_or_else(|| shape("attention", "no int8-key kernel for these forms".into()))?,

@@ -45,6 +45,10 @@ fn exact_split_smem_bytes(head_dim: usize) -> usize {
 /// `INT8_TABLE_WORD`): four words of table bytes, then 1/α as f32 bits ([`int8_table`]).
 /// The rotation's sign masks from word 32 end before it.
 pub(crate) const INT8_TABLE_WORD: usize = 288;
+/// The descriptor word where a TurboQuant role's int8 value codebook starts (attention.cu
+/// `INT8_VALUE_WORD`): two words of table bytes, then the step as f32 bits
+/// ([`int8_value_words`]). The last words of the descriptor.
+pub(crate) const INT8_VALUE_WORD: usize = 293;
 /// Tile bytes a coded kernel keeps in flight (attention.cu `code_stages`).
 const CODE_BYTES_IN_FLIGHT: usize = 49152;
 
@@ -175,6 +179,26 @@ impl CodeVariant {
     pub(crate) fn int8_keys_name(&self) -> String {
         format!(
             "attn_codes_k8_{}_{}_{}",
+            self.head_dim,
+            self.key.tag(),
+            self.value.tag()
+        )
+    }
+
+    /// Whether the kernel with int8 key and value products (`int8_values_name`) is
+    /// instantiated: those of [`has_int8_keys`](Self::has_int8_keys) with 2- or 3-bit values
+    /// (attention.cu `ATTN_CODES_V8_FORMS`).
+    pub(crate) fn has_int8_values(&self) -> bool {
+        self.has_int8_keys()
+            && matches!(self.value, CodeForm::Mse(2 | 3))
+            && matches!(self.key, CodeForm::Mse(2..=4))
+    }
+
+    /// The name of its kernel with int8 key and value products (attention.cu
+    /// `ATTN_CODES_K8V`).
+    pub(crate) fn int8_values_name(&self) -> String {
+        format!(
+            "attn_codes_k8v_{}_{}_{}",
             self.head_dim,
             self.key.tag(),
             self.value.tag()
@@ -328,6 +352,11 @@ pub(crate) fn descriptor(
             let (tables, inv_alpha) = int8_key_words(table, record);
             w[INT8_TABLE_WORD..INT8_TABLE_WORD + 4].copy_from_slice(&tables);
             w[INT8_TABLE_WORD + 4] = inv_alpha.to_bits();
+            if h.centroids.len() <= 8 {
+                let (tables, step) = int8_value_words(&h.centroids);
+                w[INT8_VALUE_WORD..INT8_VALUE_WORD + 2].copy_from_slice(&tables);
+                w[INT8_VALUE_WORD + 2] = step.to_bits();
+            }
         }
     }
     Ok(w)
@@ -358,6 +387,25 @@ fn int8_key_words(table: &[f32], record: RecordLayout) -> ([u32; 4], f32) {
     }
     let ([n0, n1], [p0, p1]) = (words(neg), words(pos));
     ([n0, n1, p0, p1], inv_alpha)
+}
+
+/// The int8 value codebook of at most 8 signed centroids (attention.cu
+/// `keys_as_m_values_s8`): byte j is `round(c[j] / step)` (halves away from zero) with
+/// `step = max|c| / 127`, the CPU backend's int8 value table (cpu/direct_vnni.rs
+/// `Codebook::signed`), so both backends sum the same centroids; then the step.
+pub(crate) fn int8_value_words(centroids: &[f32]) -> ([u32; 2], f32) {
+    let max = centroids.iter().fold(0f32, |m, c| m.max(c.abs()));
+    if !(max.is_finite() && max > 0.0) {
+        return ([0; 2], 0.0);
+    }
+    let step = max / 127.0;
+    let mut b = [0u8; 8];
+    for (b, &c) in b.iter_mut().zip(centroids) {
+        let y = c / step;
+        *b = ((y + 0.5f32.copysign(y)) as i32).clamp(-127, 127) as i8 as u8;
+    }
+    let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    ([word(0), word(4)], step)
 }
 
 /// A codebook of at most 8 centroids as int8 bytes for the kernels with int8 key products
@@ -594,6 +642,32 @@ mod tests {
         assert_eq!(words[0].to_le_bytes(), bytes[..4]);
         assert_eq!(words[1].to_le_bytes(), bytes[4..]);
         assert_eq!(words[2..], [0, 0]);
+    }
+
+    #[test]
+    fn int8_value_tables_round_to_the_nearest_127th_of_the_largest() {
+        use turbokv_codec::codebook::Codebook;
+        for d in [64, 128] {
+            for bits in [2u8, 3] {
+                let c = Codebook::get(d, bits).unwrap().centroids().to_vec();
+                let (words, step) = int8_value_words(&c);
+                let cmax = c.iter().fold(0f32, |m, x| m.max(x.abs()));
+                assert_eq!(step, cmax / 127.0);
+                let bytes: Vec<i8> = words
+                    .iter()
+                    .flat_map(|w| w.to_le_bytes())
+                    .map(|b| b as i8)
+                    .collect();
+                for (j, &x) in c.iter().enumerate() {
+                    let got = f32::from(bytes[j]) * step;
+                    assert!((got - x).abs() <= 0.5 * step * 1.0001, "d={d} b={bits} {j}");
+                }
+                // The symmetric codebook's ends are ±127; unused entries stay zero.
+                assert_eq!((bytes[0], bytes[c.len() - 1]), (-127, 127));
+                assert!(bytes[c.len()..].iter().all(|&b| b == 0));
+            }
+        }
+        assert_eq!(int8_value_words(&[0.0; 4]), ([0; 2], 0.0));
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub(crate) struct Kernels {
     /// Their counterparts with int8 key products for TurboQuant keys and values, in the same
     /// order (`None` where not instantiated: `CodeVariant::has_int8_keys`).
     pub attn_codes_k8: Vec<Option<CudaFunction>>,
+    /// Those with int8 value products too, in the same order (`None` where not instantiated:
+    /// `CodeVariant::has_int8_values`).
+    pub attn_codes_k8v: Vec<Option<CudaFunction>>,
     /// The coded prefill's dequantization into f16 rows, in the same order (`None` where
     /// there is no tile kernel: `CodeVariant::has_prefill`).
     pub codes_dequant: Vec<Option<CudaFunction>>,
@@ -430,6 +433,14 @@ impl Kernels {
                 .map(|v| {
                     v.has_int8_keys()
                         .then(|| f(&at, &v.int8_keys_name()))
+                        .transpose()
+                })
+                .collect::<Result<_, _>>()?,
+            attn_codes_k8v: super::codes::CodeVariant::all()
+                .iter()
+                .map(|v| {
+                    v.has_int8_values()
+                        .then(|| f(&at, &v.int8_values_name()))
                         .transpose()
                 })
                 .collect::<Result<_, _>>()?,

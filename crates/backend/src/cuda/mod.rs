@@ -255,6 +255,11 @@ pub struct CudaOptions {
     /// int8 centroids, each within 0.5% of the largest). Default on; off runs the f16
     /// keys-as-M kernel (tests cover both).
     pub coded_int8_keys: bool,
+    /// With `coded_int8_keys`, 2- and 3-bit TurboQuant values are summed through int8 MMAs too
+    /// (`attn_codes_k8v_*`: codes looked up in the CPU backend's int8 value table, weights ×
+    /// value scales rounded to u8 per 32-key tile and head). Default off; on where measured
+    /// faster (tests cover both).
+    pub coded_int8_values: bool,
 }
 
 /// See [`CudaOptions::gemv_max_rows`]. On an H200 (llama3-8b shapes) the GEMV kernel beat
@@ -275,6 +280,7 @@ impl Default for CudaOptions {
             prefill_warps: 4,
             coded_prefill_tiles: true,
             coded_int8_keys: true,
+            coded_int8_values: false,
         }
     }
 }
@@ -311,6 +317,8 @@ pub struct CudaBackend {
     coded_prefill_tiles: bool,
     /// See [`CudaOptions::coded_int8_keys`].
     coded_int8_keys: bool,
+    /// See [`CudaOptions::coded_int8_values`].
+    coded_int8_values: bool,
     /// Blocks of each decode variant (index of [`DECODE_VARIANTS`]) resident on the whole GPU
     /// at once, from the occupancy calculator with its pipeline's shared memory.
     decode_slots: Vec<usize>,
@@ -320,6 +328,8 @@ pub struct CudaBackend {
     code_m_slots: Vec<usize>,
     /// The same for the coded kernels with int8 key products (0 where not instantiated).
     code_k8_slots: Vec<usize>,
+    /// The same for the kernels with int8 value products.
+    code_k8v_slots: Vec<usize>,
     state: Mutex<State>,
     /// cuBLAS workspace set on the handle (so that captured GEMMs allocate nothing).
     _blas_workspace: CudaSlice<u8>,
@@ -454,6 +464,7 @@ impl CudaBackend {
             .chain(k.attn_codes.iter().flatten())
             .chain(&k.attn_codes_m)
             .chain(k.attn_codes_k8.iter().flatten())
+            .chain(k.attn_codes_k8v.iter().flatten())
         {
             // The opt-in limit covers static and dynamic shared memory together.
             let fixed = f
@@ -490,14 +501,18 @@ impl CudaBackend {
             .zip(&k.attn_codes_m)
             .map(|(v, f)| resident(f, v.threads(), v.smem_bytes()))
             .collect::<Result<Vec<_>, _>>()?;
-        let code_k8_slots = codes::CodeVariant::all()
-            .iter()
-            .zip(&k.attn_codes_k8)
-            .map(|(v, f)| {
-                f.as_ref()
-                    .map_or(Ok(0), |f| resident(f, v.threads(), v.smem_bytes()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let optional_slots = |fs: &[Option<cudarc::driver::CudaFunction>]| {
+            codes::CodeVariant::all()
+                .iter()
+                .zip(fs)
+                .map(|(v, f)| {
+                    f.as_ref()
+                        .map_or(Ok(0), |f| resident(f, v.threads(), v.smem_bytes()))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let code_k8_slots = optional_slots(&k.attn_codes_k8)?;
+        let code_k8v_slots = optional_slots(&k.attn_codes_k8v)?;
         if let Some(v) = opts.decode_variant
             && !DECODE_VARIANTS.contains(&v)
         {
@@ -537,10 +552,12 @@ impl CudaBackend {
             prefill_warps: opts.prefill_warps,
             coded_prefill_tiles: opts.coded_prefill_tiles,
             coded_int8_keys: opts.coded_int8_keys,
+            coded_int8_values: opts.coded_int8_values,
             decode_slots,
             code_slots,
             code_m_slots,
             code_k8_slots,
+            code_k8v_slots,
             state: Mutex::new(State::default()),
             _blas_workspace: blas_workspace,
         })

@@ -2043,7 +2043,137 @@ __device__ __forceinline__ void mma_s8(int* c, const u32* a, u32 b0, u32 b1) {
 // Codes<4>::int8_pair), then 1/α as f32 bits.
 constexpr int INT8_TABLE_WORD = 288;
 
-template <int D, int KB, int VB, int TK, int STAGES, int NW>
+// m16n8k32 with s8 A, u8 B and int32 sums: d = a·b + c (c not overwritten).
+__device__ __forceinline__ void mma_s8u8(int* d, const u32* a, u32 b0, u32 b1, int c) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c), "r"(c),
+                   "r"(c), "r"(c));
+}
+// Descriptor words of a role's int8 value codebook (cuda/codes.rs `INT8_VALUE_WORD`): two
+// words of table bytes, round(c[j] / step) with step = max|c| / 127 (the CPU backend's int8
+// value table), then step as f32 bits.
+constexpr int INT8_VALUE_WORD = 293;
+// 1.5 · 2^23: an int32 x with |x| < 2^22 added to its bits reads as the float MAGIC + x, so
+// the MMAs' sums start from it and become floats with one subtraction, and a float y in
+// [0, 2^22) plus MAGIC holds round(y) in its low bits.
+constexpr float MAGIC = 12582912.0f;
+
+// keys_as_m_values with the value products in int8 (2- and 3-bit value codes): per warp tile
+// of 32 keys (NS = 2 steps), each head's weights × value scales are rounded to u8 against the
+// tile's largest (so a weight moves by at most 0.5/255 of it), the codes are looked up as int8
+// centroids (four per prmt, then a 4×4 byte transpose gives each A register one dim of four
+// keys), and one s8×u8 MMA per 16 dims sums the 32 keys into int32, which is scaled into the
+// f32 accumulators once per tile. The tile's keys in k order: slots 4c .. 4c + 3 are keys
+// 2c, 2c + 1, 2c + 8, 2c + 9 of step 0 (what `movmatrix` hands lane c), 16 + 4c .. of step 1.
+template <int D, int VB, int NS>
+__device__ __forceinline__ void keys_as_m_values_s8(float (&o)[D / 16][4], float (&s)[NS][4], float& m0,
+    float& m1, float& l0, float& l1, const unsigned char* vs, int vsc_at, const u32* vtab, float vstep,
+    int kw, int lane)
+{
+    static_assert(NS == 2 && (VB == 2 || VB == 3), "32-key tiles of 2- or 3-bit value codes");
+    constexpr int VROW = D * VB / 8, VR = D / 8, VRB = VR * VB / 8;
+    const int c = lane & 3, q = lane >> 2;
+    float mx0 = m0, mx1 = m1;
+#pragma unroll
+    for (int st = 0; st < NS; st++) {
+        mx0 = fmaxf(mx0, fmaxf(s[st][0], s[st][2]));
+        mx1 = fmaxf(mx1, fmaxf(s[st][1], s[st][3]));
+    }
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+    }
+    if (__any_sync(0xffffffffu, mx0 > m0 || mx1 > m1)) {
+        const float c0 = exp2_ftz(m0 - mx0), c1 = exp2_ftz(m1 - mx1);
+        m0 = mx0; m1 = mx1;
+        l0 *= c0; l1 *= c1;
+#pragma unroll
+        for (int nd = 0; nd < D / 16; nd++) {
+            o[nd][0] *= c0; o[nd][1] *= c1; o[nd][2] *= c0; o[nd][3] *= c1;
+        }
+    }
+    // Weights × value scales (heads 2c, 2c + 1 of keys q, q + 8 of each step; a masked key's
+    // weight is 0 whatever its stale scale), and each head's largest over the tile.
+    const u16* vsc = (const u16*)(vs + vsc_at);
+    float w[NS][4], w0 = 0.f, w1 = 0.f;
+#pragma unroll
+    for (int st = 0; st < NS; st++) {
+        s[st][0] = exp2_ftz(s[st][0] - m0); s[st][1] = exp2_ftz(s[st][1] - m1);
+        s[st][2] = exp2_ftz(s[st][2] - m0); s[st][3] = exp2_ftz(s[st][3] - m1);
+        l0 += s[st][0] + s[st][2];
+        l1 += s[st][1] + s[st][3];
+        const int ka = kw + 16 * st + q, kb = ka + 8;
+        const float va = f16_to_f32(vsc[ka]), vb = f16_to_f32(vsc[kb]);
+        w[st][0] = s[st][0] > 0.f ? s[st][0] * va : 0.f;
+        w[st][1] = s[st][1] > 0.f ? s[st][1] * va : 0.f;
+        w[st][2] = s[st][2] > 0.f ? s[st][2] * vb : 0.f;
+        w[st][3] = s[st][3] > 0.f ? s[st][3] * vb : 0.f;
+        w0 = fmaxf(w0, fmaxf(w[st][0], w[st][2]));
+        w1 = fmaxf(w1, fmaxf(w[st][1], w[st][3]));
+    }
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) {
+        w0 = fmaxf(w0, __shfl_xor_sync(0xffffffffu, w0, x));
+        w1 = fmaxf(w1, __shfl_xor_sync(0xffffffffu, w1, x));
+    }
+    const float u0 = w0 > 0.f ? 255.f / w0 : 0.f, u1 = w1 > 0.f ? 255.f / w1 : 0.f;
+    const float k0 = w0 * (1.f / 255.f) * vstep, k1 = w1 * (1.f / 255.f) * vstep;
+    // The u8 weights as B fragments: per step, the rounded weights' bits (round(w·u) in the
+    // low half of MAGIC + w·u) paired by key, transposed to head q's keys 2c, 2c + 1 (and
+    // 2c + 8, 2c + 9), then the four keys' low bytes.
+    u32 wb[NS];
+#pragma unroll
+    for (int st = 0; st < NS; st++) {
+        auto bits = [](float x, float u) { return __float_as_uint(fmaf(x, u, MAGIC)); };
+        const u32 ka = movmatrix_trans(prmt(bits(w[st][0], u0), bits(w[st][1], u1), 0x5410u));
+        const u32 kb = movmatrix_trans(prmt(bits(w[st][2], u0), bits(w[st][3], u1), 0x5410u));
+        wb[st] = prmt(ka, kb, 0x6420u);
+    }
+    // Value runs q of keys 2c, 2c + 1, 2c + 8, 2c + 9 of both steps.
+    u32 vw[NS][4][(VRB + 3) / 4];
+#pragma unroll
+    for (int st = 0; st < NS; st++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int key = kw + 16 * st + 2 * c + (i & 1) + 8 * (i >> 1);
+            load_run<VRB>(vs + key * VROW + q * VRB, vw[st][i]);
+        }
+    const int magic = __float_as_int(MAGIC);
+#pragma unroll
+    for (int vg = 0; vg < VR / 4; vg++) {
+        // r[st][j]: dim slot j of group vg for the four keys of step st, one byte each.
+        u32 r[NS][4];
+#pragma unroll
+        for (int st = 0; st < NS; st++) {
+            u32 t[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) t[i] = Codes<VB, VR>::int8(vw[st][i], vg, vtab);
+            const u32 e0 = prmt(t[0], t[1], 0x5140u), e1 = prmt(t[0], t[1], 0x7362u);
+            const u32 f0 = prmt(t[2], t[3], 0x5140u), f1 = prmt(t[2], t[3], 0x7362u);
+            r[st][0] = prmt(e0, f0, 0x5410u);
+            r[st][1] = prmt(e0, f0, 0x7632u);
+            r[st][2] = prmt(e1, f1, 0x5410u);
+            r[st][3] = prmt(e1, f1, 0x7632u);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {   // value MMA 2vg + h: slots 2h (row q), 2h + 1 (row q + 8)
+            const u32 a[4] = {r[0][2 * h], r[0][2 * h + 1], r[1][2 * h], r[1][2 * h + 1]};
+            int d[4];
+            mma_s8u8(d, a, wb[0], wb[1], magic);
+            float* on = o[2 * vg + h];
+            on[0] = fmaf(__int_as_float(d[0]) - MAGIC, k0, on[0]);
+            on[1] = fmaf(__int_as_float(d[1]) - MAGIC, k1, on[1]);
+            on[2] = fmaf(__int_as_float(d[2]) - MAGIC, k0, on[2]);
+            on[3] = fmaf(__int_as_float(d[3]) - MAGIC, k1, on[3]);
+        }
+    }
+}
+
+// V8: values through keys_as_m_values_s8 (2- and 3-bit value codes), else as f16.
+template <int D, int KB, int VB, int TK, int STAGES, int NW, bool V8 = false>
 __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const u32* fmt,
                                                    const ExactArgs& xa, int window)
 {
@@ -2066,6 +2196,8 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
     u32 ktab[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) ktab[i] = fmt[INT8_TABLE_WORD + i];
+    const u32 vtab[2] = {fmt[CODE_DESC_WORDS + INT8_VALUE_WORD], fmt[CODE_DESC_WORDS + INT8_VALUE_WORD + 1]};
+    const float vstep = __uint_as_float(fmt[CODE_DESC_WORDS + INT8_VALUE_WORD + 2]);
     unsigned char* stage = (unsigned char*)sh;   // [STAGES][K tile, V tile]
     auto issue = [&](int t) {
         if (t < ntiles) {
@@ -2181,7 +2313,10 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
                 if (!lb) { s[st][2] = -INFINITY; s[st][3] = -INFINITY; }
             }
         }
-        keys_as_m_values<D, VB, NS>(o, s, m0, m1, l0, l1, vs, TK * VROW, f.vlo, f.vhi, kw, lane);
+        if constexpr (V8)
+            keys_as_m_values_s8<D, VB, NS>(o, s, m0, m1, l0, l1, vs, TK * VROW, vtab, vstep, kw, lane);
+        else
+            keys_as_m_values<D, VB, NS>(o, s, m0, m1, l0, l1, vs, TK * VROW, f.vlo, f.vhi, kw, lane);
     }
     cp_async_wait<0>();
     keys_as_m_finish<D, VB, NW>(sh, o, m0, m1, l0, l1, g, r, kh, sp, n_heads, n_kv, n_splits, counters,
@@ -2244,6 +2379,20 @@ ATTN_CODES_FORMS(ATTN_CODES_BOTH, 128)
     X(__VA_ARGS__, 2, 4) X(__VA_ARGS__, 2, 3) X(__VA_ARGS__, 2, 2)
 ATTN_CODES_TQ_FORMS(ATTN_CODES_K8, 64)
 ATTN_CODES_TQ_FORMS(ATTN_CODES_K8, 128)
+// attn_codes_k8v_{D}_{KB}_{VB}: the same with the value products in int8 too, for 2- and
+// 3-bit value codes. The list must match CodeVariant::has_int8_values in cuda/codes.rs.
+#define ATTN_CODES_K8V(D, KB, VB) \
+    extern "C" __global__ void __launch_bounds__(128, 4) attn_codes_k8v_##D##_##KB##_##VB(ATTN_PARAMS, \
+        const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
+        extern __shared__ float sh[]; \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
+        attn_codes_k8_impl<D, KB, VB, 128, code_stages(D, KB, VB, 128), 4, true>(sh, ATTN_ARGS, fmt, xa, window); \
+    }
+#define ATTN_CODES_V8_FORMS(X, ...) \
+    X(__VA_ARGS__, 4, 3) X(__VA_ARGS__, 4, 2) X(__VA_ARGS__, 3, 3) X(__VA_ARGS__, 3, 2) \
+    X(__VA_ARGS__, 2, 3) X(__VA_ARGS__, 2, 2)
+ATTN_CODES_V8_FORMS(ATTN_CODES_K8V, 64)
+ATTN_CODES_V8_FORMS(ATTN_CODES_K8V, 128)
 // Head dim 256 (Gemma 3): the keys-as-M kernels only (its GQA groups are at most 8; the
 // template's accumulators would not fit in registers).
 #define ATTN_CODES_M256(D, KB, VB) ATTN_CODES_M(D, KB, VB, 2)
