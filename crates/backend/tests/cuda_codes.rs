@@ -13,7 +13,9 @@
 //!   (2⁻¹¹ relative) for its MMAs and sums in another order; the CPU uses f32 throughout.
 //!   The kernel with int8 key products (TurboQuant keys and values, groups up to 8, the
 //!   default) reads key centroids rounded to int8 instead, each within 0.5% of the largest
-//!   (`int8_table`), and queries as 16-bit integers. Outputs of size ≈ rms(V): 1e-2 absolute +
+//!   (`int8_table`), and queries as 16-bit integers; with int8 value products (opt-in) values
+//!   are looked up in the CPU backend's own int8 value table and weights rounded to u8 per
+//!   32-key tile and head (each within 0.5/255 of the tile's largest). Outputs of size ≈ rms(V): 1e-2 absolute +
 //!   2e-2 relative (the bf16 tolerance of the 16-bit tests), and on the same bytes (a block
 //!   moved between backends) the same.
 
