@@ -19,7 +19,7 @@ use super::cuda_err;
 use crate::Error;
 
 /// u32 words of one role's format descriptor (write_kv.cu `CODE_DESC_WORDS`).
-pub(crate) const DESC_WORDS: usize = 296;
+pub(crate) const DESC_WORDS: usize = 300;
 /// Keys per staged tile of the coded decode kernels (attention.cu `ATTN_CODES`).
 pub(crate) const CODE_TILE: usize = 128;
 /// Warps per block of the coded decode kernels.
@@ -45,9 +45,12 @@ fn exact_split_smem_bytes(head_dim: usize) -> usize {
 /// `INT8_TABLE_WORD`): four words of table bytes, then 1/α as f32 bits ([`int8_table`]).
 /// The rotation's sign masks from word 32 end before it.
 pub(crate) const INT8_TABLE_WORD: usize = 288;
+/// Where 4-bit records' two one-sided int8 tables start (attention.cu `INT8_PAIR_WORD`; four
+/// words, [`int8_pair_words`]).
+pub(crate) const INT8_PAIR_WORD: usize = 296;
 /// The descriptor word where a TurboQuant role's int8 value codebook starts (attention.cu
 /// `INT8_VALUE_WORD`): two words of table bytes, then the step as f32 bits
-/// ([`int8_value_words`]). The last words of the descriptor.
+/// ([`int8_value_words`]).
 pub(crate) const INT8_VALUE_WORD: usize = 293;
 /// Tile bytes a coded kernel keeps in flight (attention.cu `code_stages`).
 const CODE_BYTES_IN_FLIGHT: usize = 49152;
@@ -349,9 +352,20 @@ pub(crate) fn descriptor(
                 w[28 + j / 4] |= u32::from(bits >> 8) << (8 * (j % 4));
             }
             w[32..32 + h.sign_masks.len()].copy_from_slice(&h.sign_masks);
-            let (tables, inv_alpha) = int8_key_words(table, record);
-            w[INT8_TABLE_WORD..INT8_TABLE_WORD + 4].copy_from_slice(&tables);
+            // Sign-magnitude records look up magnitudes and their negatives (and, for the
+            // kernels with int8 value products, the one-sided pair); the others the signed
+            // centroids.
+            // (At most 126 for the pair's |c| + 1.)
+            let sign_magnitude = record == RecordLayout::SignMagnitude4;
+            let (bytes, inv_alpha) = int8_table(table, if sign_magnitude { 126 } else { 127 });
+            let neg = bytes.map(|b| (b as i8).wrapping_neg() as u8);
+            for (i, q) in bytes.chunks_exact(4).chain(neg.chunks_exact(4)).enumerate() {
+                w[INT8_TABLE_WORD + i] = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+            }
             w[INT8_TABLE_WORD + 4] = inv_alpha.to_bits();
+            if sign_magnitude {
+                w[INT8_PAIR_WORD..INT8_PAIR_WORD + 4].copy_from_slice(&int8_pair_words(&bytes));
+            }
             if h.centroids.len() <= 8 {
                 let (tables, step) = int8_value_words(&h.centroids);
                 w[INT8_VALUE_WORD..INT8_VALUE_WORD + 2].copy_from_slice(&tables);
@@ -362,31 +376,20 @@ pub(crate) fn descriptor(
     Ok(w)
 }
 
-/// The four table words of the int8 key codebook (descriptor words `INT8_TABLE_WORD..+4`) and
-/// 1/α. Signed records: the centroids' bytes ([`int8_table`]), then zeros. 4-bit sign-magnitude
-/// records (`table` = the 8 magnitudes) are read as two one-sided lookups
-/// (attention.cu `Codes<4>::int8_pair`): the first table holds -|c_m| at byte 7 - m (looked up by
-/// the stored nibble 8·pos | 7 - m; a positive code gets the byte's sign, -1, instead), the
-/// second |c_m| + 1 at byte m (looked up by the complemented nibble; a negative code gets its
-/// sign, 0), so their sum is ±|c_m|. A magnitude that rounds to 0 has sign 0 in the first
-/// table, so the second holds 0 for it; the largest is at most 126 so that |c_m| + 1 stays
-/// positive.
-fn int8_key_words(table: &[f32], record: RecordLayout) -> ([u32; 4], f32) {
-    let words =
-        |b: [u8; 8]| [0, 4].map(|i| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]));
-    if record != RecordLayout::SignMagnitude4 {
-        let (bytes, inv_alpha) = int8_table(table, 127);
-        let [a, b] = words(bytes);
-        return ([a, b, 0, 0], inv_alpha);
-    }
-    let (mags, inv_alpha) = int8_table(table, 126);
+/// The two one-sided tables of 4-bit sign-magnitude key records (attention.cu
+/// `Codes<4>::int8_pair`) from their 8 magnitudes as int8 bytes (at most 126): the first holds
+/// -|c_m| at byte 7 - m (looked up by the stored nibble 8·pos | 7 - m; a positive code gets the
+/// byte's sign, -1, instead), the second |c_m| + 1 at byte m (looked up by the complemented
+/// nibble; a negative code gets its sign, 0), so their sum is ±|c_m|. A magnitude of 0 has
+/// sign 0 in the first table, so the second holds 0 for it.
+fn int8_pair_words(mags: &[u8; 8]) -> [u32; 4] {
     let (mut neg, mut pos) = ([0u8; 8], [0u8; 8]);
     for (m, &b) in mags.iter().enumerate() {
         neg[7 - m] = (b as i8).wrapping_neg() as u8;
         pos[m] = if b == 0 { 0 } else { b + 1 };
     }
-    let ([n0, n1], [p0, p1]) = (words(neg), words(pos));
-    ([n0, n1, p0, p1], inv_alpha)
+    let word = |b: &[u8; 8], i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    [word(&neg, 0), word(&neg, 4), word(&pos, 0), word(&pos, 4)]
 }
 
 /// The int8 value codebook of at most 8 signed centroids (attention.cu
@@ -619,10 +622,9 @@ mod tests {
         // A magnitude that rounds to zero must still give 0 for both signs.
         cases.push(vec![0.001, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 3.0]);
         for mags in cases {
-            let (words, inv_alpha) = int8_key_words(&mags, RecordLayout::SignMagnitude4);
-            let (bytes, inv_alpha_table) = int8_table(&mags, 126);
-            assert_eq!(inv_alpha, inv_alpha_table);
+            let (bytes, _) = int8_table(&mags, 126);
             assert!(bytes.iter().all(|&b| b <= 126), "{bytes:?}");
+            let words = int8_pair_words(&bytes);
             // Stored nibble n: bit 3 set for a positive code, bits 0-2 the complement of m.
             for n in 0u32..16 {
                 let m = (!n & 7) as usize;
@@ -635,13 +637,18 @@ mod tests {
                 assert_eq!(got, want, "mags {mags:?} nibble {n}");
             }
         }
-        // Signed tables fill the first two words only.
-        let cb = Codebook::get(128, 3).unwrap();
-        let (words, _) = int8_key_words(cb.centroids(), RecordLayout::Codec);
-        let (bytes, _) = int8_table(cb.centroids(), 127);
-        assert_eq!(words[0].to_le_bytes(), bytes[..4]);
-        assert_eq!(words[1].to_le_bytes(), bytes[4..]);
-        assert_eq!(words[2..], [0, 0]);
+        // The descriptor of 4-bit keys holds them beside the magnitude tables.
+        let codec = LayerCodec::new("tq4".parse().unwrap(), 128, 0, &Default::default()).unwrap();
+        let kf = codec.key.device_format().unwrap();
+        let w = descriptor(&kf, &codec.key.block_layout(16).unwrap(), 32).unwrap();
+        let mut mags = [0u8; 8];
+        for (i, b) in mags.iter_mut().enumerate() {
+            *b = w[INT8_TABLE_WORD + i / 4].to_le_bytes()[i % 4];
+        }
+        assert_eq!(
+            w[INT8_PAIR_WORD..INT8_PAIR_WORD + 4],
+            int8_pair_words(&mags)
+        );
     }
 
     #[test]

@@ -1484,12 +1484,20 @@ template <int R> struct Codes<4, R> {
         a = prmt(l, h, 0x5140u);
         b = prmt(l, h, 0x7362u);
     }
+    // As int8 bytes: the magnitudes (tab[0..2)) where positive, their negatives (tab[2..4))
+    // elsewhere, `pos` as above.
+    __device__ static __forceinline__ u32 int8(const u32* w, int g, const u32* tab) {
+        const u32 sel = w[g >> 1] >> (16 * (g & 1));
+        const u32 mags = ~sel & 0x7777u;
+        const u32 pos = prmt(sel << 4, sel, 0xd9c8u);
+        return (prmt(tab[0], tab[1], mags) & pos) | (prmt(tab[2], tab[3], mags) & ~pos);
+    }
     // As two int8 operands whose sum is the signed centroid, each one prmt: the stored nibble
     // is its own selector, and a set bit 3 (a positive code) asks prmt for the sign of the
     // selected byte instead of the byte. `neg` = tab[0..2) by the stored nibbles: byte 7 - m
     // holds -|c_m|, so a negative code gets -|c_m| and a positive one -1 (0 where |c_m| is 0);
     // `pos` = tab[2..4) by the complemented nibbles: byte m holds |c_m| + 1 (|c_m| where that
-    // is 0), so a positive code gets it and a negative one 0 (codes.rs `int8_key_words`).
+    // is 0), so a positive code gets it and a negative one 0 (codes.rs `int8_pair_words`).
     __device__ static __forceinline__ void int8_pair(const u32* w, int g, const u32* tab, u32& neg,
                                                      u32& pos) {
         const u32 sel = w[g >> 1] >> (16 * (g & 1));
@@ -2025,9 +2033,10 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
 // m16n8k32 in int8 with int32 sums — native on sm_80+ (e4m3 MMAs, tried first, are emulated
 // on sm_90 by conversions to f16). The query is two int8 terms (hi·256 + lo: 16 bits), so the
 // scores are as close as the f16 kernel's apart from the centroids' rounding. Values are
-// summed as in the f16 kernel. A 4-bit sign-magnitude code takes two one-sided lookups whose
-// bytes sum to the centroid (Codes<4>::int8_pair): two MMAs per operand, but one prmt and no
-// select per four codes for each.
+// summed as in the f16 kernel. In the kernels with int8 value products (V8) a 4-bit
+// sign-magnitude key code takes two one-sided lookups whose bytes sum to the centroid
+// (Codes<4>::int8_pair): two MMAs per operand, but one prmt and no select per four codes for
+// each.
 //
 // Lane (q, c) reads run c of keys q and q + 8 as there; the lookups' bytes are its A registers
 // (k slots 4c .. 4c + 3 of MMA kk: group 2kk of the run, slots 16 + 4c ..: group 2kk + 1), and
@@ -2038,10 +2047,12 @@ __device__ __forceinline__ void mma_s8(int* c, const u32* a, u32 b0, u32 b1) {
                  : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-// Descriptor words of the int8 key codebook (cuda/codes.rs `INT8_TABLE_WORD`): four words of
-// table bytes (entry j in byte j of the first two; 4-bit records: the two tables of
-// Codes<4>::int8_pair), then 1/α as f32 bits.
+// Descriptor words of the int8 key codebook (cuda/codes.rs `INT8_TABLE_WORD`): two words of
+// table bytes (entry j in byte j; 4-bit records: the 8 magnitudes, then two words of their
+// negatives), then 1/α as f32 bits. 4-bit records also have the two tables of
+// Codes<4>::int8_pair from `INT8_PAIR_WORD`.
 constexpr int INT8_TABLE_WORD = 288;
+constexpr int INT8_PAIR_WORD = 296;
 
 // m16n8k32 with s8 A, u8 B and int32 sums: d = a·b + c (c not overwritten).
 __device__ __forceinline__ void mma_s8u8(int* d, const u32* a, u32 b0, u32 b1, int c) {
@@ -2172,7 +2183,8 @@ __device__ __forceinline__ void keys_as_m_values_s8(float (&o)[D / 16][4], float
     }
 }
 
-// V8: values through keys_as_m_values_s8 (2- and 3-bit value codes), else as f16.
+// V8: values through keys_as_m_values_s8 (2- and 3-bit value codes) and 4-bit keys as
+// Codes<4>::int8_pair; else values as f16 and 4-bit keys through Codes<4>::int8.
 template <int D, int KB, int VB, int TK, int STAGES, int NW, bool V8 = false>
 __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const u32* fmt,
                                                    const ExactArgs& xa, int window)
@@ -2196,6 +2208,9 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
     u32 ktab[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) ktab[i] = fmt[INT8_TABLE_WORD + i];
+    u32 ptab[4];   // 4-bit keys' one-sided tables (V8 kernels)
+#pragma unroll
+    for (int i = 0; i < 4; i++) ptab[i] = fmt[INT8_PAIR_WORD + i];
     const u32 vtab[2] = {fmt[CODE_DESC_WORDS + INT8_VALUE_WORD], fmt[CODE_DESC_WORDS + INT8_VALUE_WORD + 1]};
     const float vstep = __uint_as_float(fmt[CODE_DESC_WORDS + INT8_VALUE_WORD + 2]);
     unsigned char* stage = (unsigned char*)sh;   // [STAGES][K tile, V tile]
@@ -2268,17 +2283,17 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
             load_run<KRB>(ks + ka * KROW + c * KRB, wa);
             load_run<KRB>(ks + kb * KROW + c * KRB, wb);
             int acc[4] = {0, 0, 0, 0};
-            if constexpr (KB == 4) {
+            if constexpr (KB == 4 && V8) {
                 // Two operands per four codes (Codes<4>::int8_pair), each multiplied by both
                 // query terms; the high and low sums in separate chains.
                 int lo[4] = {0, 0, 0, 0};
 #pragma unroll
                 for (int kk = 0; kk < D / 32; kk++) {
                     u32 n[4], p[4];
-                    Codes<4, KR>::int8_pair(wa, 2 * kk, ktab, n[0], p[0]);
-                    Codes<4, KR>::int8_pair(wb, 2 * kk, ktab, n[1], p[1]);
-                    Codes<4, KR>::int8_pair(wa, 2 * kk + 1, ktab, n[2], p[2]);
-                    Codes<4, KR>::int8_pair(wb, 2 * kk + 1, ktab, n[3], p[3]);
+                    Codes<4, KR>::int8_pair(wa, 2 * kk, ptab, n[0], p[0]);
+                    Codes<4, KR>::int8_pair(wb, 2 * kk, ptab, n[1], p[1]);
+                    Codes<4, KR>::int8_pair(wa, 2 * kk + 1, ptab, n[2], p[2]);
+                    Codes<4, KR>::int8_pair(wb, 2 * kk + 1, ptab, n[3], p[3]);
                     mma_s8(acc, n, qhi[kk][0], qhi[kk][1]);
                     mma_s8(lo, n, qlo[kk][0], qlo[kk][1]);
                     mma_s8(acc, p, qhi[kk][0], qhi[kk][1]);

@@ -74,7 +74,9 @@ extern "C" __global__ void write_kv(
 // (block, kv head), [4] offset of the scales in it, [5] the record layout, [6] σ, [7] 1/σ
 // (f32 bits), [8..23) the boundaries, [24..32) the centroid byte tables (attention.cu; the 8
 // positive centroids for sign-magnitude records), [32..32+d) the
-// rotation's sign masks, [288..293) the int8 key codebook (attention.cu `INT8_TABLE_WORD`). Every f32 operation below is the codec's (crates/codec/src/tq.rs,
+// rotation's sign masks, [288..293) the int8 key codebook (attention.cu `INT8_TABLE_WORD`),
+// [293..296) the int8 value codebook (`INT8_VALUE_WORD`), [296..300) 4-bit records' one-sided
+// key tables (`INT8_PAIR_WORD`). Every f32 operation below is the codec's (crates/codec/src/tq.rs,
 // plain.rs, kernels/mod.rs), in its order and without FMA contraction, so the codes equal
 // the CPU's.
 
