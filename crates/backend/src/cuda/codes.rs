@@ -651,6 +651,46 @@ mod tests {
         );
     }
 
+    /// The width pairs attention.cu instantiates with int8 value products are the ones the
+    /// host looks up (a mismatch would only show when a GPU loads the module).
+    #[test]
+    fn int8_value_kernels_match_the_instantiated_forms() {
+        let src = include_str!("kernels/attention.cu");
+        let start = src.find("#define ATTN_CODES_V8_FORMS").unwrap();
+        // The macro's lines, each but the last ending in a backslash.
+        let mut body = String::new();
+        for line in src[start..].lines() {
+            body.push_str(line);
+            if !line.trim_end().ends_with('\\') {
+                break;
+            }
+        }
+        let mut listed: Vec<(u8, u8)> = body
+            .split("X(__VA_ARGS__,")
+            .skip(1)
+            .map(|x| {
+                let mut n = x
+                    .split(')')
+                    .next()
+                    .unwrap()
+                    .split(',')
+                    .map(|t| t.trim().parse().unwrap());
+                (n.next().unwrap(), n.next().unwrap())
+            })
+            .collect();
+        listed.sort_unstable();
+        let mut host: Vec<(u8, u8)> = CodeVariant::all()
+            .into_iter()
+            .filter(|v| v.head_dim == 128 && v.has_int8_values())
+            .map(|v| (v.key.bits(), v.value.bits()))
+            .collect();
+        host.sort_unstable();
+        assert_eq!(listed, host);
+        for d in [64, 128] {
+            assert!(src.contains(&format!("ATTN_CODES_V8_FORMS(ATTN_CODES_K8V, {d})")));
+        }
+    }
+
     #[test]
     fn int8_value_tables_round_to_the_nearest_127th_of_the_largest() {
         use turbokv_codec::codebook::Codebook;
