@@ -13,9 +13,9 @@
 //!   (2⁻¹¹ relative) for its MMAs and sums in another order; the CPU uses f32 throughout.
 //!   The kernel with int8 key products (TurboQuant keys and values, groups up to 8, the
 //!   default) reads key centroids rounded to int8 instead, each within 0.5% of the largest
-//!   (`int8_table`), and queries as 16-bit integers; with int8 value products (opt-in) values
-//!   are looked up in the CPU backend's own int8 value table and weights rounded to u8 per
-//!   32-key tile and head (each within 0.5/255 of the tile's largest). Outputs of size ≈ rms(V): 1e-2 absolute +
+//!   (`int8_table`), and queries as 16-bit integers; with int8 value products (2- and 3-bit
+//!   values, the default) values are looked up in the CPU backend's own int8 value table and
+//!   weights rounded to u8 per 32-key tile and head (each within 0.5/255 of the tile's largest). Outputs of size ≈ rms(V): 1e-2 absolute +
 //!   2e-2 relative (the bf16 tolerance of the 16-bit tests), and on the same bytes (a block
 //!   moved between backends) the same.
 
@@ -70,12 +70,12 @@ fn gpu_f16() -> Option<&'static CudaBackend> {
     })
 }
 
-/// A backend whose 2- and 3-bit TurboQuant values are summed through int8 MMAs too
-/// (`CudaOptions::coded_int8_values`).
-fn gpu_v8() -> Option<&'static CudaBackend> {
+/// A backend whose 2- and 3-bit TurboQuant values are summed as f16
+/// (`CudaOptions::coded_int8_values` off) where the default sums them through int8 MMAs.
+fn gpu_f16_values() -> Option<&'static CudaBackend> {
     static B: OnceLock<Option<CudaBackend>> = OnceLock::new();
     second_backend(&B, || CudaOptions {
-        coded_int8_values: true,
+        coded_int8_values: false,
         ..CudaOptions::default()
     })
 }
@@ -566,15 +566,9 @@ fn the_f16_keys_as_m_kernels_match_the_cpu_backend() {
     }
 }
 
-/// The kernels with int8 value products: the CPU backend's int8 value table (the same
-/// centroids as its own value sums where it has int8 products) and weights rounded to u8 per
-/// 32-key tile and head, each within 0.5/255 of the tile's largest; the same tolerance as the
-/// f16 value sums. Plain pools of every width pair they serve, GQA 1/4/8, centered or not, and
-/// a preset's exact window beside the codes.
-#[test]
-fn int8_value_sums_match_the_cpu_backend() {
-    let Some(g) = gpu_v8() else { return };
-    let mut seed = 201;
+/// Plain pools of every width pair the kernels with int8 value products serve, GQA 1/4/8,
+/// centered or not, and a preset's exact window beside the codes.
+fn value_sums_match_the_cpu_backend(g: &CudaBackend, mut seed: u64) {
     for d in [64, 128] {
         for dtype in ["tq3", "tq2", "k4v3", "k4v2", "k3v2", "k2v3"] {
             for (group, centered) in [(1, true), (4, false), (8, true)] {
@@ -608,6 +602,120 @@ fn int8_value_sums_match_the_cpu_backend() {
                 seed,
             );
         }
+    }
+}
+
+/// The default kernels' int8 value products: the CPU backend's int8 value table (the same
+/// centroids as its own value sums where it has int8 products) and weights rounded to u8 per
+/// 32-key tile and head, each within 0.5/255 of the tile's largest; the same tolerance as the
+/// f16 value sums.
+#[test]
+fn int8_value_sums_match_the_cpu_backend() {
+    let Some(g) = gpu() else { return };
+    value_sums_match_the_cpu_backend(g, 201);
+}
+
+#[test]
+fn f16_value_sums_match_the_cpu_backend() {
+    let Some(g) = gpu_f16_values() else { return };
+    value_sums_match_the_cpu_backend(g, 301);
+}
+
+/// Value scales are norms, so no encoder writes a negative one, but a block from outside (a
+/// corrupt or hand-made snapshot) may hold some. The int8 value sums round weights × scales
+/// to u8, where a negative one would wrap: a 32-key tile holding one takes the f16 sums, as
+/// the CPU backend's spans take its f32 pass. Blocks written on the CPU, some value scales
+/// negated, imported into both backends: the attention of the next token matches.
+#[test]
+fn negative_value_scales_match_the_cpu_backend() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let mut r = Rng(401);
+    for (dtype, d, group) in [("tq3", 128, 4), ("k4v2", 64, 8), ("k3v2", 128, 1)] {
+        let kv_heads = 2;
+        let geo = AttnGeometry {
+            n_heads: kv_heads * group,
+            n_kv_heads: kv_heads,
+            head_dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+        };
+        let rope = Rope {
+            inv_freq: (0..d / 2)
+                .map(|i| 10000f32.powf(-(2.0 * i as f32) / d as f32))
+                .collect(),
+            style: RopeStyle::HalfSplit,
+        };
+        let case = Case {
+            dtype,
+            d,
+            group,
+            centered: false,
+            window: NO_WINDOW,
+            sliding: None,
+        };
+        let layout = layout(&case, kv_heads, &mut r);
+        let codec =
+            LayerCodec::new(layout.layers[0].dtype, d, 0, &layout.codec_options(0)).unwrap();
+        let (kb, v_layout) = (
+            codec.key.block_layout(BS).unwrap().total_bytes,
+            codec.value.block_layout(BS).unwrap(),
+        );
+        let (mut cpool, mut gpool) = (
+            c.kv_pool(&layout, 0).unwrap(),
+            g.kv_pool(&layout, 0).unwrap(),
+        );
+        let hist: usize = 300;
+        let table: Vec<u32> = (0..(hist + 1).div_ceil(BS) as u32).collect();
+        let w = geo.qkv_width();
+        let span = |first_pos, n_tokens| SeqSpan {
+            first_row: 0,
+            n_tokens,
+            first_pos,
+            blocks: &table,
+        };
+        let mut cq = CpuTensor::from_vec(r.vec(hist * w, 1.5), hist, w).unwrap();
+        c.write_kv(&mut cq, &geo, &rope, None, &[span(0, hist)], &mut cpool)
+            .unwrap();
+        // Tokens 64..160 (three to four 32-key tiles), every fifth: the value scale negated.
+        let mut bytes = Vec::new();
+        let mut negated = 0;
+        for &b in &table {
+            c.read_kv_block(&cpool, b, &mut bytes).unwrap();
+            for head in bytes.chunks_exact_mut(kb + v_layout.total_bytes) {
+                for slot in 0..BS {
+                    let t = b as usize * BS + slot;
+                    if (64..160).contains(&t) && t % 5 == 2 {
+                        let at = kb + v_layout.scalars_range(slot).start;
+                        head[at + 1] ^= 0x80;
+                        negated += 1;
+                    }
+                }
+            }
+            c.write_kv_block(&mut cpool, b, &bytes).unwrap();
+            g.write_kv_block(&mut gpool, b, &bytes).unwrap();
+        }
+        assert!(negated > 0);
+        let qkv = r.vec(w, 1.5);
+        let mut cq = CpuTensor::from_vec(qkv.clone(), 1, w).unwrap();
+        let mut gq = g.tensor_from_host(&qkv, 1, w).unwrap();
+        let spans = [span(hist, 1)];
+        c.write_kv(&mut cq, &geo, &rope, None, &spans, &mut cpool)
+            .unwrap();
+        g.write_kv(&mut gq, &geo, &rope, None, &spans, &mut gpool)
+            .unwrap();
+        let e = compare_attention(
+            g,
+            &c,
+            &cq,
+            &gq,
+            &geo,
+            &spans,
+            (&cpool, &gpool),
+            (None, None),
+            &format!("{dtype} d={d} group {group} negated value scales"),
+            0,
+        );
+        eprintln!("{dtype} d={d} group {group}: negated value scales, max err {e:.2e}");
     }
 }
 

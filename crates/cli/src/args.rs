@@ -462,7 +462,7 @@ pub struct BenchAttentionArgs {
     pub contiguous_blocks: bool,
     /// Also time every other instantiation of the 16-bit decode kernel, and the compressed
     /// formats on the f16 keys-as-M kernels where the default takes int8 key products, and
-    /// with int8 value products (`TURBOKV_CODED_INT8_VALUES`).
+    /// with f16 value sums where the default takes int8 ones (`TURBOKV_CODED_INT8_VALUES=0`).
     #[arg(long)]
     pub compare_variants: bool,
     /// Skip the PyTorch SDPA peer.

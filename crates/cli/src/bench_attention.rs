@@ -156,7 +156,7 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
     );
     // (label, options, whether it times compressed formats): the default choice, then (with
     // --compare-variants) each 16-bit instantiation for this head_dim forced for every shape,
-    // and the compressed formats on the f16 coded kernels and with int8 value products.
+    // and the compressed formats on the f16 coded kernels and with f16 value sums.
     let mut configs: Vec<(String, CudaOptions, Option<bool>)> =
         vec![("default".into(), base.clone(), None)];
     if args.compare_variants {
@@ -182,9 +182,9 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
             Some(true),
         ));
         configs.push((
-            "coded-int8-values".into(),
+            "coded-f16-values".into(),
             CudaOptions {
-                coded_int8_values: true,
+                coded_int8_values: false,
                 ..base.clone()
             },
             Some(true),

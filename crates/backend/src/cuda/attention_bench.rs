@@ -74,14 +74,15 @@ impl CudaBackend {
         case: &DecodeAttentionCase,
     ) -> Result<DecodeAttentionTiming, Error> {
         let g = &case.geometry;
-        // Coded pools are filled with random f16 bit patterns too: random codes, and finite
-        // scales (the kernels' speed does not depend on the values).
-        let is_bf16 = match case.dtype {
+        // Coded pools are filled with random f16 magnitudes: random codes, and finite
+        // non-negative scales, as an encoder writes (the kernels' speed does not depend on the
+        // values, but a negative scale sends a tile of int8 value sums to the f16 ones).
+        let form = match case.dtype {
             KvDtype::Bf16 => 1i32,
             KvDtype::F16 => 0i32,
             other if other.is_compressed() => {
                 self.check_kv_dtype(other, g.head_dim)?;
-                0i32
+                2i32
             }
             other => return Err(unsupported_kv(other)),
         };
@@ -134,7 +135,7 @@ impl CudaBackend {
                 let s = splitmix(&mut seed);
                 let scale = 1.0f32;
                 let mut b = self.stream.launch_builder(&self.k.fill_random_kv);
-                b.arg(half).arg(&n).arg(&s).arg(&scale).arg(&is_bf16);
+                b.arg(half).arg(&n).arg(&s).arg(&scale).arg(&form);
                 // SAFETY: the kernel writes `n` elements of the buffer, which holds `n`.
                 unsafe { b.launch(self.grid_1d(n as usize)) }
                     .map_err(cuda_err("fill_random_kv"))?;

@@ -257,10 +257,10 @@ pub struct CudaOptions {
     pub coded_int8_keys: bool,
     /// With `coded_int8_keys`, 2- and 3-bit TurboQuant values are summed through int8 MMAs too
     /// (`attn_codes_k8v_*`: codes looked up in the CPU backend's int8 value table, weights ×
-    /// value scales rounded to u8 per 32-key tile and head). Measured 5–16% faster than the
-    /// default from batch 8 × 32k up (BENCHMARKS.md); off by default because a negative value
-    /// scale (never written by an encoder: scales are norms) would wrap in the u8 rounding.
-    /// Tests cover both.
+    /// value scales rounded to u8 per 32-key tile and head; a tile where one of those is
+    /// negative or not finite — never in a cache the encoders wrote, as scales are norms —
+    /// takes the f16 sums). Default on: measured 5–16% faster than the f16 value sums from
+    /// batch 8 × 32k up (BENCHMARKS.md); off sums every value as f16 (tests cover both).
     pub coded_int8_values: bool,
 }
 
@@ -282,7 +282,7 @@ impl Default for CudaOptions {
             prefill_warps: 4,
             coded_prefill_tiles: true,
             coded_int8_keys: true,
-            coded_int8_values: false,
+            coded_int8_values: true,
         }
     }
 }

@@ -1860,18 +1860,14 @@ __device__ __forceinline__ bool exact_split_block(float* sh, ATTN_PARAMS, const 
 }
 
 
-// The rest of a keys-as-M tile after the scores s (Sᵀ fragments of the warp's NS steps of 16
-// keys from tile row kw, masked keys -inf, log2 units): the online softmax update of heads 2c,
-// 2c + 1 (state m, l; accumulators o rescaled only when a maximum moves) and O += P·V over the
-// staged value codes at vs (records of the tile, scales at vs + vsc_at), looked up as f16.
-template <int D, int VB, int NS>
-__device__ __forceinline__ void keys_as_m_values(float (&o)[D / 16][4], float (&s)[NS][4], float& m0,
-    float& m1, float& l0, float& l1, const unsigned char* vs, int vsc_at, const u32* vlo, const u32* vhi,
-    int kw, int lane)
+// The online softmax of a keys-as-M tile's scores s (Sᵀ fragments of the warp's NS steps of
+// 16 keys, heads 2c, 2c + 1; masked keys -inf, log2 units): the running maxima m cover the
+// tile (l and the accumulators o rescaled only when one moves, which after the first tiles is
+// rare), then s holds the weights exp2(s − m), added into l.
+template <int D, int NS>
+__device__ __forceinline__ void keys_as_m_softmax(float (&o)[D / 16][4], float (&s)[NS][4], float& m0,
+    float& m1, float& l0, float& l1)
 {
-    constexpr int VROW = D * code_bits(VB) / 8, VR = D / 8, VRB = VR * code_bits(VB) / 8;
-    constexpr float VS = code_scale(VB);
-    const int c = lane & 3, q = lane >> 2;
     float mx0 = m0, mx1 = m1;
 #pragma unroll
     for (int st = 0; st < NS; st++) {
@@ -1883,7 +1879,6 @@ __device__ __forceinline__ void keys_as_m_values(float (&o)[D / 16][4], float (&
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
     }
-    // The running maxima settle after the first tiles: rescale only when one moved.
     if (__any_sync(0xffffffffu, mx0 > m0 || mx1 > m1)) {
         const float c0 = exp2_ftz(m0 - mx0), c1 = exp2_ftz(m1 - mx1);
         m0 = mx0; m1 = mx1;
@@ -1899,14 +1894,40 @@ __device__ __forceinline__ void keys_as_m_values(float (&o)[D / 16][4], float (&
         s[st][2] = exp2_ftz(s[st][2] - m0); s[st][3] = exp2_ftz(s[st][3] - m1);
         l0 += s[st][0] + s[st][2];
         l1 += s[st][1] + s[st][3];
-        // Weights × the keys' value scales (a weight of exactly 0 — a masked key — stays 0
-        // whatever its stale scale), transposed into the B fragment of the value MMAs.
+    }
+}
+
+// The weights p of a keys-as-M tile (keys_as_m_softmax) × `mul` × the keys' value scales (at
+// vsc, one per tile row): heads 2c, 2c + 1 of keys q, q + 8 of each step. A masked key's weight
+// is exactly 0 and stays 0 whatever its stale scale.
+template <int NS>
+__device__ __forceinline__ void scaled_weights(float (&w)[NS][4], const float (&p)[NS][4],
+                                               const u16* vsc, float mul, int kw, int lane)
+{
+    const int q = lane >> 2;
+#pragma unroll
+    for (int st = 0; st < NS; st++) {
         const int ka = kw + 16 * st + q, kb = ka + 8;
-        const u16* vsc = (const u16*)(vs + vsc_at);
-        const float va = VS * f16_to_f32(vsc[ka]), vb = VS * f16_to_f32(vsc[kb]);
-        auto w = [](float pv, float sv) { return pv > 0.f ? pv * sv : 0.f; };
-        const u32 pb0 = movmatrix_trans(pack_f16(w(s[st][0], va), w(s[st][1], va)));
-        const u32 pb1 = movmatrix_trans(pack_f16(w(s[st][2], vb), w(s[st][3], vb)));
+        const float va = mul * f16_to_f32(vsc[ka]), vb = mul * f16_to_f32(vsc[kb]);
+        w[st][0] = p[st][0] > 0.f ? p[st][0] * va : 0.f;
+        w[st][1] = p[st][1] > 0.f ? p[st][1] * va : 0.f;
+        w[st][2] = p[st][2] > 0.f ? p[st][2] * vb : 0.f;
+        w[st][3] = p[st][3] > 0.f ? p[st][3] * vb : 0.f;
+    }
+}
+
+// O += W·V for a keys-as-M tile: the scaled weights w (scaled_weights) as f16 B fragments, the
+// staged value codes at vs (tile records) looked up as f16 centroids.
+template <int D, int VB, int NS>
+__device__ __forceinline__ void values_f16(float (&o)[D / 16][4], const float (&w)[NS][4],
+    const unsigned char* vs, const u32* vlo, const u32* vhi, int kw, int lane)
+{
+    constexpr int VROW = D * code_bits(VB) / 8, VR = D / 8, VRB = VR * code_bits(VB) / 8;
+    const int c = lane & 3, q = lane >> 2;
+#pragma unroll
+    for (int st = 0; st < NS; st++) {
+        const u32 pb0 = movmatrix_trans(pack_f16(w[st][0], w[st][1]));
+        const u32 pb1 = movmatrix_trans(pack_f16(w[st][2], w[st][3]));
         // Value runs q of keys 2c, 2c + 1, 2c + 8, 2c + 9 of the step.
         u32 vw[4][(VRB + 3) / 4];
 #pragma unroll
@@ -1932,6 +1953,19 @@ __device__ __forceinline__ void keys_as_m_values(float (&o)[D / 16][4], float (&
     }
 }
 
+// The rest of a keys-as-M tile after the scores s: the online softmax update and O += P·V
+// over the staged value codes at vs (records of the tile, scales at vs + vsc_at) as f16.
+template <int D, int VB, int NS>
+__device__ __forceinline__ void keys_as_m_values(float (&o)[D / 16][4], float (&s)[NS][4], float& m0,
+    float& m1, float& l0, float& l1, const unsigned char* vs, int vsc_at, const u32* vlo, const u32* vhi,
+    int kw, int lane)
+{
+    keys_as_m_softmax<D, NS>(o, s, m0, m1, l0, l1);
+    float w[NS][4];
+    scaled_weights<NS>(w, s, (const u16*)(vs + vsc_at), code_scale(VB), kw, lane);
+    values_f16<D, VB, NS>(o, w, vs, vlo, vhi, kw, lane);
+}
+
 template <int D, int KB, int VB, int TK, int STAGES, int NW>
 __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const u32* fmt,
                                                   const ExactArgs& xa, int window)
@@ -1939,8 +1973,7 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
     constexpr int NTH = NW * 32, KPW = TK / NW, NS = KPW / 16;   // 16-key steps per warp
     static_assert(KPW % 16 == 0, "a warp's keys are whole 16-key steps");
     using KC = KvCodes<D, KB, VB>;
-    constexpr int KROW = KC::KROW, VROW = KC::VROW, KR = KC::KR, VR = KC::VR;
-    constexpr int KRB = KC::KRB, VRB = KC::VRB;
+    constexpr int KROW = KC::KROW, VROW = KC::VROW, KR = KC::KR, KRB = KC::KRB;
     constexpr int KT = KC::template k_tile_bytes<TK>(), VT = KC::template v_tile_bytes<TK>();
     constexpr int STAGE_BYTES = KT + VT;
     const int n_coded = n_splits - exact_splits(xa);
@@ -2081,47 +2114,30 @@ constexpr float MAGIC = 12582912.0f;
 template <int D, int VB, int NS>
 __device__ __forceinline__ void keys_as_m_values_s8(float (&o)[D / 16][4], float (&s)[NS][4], float& m0,
     float& m1, float& l0, float& l1, const unsigned char* vs, int vsc_at, const u32* vtab, float vstep,
-    int kw, int lane)
+    const u32* vlo, const u32* vhi, int kw, int lane)
 {
     static_assert(NS == 2 && (VB == 2 || VB == 3), "32-key tiles of 2- or 3-bit value codes");
     constexpr int VROW = D * VB / 8, VR = D / 8, VRB = VR * VB / 8;
     const int c = lane & 3, q = lane >> 2;
-    float mx0 = m0, mx1 = m1;
+    keys_as_m_softmax<D, NS>(o, s, m0, m1, l0, l1);
+    float w[NS][4];
+    scaled_weights<NS>(w, s, (const u16*)(vs + vsc_at), 1.f, kw, lane);
+    // Scales are norms, so weights × scales are finite and non-negative in any cache the
+    // encoders wrote; a tile holding another (a corrupt or hand-made block) would wrap in the
+    // u8 rounding, and takes the f16 sums instead, as the CPU backend's spans take its f32 pass.
+    u32 top = 0;   // the largest bit pattern: below +inf's iff every weight is in [+0, +inf)
+#pragma unroll
+    for (int st = 0; st < NS; st++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) top = max(top, __float_as_uint(w[st][j]));
+    if (!__all_sync(0xffffffffu, top < 0x7f800000u)) {
+        values_f16<D, VB, NS>(o, w, vs, vlo, vhi, kw, lane);
+        return;
+    }
+    // Each head's largest over the tile.
+    float w0 = 0.f, w1 = 0.f;
 #pragma unroll
     for (int st = 0; st < NS; st++) {
-        mx0 = fmaxf(mx0, fmaxf(s[st][0], s[st][2]));
-        mx1 = fmaxf(mx1, fmaxf(s[st][1], s[st][3]));
-    }
-#pragma unroll
-    for (int x = 4; x < 32; x <<= 1) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-    }
-    if (__any_sync(0xffffffffu, mx0 > m0 || mx1 > m1)) {
-        const float c0 = exp2_ftz(m0 - mx0), c1 = exp2_ftz(m1 - mx1);
-        m0 = mx0; m1 = mx1;
-        l0 *= c0; l1 *= c1;
-#pragma unroll
-        for (int nd = 0; nd < D / 16; nd++) {
-            o[nd][0] *= c0; o[nd][1] *= c1; o[nd][2] *= c0; o[nd][3] *= c1;
-        }
-    }
-    // Weights × value scales (heads 2c, 2c + 1 of keys q, q + 8 of each step; a masked key's
-    // weight is 0 whatever its stale scale), and each head's largest over the tile.
-    const u16* vsc = (const u16*)(vs + vsc_at);
-    float w[NS][4], w0 = 0.f, w1 = 0.f;
-#pragma unroll
-    for (int st = 0; st < NS; st++) {
-        s[st][0] = exp2_ftz(s[st][0] - m0); s[st][1] = exp2_ftz(s[st][1] - m1);
-        s[st][2] = exp2_ftz(s[st][2] - m0); s[st][3] = exp2_ftz(s[st][3] - m1);
-        l0 += s[st][0] + s[st][2];
-        l1 += s[st][1] + s[st][3];
-        const int ka = kw + 16 * st + q, kb = ka + 8;
-        const float va = f16_to_f32(vsc[ka]), vb = f16_to_f32(vsc[kb]);
-        w[st][0] = s[st][0] > 0.f ? s[st][0] * va : 0.f;
-        w[st][1] = s[st][1] > 0.f ? s[st][1] * va : 0.f;
-        w[st][2] = s[st][2] > 0.f ? s[st][2] * vb : 0.f;
-        w[st][3] = s[st][3] > 0.f ? s[st][3] * vb : 0.f;
         w0 = fmaxf(w0, fmaxf(w[st][0], w[st][2]));
         w1 = fmaxf(w1, fmaxf(w[st][1], w[st][3]));
     }
@@ -2192,8 +2208,7 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
     constexpr int NTH = NW * 32, KPW = TK / NW, NS = KPW / 16;   // 16-key steps per warp
     static_assert(KPW % 16 == 0, "a warp's keys are whole 16-key steps");
     using KC = KvCodes<D, KB, VB>;
-    constexpr int KROW = KC::KROW, VROW = KC::VROW, KR = KC::KR, VR = KC::VR;
-    constexpr int KRB = KC::KRB, VRB = KC::VRB;
+    constexpr int KROW = KC::KROW, VROW = KC::VROW, KR = KC::KR, KRB = KC::KRB;
     constexpr int KT = KC::template k_tile_bytes<TK>(), VT = KC::template v_tile_bytes<TK>();
     constexpr int STAGE_BYTES = KT + VT;
     const int n_coded = n_splits - exact_splits(xa);
@@ -2329,7 +2344,8 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
             }
         }
         if constexpr (V8)
-            keys_as_m_values_s8<D, VB, NS>(o, s, m0, m1, l0, l1, vs, TK * VROW, vtab, vstep, kw, lane);
+            keys_as_m_values_s8<D, VB, NS>(o, s, m0, m1, l0, l1, vs, TK * VROW, vtab, vstep, f.vlo, f.vhi,
+                                           kw, lane);
         else
             keys_as_m_values<D, VB, NS>(o, s, m0, m1, l0, l1, vs, TK * VROW, f.vlo, f.vhi, kw, lane);
     }

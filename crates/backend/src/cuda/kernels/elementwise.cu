@@ -142,10 +142,14 @@ extern "C" __global__ void upload_words(UploadRuns runs) {
     }
 }
 
-// out[i] = a random 16-bit KV value (bf16 or f16) uniform in [-scale, scale]: benchmark caches.
-extern "C" __global__ void fill_random_kv(u16* out, u64 n, u64 seed, float scale, int is_bf16) {
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x)
-        out[i] = kv_store(uniform_at(i, seed, scale), is_bf16);
+// out[i] = a random 16-bit KV value uniform in [-scale, scale] (`form` 1: bf16, 0: f16), or its
+// magnitude as f16 (`form` 2: a coded pool's bytes, whose scales are then norms as an
+// encoder's are): benchmark caches.
+extern "C" __global__ void fill_random_kv(u16* out, u64 n, u64 seed, float scale, int form) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+        const float x = uniform_at(i, seed, scale);
+        out[i] = form == 2 ? kv_store(fabsf(x), 0) : kv_store(x, form);
+    }
 }
 
 // Keeps the GPU busy for `ns` nanoseconds (one thread): benchmarks queue the launches they
