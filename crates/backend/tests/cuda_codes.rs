@@ -14,7 +14,7 @@
 //!   The kernel with int8 key products (TurboQuant keys and values, groups up to 8, the
 //!   default) reads key centroids rounded to int8 instead, each within 0.5% of the largest
 //!   (`int8_table`), and queries as 16-bit integers; with int8 value products (2- and 3-bit
-//!   values and tq4's, the default) values are looked up in the CPU backend's own int8 value table and
+//!   values, the default) values are looked up in the CPU backend's own int8 value table and
 //!   weights rounded to u8 per 32-key tile and head (each within 0.5/255 of the tile's largest). Outputs of size ≈ rms(V): 1e-2 absolute +
 //!   2e-2 relative (the bf16 tolerance of the 16-bit tests), and on the same bytes (a block
 //!   moved between backends) the same.
@@ -566,12 +566,11 @@ fn the_f16_keys_as_m_kernels_match_the_cpu_backend() {
     }
 }
 
-/// Plain pools of every width pair the kernels with int8 value products serve (2- and 3-bit
-/// values, and 4-bit keys with 4-bit values), GQA 1/4/8,
+/// Plain pools of every width pair the kernels with int8 value products serve, GQA 1/4/8,
 /// centered or not, and a preset's exact window beside the codes.
 fn value_sums_match_the_cpu_backend(g: &CudaBackend, mut seed: u64) {
     for d in [64, 128] {
-        for dtype in ["tq4", "tq3", "tq2", "k4v3", "k4v2", "k3v2", "k2v3"] {
+        for dtype in ["tq3", "tq2", "k4v3", "k4v2", "k3v2", "k2v3"] {
             for (group, centered) in [(1, true), (4, false), (8, true)] {
                 seed += 1;
                 run_case(
@@ -636,12 +635,7 @@ fn negative_value_scales_match_the_cpu_backend() {
     let Some(g) = gpu() else { return };
     let c = CpuBackend::new();
     let mut r = Rng(401);
-    for (dtype, d, group) in [
-        ("tq3", 128, 4),
-        ("k4v2", 64, 8),
-        ("k3v2", 128, 1),
-        ("tq4", 128, 4),
-    ] {
+    for (dtype, d, group) in [("tq3", 128, 4), ("k4v2", 64, 8), ("k3v2", 128, 1)] {
         let kv_heads = 2;
         let geo = AttnGeometry {
             n_heads: kv_heads * group,

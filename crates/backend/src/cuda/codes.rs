@@ -19,7 +19,7 @@ use super::cuda_err;
 use crate::Error;
 
 /// u32 words of one role's format descriptor (write_kv.cu `CODE_DESC_WORDS`).
-pub(crate) const DESC_WORDS: usize = 305;
+pub(crate) const DESC_WORDS: usize = 300;
 /// Keys per staged tile of the coded decode kernels (attention.cu `ATTN_CODES`).
 pub(crate) const CODE_TILE: usize = 128;
 /// Warps per block of the coded decode kernels.
@@ -50,12 +50,8 @@ pub(crate) const INT8_TABLE_WORD: usize = 288;
 pub(crate) const INT8_PAIR_WORD: usize = 296;
 /// The descriptor word where a TurboQuant role's int8 value codebook starts (attention.cu
 /// `INT8_VALUE_WORD`): two words of table bytes, then the step as f32 bits
-/// ([`int8_value_bytes`]).
+/// ([`int8_value_words`]).
 pub(crate) const INT8_VALUE_WORD: usize = 293;
-/// Where 4-bit sign-magnitude value records' int8 codebook starts (attention.cu
-/// `INT8_VALUE4_WORD`): the 8 magnitudes' bytes (two words), their negatives (two words), then
-/// the step as f32 bits ([`int8_value_bytes`] of the 16 centroids).
-pub(crate) const INT8_VALUE4_WORD: usize = 300;
 /// Tile bytes a coded kernel keeps in flight (attention.cu `code_stages`).
 const CODE_BYTES_IN_FLIGHT: usize = 49152;
 
@@ -193,14 +189,12 @@ impl CodeVariant {
     }
 
     /// Whether the kernel with int8 key and value products (`int8_values_name`) is
-    /// instantiated: those of [`has_int8_keys`](Self::has_int8_keys) with 2- or 3-bit values,
-    /// and 4-bit keys and values (attention.cu `ATTN_CODES_V8_FORMS`).
+    /// instantiated: those of [`has_int8_keys`](Self::has_int8_keys) with 2- or 3-bit values
+    /// (attention.cu `ATTN_CODES_V8_FORMS`).
     pub(crate) fn has_int8_values(&self) -> bool {
         self.has_int8_keys()
-            && matches!(
-                (self.key, self.value),
-                (CodeForm::Mse(2..=4), CodeForm::Mse(2 | 3)) | (CodeForm::Mse(4), CodeForm::Mse(4))
-            )
+            && matches!(self.value, CodeForm::Mse(2 | 3))
+            && matches!(self.key, CodeForm::Mse(2..=4))
     }
 
     /// The name of its kernel with int8 key and value products (attention.cu
@@ -372,20 +366,10 @@ pub(crate) fn descriptor(
             if sign_magnitude {
                 w[INT8_PAIR_WORD..INT8_PAIR_WORD + 4].copy_from_slice(&int8_pair_words(&bytes));
             }
-            let (bytes, step) = int8_value_bytes(&h.centroids);
             if h.centroids.len() <= 8 {
-                w[INT8_VALUE_WORD..INT8_VALUE_WORD + 2].copy_from_slice(&words(&bytes[..8]));
+                let (tables, step) = int8_value_words(&h.centroids);
+                w[INT8_VALUE_WORD..INT8_VALUE_WORD + 2].copy_from_slice(&tables);
                 w[INT8_VALUE_WORD + 2] = step.to_bits();
-            } else if sign_magnitude {
-                // Magnitude m is centroid 8 + m (`table`), its negative centroid 7 − m.
-                let mags: Vec<u8> = bytes[8..].to_vec();
-                let negs: Vec<u8> = mags
-                    .iter()
-                    .map(|&b| (b as i8).wrapping_neg() as u8)
-                    .collect();
-                w[INT8_VALUE4_WORD..INT8_VALUE4_WORD + 2].copy_from_slice(&words(&mags));
-                w[INT8_VALUE4_WORD + 2..INT8_VALUE4_WORD + 4].copy_from_slice(&words(&negs));
-                w[INT8_VALUE4_WORD + 4] = step.to_bits();
             }
         }
     }
@@ -408,31 +392,23 @@ fn int8_pair_words(mags: &[u8; 8]) -> [u32; 4] {
     [word(&neg, 0), word(&neg, 4), word(&pos, 0), word(&pos, 4)]
 }
 
-/// The int8 value codebook of at most 16 signed centroids (attention.cu
+/// The int8 value codebook of at most 8 signed centroids (attention.cu
 /// `keys_as_m_values_s8`): byte j is `round(c[j] / step)` (halves away from zero) with
 /// `step = max|c| / 127`, the CPU backend's int8 value table (cpu/direct_vnni.rs
-/// `Codebook::signed`), so both backends sum the same centroids; then the step. Zeros past
-/// the centroids, and everywhere (step 0) for a codebook without a finite non-zero centroid.
-pub(crate) fn int8_value_bytes(centroids: &[f32]) -> ([u8; 16], f32) {
+/// `Codebook::signed`), so both backends sum the same centroids; then the step.
+pub(crate) fn int8_value_words(centroids: &[f32]) -> ([u32; 2], f32) {
     let max = centroids.iter().fold(0f32, |m, c| m.max(c.abs()));
     if !(max.is_finite() && max > 0.0) {
-        return ([0; 16], 0.0);
+        return ([0; 2], 0.0);
     }
     let step = max / 127.0;
-    let mut b = [0u8; 16];
+    let mut b = [0u8; 8];
     for (b, &c) in b.iter_mut().zip(centroids) {
         let y = c / step;
         *b = ((y + 0.5f32.copysign(y)) as i32).clamp(-127, 127) as i8 as u8;
     }
-    (b, step)
-}
-
-/// Little-endian words of `bytes` (a multiple of 4).
-fn words(bytes: &[u8]) -> Vec<u32> {
-    bytes
-        .chunks_exact(4)
-        .map(|q| u32::from_le_bytes([q[0], q[1], q[2], q[3]]))
-        .collect()
+    let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    ([word(0), word(4)], step)
 }
 
 /// A codebook of at most 8 centroids as int8 bytes for the kernels with int8 key products
@@ -719,12 +695,16 @@ mod tests {
     fn int8_value_tables_round_to_the_nearest_127th_of_the_largest() {
         use turbokv_codec::codebook::Codebook;
         for d in [64, 128] {
-            for bits in [2u8, 3, 4] {
+            for bits in [2u8, 3] {
                 let c = Codebook::get(d, bits).unwrap().centroids().to_vec();
-                let (bytes, step) = int8_value_bytes(&c);
+                let (words, step) = int8_value_words(&c);
                 let cmax = c.iter().fold(0f32, |m, x| m.max(x.abs()));
                 assert_eq!(step, cmax / 127.0);
-                let bytes: Vec<i8> = bytes.iter().map(|&b| b as i8).collect();
+                let bytes: Vec<i8> = words
+                    .iter()
+                    .flat_map(|w| w.to_le_bytes())
+                    .map(|b| b as i8)
+                    .collect();
                 for (j, &x) in c.iter().enumerate() {
                     let got = f32::from(bytes[j]) * step;
                     assert!((got - x).abs() <= 0.5 * step * 1.0001, "d={d} b={bits} {j}");
@@ -734,39 +714,7 @@ mod tests {
                 assert!(bytes[c.len()..].iter().all(|&b| b == 0));
             }
         }
-        assert_eq!(int8_value_bytes(&[0.0; 4]), ([0; 16], 0.0));
-    }
-
-    /// A 4-bit value descriptor's tables (attention.cu `Codes<4>::int8`: a sign-magnitude
-    /// record's magnitudes, then their negatives) are the CPU's int8 value table.
-    #[test]
-    fn four_bit_value_descriptors_hold_the_cpu_value_table() {
-        use turbokv_codec::codebook::Codebook;
-        for d in [64, 128] {
-            let c = Codebook::get(d, 4).unwrap().centroids().to_vec();
-            let (want, step) = int8_value_bytes(&c);
-            let f = LayerCodec::new("tq4".parse().unwrap(), d, 0, &Default::default())
-                .unwrap()
-                .value
-                .device_format()
-                .unwrap();
-            let layout = LayerCodec::new("tq4".parse().unwrap(), d, 0, &Default::default())
-                .unwrap()
-                .value
-                .block_layout(16)
-                .unwrap();
-            let w = descriptor(&f, &layout, runs(d).1).unwrap();
-            let tab: Vec<u8> = w[INT8_VALUE4_WORD..INT8_VALUE4_WORD + 4]
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect();
-            assert_eq!(f32::from_bits(w[INT8_VALUE4_WORD + 4]), step);
-            // Centroid 8 + m is magnitude m, centroid 7 − m its negative.
-            for m in 0..8 {
-                assert_eq!(tab[m], want[8 + m], "d={d} magnitude {m}");
-                assert_eq!(tab[8 + m], want[7 - m], "d={d} negative {m}");
-            }
-        }
+        assert_eq!(int8_value_words(&[0.0; 4]), ([0; 2], 0.0));
     }
 
     #[test]

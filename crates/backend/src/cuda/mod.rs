@@ -255,8 +255,7 @@ pub struct CudaOptions {
     /// int8 centroids, each within 0.5% of the largest). Default on; off runs the f16
     /// keys-as-M kernel (tests cover both).
     pub coded_int8_keys: bool,
-    /// With `coded_int8_keys`, 2- and 3-bit TurboQuant values (and 4-bit ones beside 4-bit
-    /// keys) are summed through int8 MMAs too
+    /// With `coded_int8_keys`, 2- and 3-bit TurboQuant values are summed through int8 MMAs too
     /// (`attn_codes_k8v_*`: codes looked up in the CPU backend's int8 value table, weights ×
     /// value scales rounded to u8 per 32-key tile and head; a tile where one of those is
     /// negative or not finite — never in a cache the encoders wrote, as scales are norms —

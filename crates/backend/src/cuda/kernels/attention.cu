@@ -2099,15 +2099,12 @@ __device__ __forceinline__ void mma_s8u8(int* d, const u32* a, u32 b0, u32 b1, i
 // words of table bytes, round(c[j] / step) with step = max|c| / 127 (the CPU backend's int8
 // value table), then step as f32 bits.
 constexpr int INT8_VALUE_WORD = 293;
-// 4-bit sign-magnitude value records' (cuda/codes.rs `INT8_VALUE4_WORD`): the same table as two
-// words of the 8 magnitudes and two of their negatives (Codes<4>::int8), then step.
-constexpr int INT8_VALUE4_WORD = 300;
 // 1.5 · 2^23: an int32 x with |x| < 2^22 added to its bits reads as the float MAGIC + x, so
 // the MMAs' sums start from it and become floats with one subtraction, and a float y in
 // [0, 2^22) plus MAGIC holds round(y) in its low bits.
 constexpr float MAGIC = 12582912.0f;
 
-// keys_as_m_values with the value products in int8 (2-, 3- and 4-bit value codes): per warp tile
+// keys_as_m_values with the value products in int8 (2- and 3-bit value codes): per warp tile
 // of 32 keys (NS = 2 steps), each head's weights × value scales are rounded to u8 against the
 // tile's largest (so a weight moves by at most 0.5/255 of it), the codes are looked up as int8
 // centroids (four per prmt, then a 4×4 byte transpose gives each A register one dim of four
@@ -2119,7 +2116,7 @@ __device__ __forceinline__ void keys_as_m_values_s8(float (&o)[D / 16][4], float
     float& m1, float& l0, float& l1, const unsigned char* vs, int vsc_at, const u32* vtab, float vstep,
     const u32* vlo, const u32* vhi, int kw, int lane)
 {
-    static_assert(NS == 2 && VB >= 2 && VB <= 4, "32-key tiles of 2- to 4-bit value codes");
+    static_assert(NS == 2 && (VB == 2 || VB == 3), "32-key tiles of 2- or 3-bit value codes");
     constexpr int VROW = D * VB / 8, VR = D / 8, VRB = VR * VB / 8;
     const int c = lane & 3, q = lane >> 2;
     keys_as_m_softmax<D, NS>(o, s, m0, m1, l0, l1);
@@ -2202,7 +2199,7 @@ __device__ __forceinline__ void keys_as_m_values_s8(float (&o)[D / 16][4], float
     }
 }
 
-// V8: values through keys_as_m_values_s8 (2- to 4-bit value codes) and 4-bit keys as
+// V8: values through keys_as_m_values_s8 (2- and 3-bit value codes) and 4-bit keys as
 // Codes<4>::int8_pair; else values as f16 and 4-bit keys through Codes<4>::int8.
 template <int D, int KB, int VB, int TK, int STAGES, int NW, bool V8 = false>
 __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const u32* fmt,
@@ -2229,13 +2226,8 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
     u32 ptab[4];   // 4-bit keys' one-sided tables (V8 kernels)
 #pragma unroll
     for (int i = 0; i < 4; i++) ptab[i] = fmt[INT8_PAIR_WORD + i];
-    // The int8 value codebook (V8 kernels): 2- and 3-bit codes' signed table, or 4-bit
-    // records' magnitudes and their negatives; then the step.
-    constexpr int VTW = VB == 4 ? 4 : 2, VTAB = CODE_DESC_WORDS + (VB == 4 ? INT8_VALUE4_WORD : INT8_VALUE_WORD);
-    u32 vtab[VTW];
-#pragma unroll
-    for (int i = 0; i < VTW; i++) vtab[i] = fmt[VTAB + i];
-    const float vstep = __uint_as_float(fmt[VTAB + VTW]);
+    const u32 vtab[2] = {fmt[CODE_DESC_WORDS + INT8_VALUE_WORD], fmt[CODE_DESC_WORDS + INT8_VALUE_WORD + 1]};
+    const float vstep = __uint_as_float(fmt[CODE_DESC_WORDS + INT8_VALUE_WORD + 2]);
     unsigned char* stage = (unsigned char*)sh;   // [STAGES][K tile, V tile]
     auto issue = [&](int t) {
         if (t < ntiles) {
@@ -2429,7 +2421,7 @@ ATTN_CODES_TQ_FORMS(ATTN_CODES_K8, 128)
     }
 #define ATTN_CODES_V8_FORMS(X, ...) \
     X(__VA_ARGS__, 4, 3) X(__VA_ARGS__, 4, 2) X(__VA_ARGS__, 3, 3) X(__VA_ARGS__, 3, 2) \
-    X(__VA_ARGS__, 2, 3) X(__VA_ARGS__, 2, 2) X(__VA_ARGS__, 4, 4)
+    X(__VA_ARGS__, 2, 3) X(__VA_ARGS__, 2, 2)
 ATTN_CODES_V8_FORMS(ATTN_CODES_K8V, 64)
 ATTN_CODES_V8_FORMS(ATTN_CODES_K8V, 128)
 // Head dim 256 (Gemma 3): the keys-as-M kernels only (its GQA groups are at most 8; the

@@ -68,4 +68,4 @@ __device__ __forceinline__ int exact_slot(const u32* xtbl, u32 seq, int j) {
 
 // u32 words of one role's coded-pool format descriptor (cuda/codes.rs `DESC_WORDS`; write_kv.cu
 // lists them): the key descriptor, then the value one at this offset.
-#define CODE_DESC_WORDS 305
+#define CODE_DESC_WORDS 300

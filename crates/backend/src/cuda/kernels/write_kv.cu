@@ -76,8 +76,7 @@ extern "C" __global__ void write_kv(
 // positive centroids for sign-magnitude records), [32..32+d) the
 // rotation's sign masks, [288..293) the int8 key codebook (attention.cu `INT8_TABLE_WORD`),
 // [293..296) the int8 value codebook (`INT8_VALUE_WORD`), [296..300) 4-bit records' one-sided
-// key tables (`INT8_PAIR_WORD`), [300..305) 4-bit records' int8 value codebook
-// (`INT8_VALUE4_WORD`). Every f32 operation below is the codec's (crates/codec/src/tq.rs,
+// key tables (`INT8_PAIR_WORD`). Every f32 operation below is the codec's (crates/codec/src/tq.rs,
 // plain.rs, kernels/mod.rs), in its order and without FMA contraction, so the codes equal
 // the CPU's.
 
