@@ -85,7 +85,7 @@ pub(crate) fn attend(
             format!("value working dim {} ≠ head dim", c.codec.value.work_dim()),
         ));
     }
-    let tasks = plan(spans, g, pool.block_size());
+    let tasks = plan(spans, g, pool);
     let views = decode::Views::of(pool, g.head_dim).map(|v| v.with_products(products));
     let partials: Vec<Partial> = tasks
         .par_iter()
@@ -116,28 +116,113 @@ fn key_chunk(ctx: usize, g: &AttnGeometry, block_size: usize) -> usize {
     }
 }
 
-fn plan(spans: &[SeqSpan<'_>], g: &AttnGeometry, block_size: usize) -> Vec<Task> {
+/// What a decode task pays per key, in bytes read: a key read from the codes costs `coded`,
+/// a sink or recent-window key read from its f16 copies `exact` (about four times as much
+/// for 3–4-bit codes). Split decode cuts a sequence's keys by this cost rather than by count,
+/// so the task holding the window is no longer than the others and the threads finish a
+/// layer together.
+#[derive(Clone, Copy, Debug)]
+struct KeyCost {
+    window: KvWindow,
+    coded: usize,
+    exact: usize,
+}
+
+impl KeyCost {
+    /// The costs of `pool`'s keys; every key costs the same (1) without a window.
+    fn of(pool: &CpuKvPool) -> KeyCost {
+        let uniform = KeyCost {
+            window: KvWindow::default(),
+            coded: 1,
+            exact: 1,
+        };
+        let Some(c) = pool.codec().filter(|c| c.window.is_active()) else {
+            return uniform;
+        };
+        let per_token =
+            |l: &turbokv_codec::BlockLayout| l.code_bytes_per_token + 2 * l.scalars_per_token;
+        let coded = per_token(&c.k_layout) + per_token(&c.v_layout);
+        let exact = 2 * (c.codec.key.work_dim() + c.codec.value.work_dim());
+        if coded == 0 {
+            return uniform;
+        }
+        KeyCost {
+            window: c.window,
+            coded,
+            exact,
+        }
+    }
+
+    /// The cost of keys `keys` to the query that reads keys `0..kend`.
+    fn of_keys(&self, keys: std::ops::Range<usize>, kend: usize) -> usize {
+        let w = self.window;
+        let overlap = |a: usize, b: usize| b.min(keys.end).saturating_sub(a.max(keys.start));
+        let sinks = overlap(0, w.sinks);
+        let recent = if w.recent > 0 {
+            overlap(w.sinks.max(kend.saturating_sub(w.recent)), kend)
+        } else {
+            0
+        };
+        let exact = sinks + recent;
+        (keys.len() - exact) * self.coded + exact * self.exact
+    }
+}
+
+/// Where split decode cuts the keys `0..kend` of a sequence into tasks: the task boundaries
+/// (`0`, …, `kend`) at whole blocks, each task costing at most `chunk` keys read from the
+/// codes (or one block where a block alone costs more). Without sink or window keys these are
+/// the multiples of `chunk`.
+fn key_cuts(kend: usize, chunk: usize, block_size: usize, cost: &KeyCost) -> Vec<usize> {
+    let budget = chunk * cost.coded;
+    let mut cuts = vec![0];
+    let (mut k0, mut spent) = (0, 0);
+    let mut b0 = 0;
+    while b0 < kend {
+        let b1 = (b0 + block_size).min(kend);
+        let c = cost.of_keys(b0..b1, kend);
+        if spent + c > budget && b0 > k0 {
+            cuts.push(b0);
+            (k0, spent) = (b0, 0);
+        }
+        spent += c;
+        b0 = b1;
+    }
+    cuts.push(kend);
+    cuts
+}
+
+fn plan(spans: &[SeqSpan<'_>], g: &AttnGeometry, pool: &CpuKvPool) -> Vec<Task> {
+    let block_size = pool.block_size();
+    let cost = KeyCost::of(pool);
     let mut tasks = Vec::new();
     for (si, s) in spans.iter().enumerate() {
         let ctx = s.first_pos + s.n_tokens;
-        let chunk = key_chunk(ctx, g, block_size);
+        // The chunk is sized by the whole range's cost in coded keys, so a window adds
+        // tasks rather than lengthening one.
+        let work = cost.of_keys(0..ctx, ctx).div_ceil(cost.coded);
+        let chunk = key_chunk(work, g, block_size);
         // Only one-token spans (decode) take the split and direct paths; a prompt's rows
         // always take the tiled path over their whole key range, so a row's result does
         // not depend on how its prompt was cut into chunks (nor on the tile it falls in).
-        let split = s.n_tokens == 1 && ctx > chunk;
+        let split = s.n_tokens == 1 && work > chunk;
+        let cuts = if split {
+            key_cuts(ctx, chunk, block_size, &cost)
+        } else {
+            Vec::new()
+        };
         for head in 0..g.n_kv_heads {
             for q0 in (0..s.n_tokens).step_by(QUERY_TILE) {
                 let q1 = (q0 + QUERY_TILE).min(s.n_tokens);
                 let kend = s.first_pos + q1;
                 if split {
-                    for k0 in (0..kend).step_by(chunk) {
+                    for k in cuts.windows(2) {
                         tasks.push(Task {
                             span: si,
                             head,
                             q0,
                             q1,
-                            k0,
-                            k1: (k0 + chunk).min(kend),
+                            k0: k[0],
+                            k1: k[1],
                         });
                     }
                 } else {
@@ -555,4 +640,54 @@ fn merge_into(
         i = j;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without a window the cuts are the multiples of the chunk, as before costs were counted.
+    #[test]
+    fn key_cuts_without_a_window_are_chunk_multiples() {
+        let uniform = KeyCost {
+            window: KvWindow::default(),
+            coded: 1,
+            exact: 1,
+        };
+        assert_eq!(
+            key_cuts(7941, 2048, 16, &uniform),
+            [0, 2048, 4096, 6144, 7941]
+        );
+        assert_eq!(key_cuts(4096, 2048, 16, &uniform), [0, 2048, 4096]);
+    }
+
+    /// With a window every task stays within the budget of `chunk` coded keys (the window's
+    /// task is not heavier than the others), the cuts fall on whole blocks and cover the keys.
+    #[test]
+    fn key_cuts_spread_the_window_over_tasks() {
+        let cost = KeyCost {
+            window: KvWindow {
+                recent: 360,
+                sinks: 1,
+            },
+            coded: 60,
+            exact: 256,
+        };
+        for kend in [361, 2049, 7941, 8192] {
+            let cuts = key_cuts(kend, 2048, 16, &cost);
+            assert_eq!((cuts[0], *cuts.last().unwrap()), (0, kend));
+            for k in cuts.windows(2) {
+                assert!(k[0] < k[1] && k[0] % 16 == 0, "{kend}: {cuts:?}");
+                assert!(
+                    cost.of_keys(k[0]..k[1], kend) <= 2048 * 60,
+                    "{kend}: {cuts:?}"
+                );
+            }
+        }
+        // 360 window keys cost as much as 1536 coded ones: a fifth task at 8k.
+        assert_eq!(key_cuts(7941, 2048, 16, &cost).len(), 6);
+        assert_eq!(cost.of_keys(0..16, 7941), 256 + 15 * 60);
+        assert_eq!(cost.of_keys(7941 - 360..7941, 7941), 360 * 256);
+        assert_eq!(cost.of_keys(0..7941, 7941), 361 * 256 + 7580 * 60);
+    }
 }
