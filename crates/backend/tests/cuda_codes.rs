@@ -956,4 +956,3 @@ fn unsupported_coded_pools_are_refused() {
     assert!(g.check_kv_dtype("tq3.5".parse().unwrap(), 128).is_err());
     assert!(g.check_kv_dtype("k4v2".parse().unwrap(), 64).is_ok());
 }
-
