@@ -211,6 +211,24 @@ fn host(g: &CudaBackend, t: &CudaTensor) -> Vec<f32> {
     v
 }
 
+/// The attention shape of `kv_heads` heads of `group` queries each at head dim `d`, and its
+/// RoPE (half-split, base 10000).
+fn geometry(kv_heads: usize, group: usize, d: usize) -> (AttnGeometry, Rope) {
+    let geo = AttnGeometry {
+        n_heads: kv_heads * group,
+        n_kv_heads: kv_heads,
+        head_dim: d,
+        scale: 1.0 / (d as f32).sqrt(),
+    };
+    let rope = Rope {
+        inv_freq: (0..d / 2)
+            .map(|i| 10000f32.powf(-(2.0 * i as f32) / d as f32))
+            .collect(),
+        style: RopeStyle::HalfSplit,
+    };
+    (geo, rope)
+}
+
 /// Three steps over four sequences (prefill of histories up to 1100 tokens, a mixed step,
 /// a decode step), each: write on both backends, compare the pools' blocks, attend on both
 /// and compare; after the last step, the GPU's blocks imported into a fresh CPU pool and the
@@ -219,18 +237,7 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
     let c = CpuBackend::new();
     let mut r = Rng(seed);
     let kv_heads = 2;
-    let geo = AttnGeometry {
-        n_heads: kv_heads * case.group,
-        n_kv_heads: kv_heads,
-        head_dim: case.d,
-        scale: 1.0 / (case.d as f32).sqrt(),
-    };
-    let rope = Rope {
-        inv_freq: (0..case.d / 2)
-            .map(|i| 10000f32.powf(-(2.0 * i as f32) / case.d as f32))
-            .collect(),
-        style: RopeStyle::HalfSplit,
-    };
+    let (geo, rope) = geometry(kv_heads, case.group, case.d);
     let layout = layout(case, kv_heads, &mut r);
     let codec =
         LayerCodec::new(layout.layers[0].dtype, case.d, 0, &layout.codec_options(0)).unwrap();
@@ -637,18 +644,7 @@ fn negative_value_scales_match_the_cpu_backend() {
     let mut r = Rng(401);
     for (dtype, d, group) in [("tq3", 128, 4), ("k4v2", 64, 8), ("k3v2", 128, 1)] {
         let kv_heads = 2;
-        let geo = AttnGeometry {
-            n_heads: kv_heads * group,
-            n_kv_heads: kv_heads,
-            head_dim: d,
-            scale: 1.0 / (d as f32).sqrt(),
-        };
-        let rope = Rope {
-            inv_freq: (0..d / 2)
-                .map(|i| 10000f32.powf(-(2.0 * i as f32) / d as f32))
-                .collect(),
-            style: RopeStyle::HalfSplit,
-        };
+        let (geo, rope) = geometry(kv_heads, group, d);
         let case = Case {
             dtype,
             d,
