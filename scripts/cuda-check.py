@@ -10,6 +10,8 @@ spills and shared memory. The NVRTC and ptxas binaries come from NVIDIA's PyPI w
 `--ptx-cache DIR` also writes each module's PTX under the name the backend's PTX disk cache
 looks for (crates/backend/src/cuda/kernels.rs), so a GPU machine can start without compiling:
 copy DIR's files into its `$TMPDIR/turbokv-ptx` (the default `CudaOptions::ptx_cache`).
+Without `--entry`, DIR also gets each module's cubin (ptxas output), which the backend loads
+before the PTX: that skips the driver's JIT (minutes for attention.cu on a fresh machine).
 """
 import argparse
 import ctypes
@@ -105,6 +107,8 @@ def main() -> int:
             t.flush()
             entries = [x for e in a.entry for x in ("-e", e)]
             out = str(a.cubin) if a.cubin else os.devnull
+            if a.ptx_cache and not a.entry and not a.cubin:
+                out = str(a.ptx_cache / f"{f.stem}-{a.arch}-{key:016x}.cubin")
             r = subprocess.run([str(lib / "bin/ptxas"), f"-arch={a.arch}", "-v", *entries, t.name,
                                 "-o", out], capture_output=True, text=True)
         if r.returncode != 0:

@@ -311,7 +311,16 @@ fn module(
 ) -> Result<Arc<CudaModule>, Error> {
     let src = format!("{COMMON}\n{body}");
     let key = fnv1a(&[&src, arch, &OPTIONS.join(" ")]);
-    let path: Option<PathBuf> = cache_dir.map(|d| d.join(format!("{name}-{arch}-{key:016x}.ptx")));
+    let stem = format!("{name}-{arch}-{key:016x}");
+    // A cubin (ptxas output, see scripts/cuda-check.py) skips the driver's JIT, which takes
+    // minutes for the attention module on a fresh machine; one the driver refuses falls back.
+    if let Some(d) = cache_dir
+        && let Ok(bin) = std::fs::read(d.join(format!("{stem}.cubin")))
+        && let Ok(m) = ctx.load_module(Ptx::from_binary(bin))
+    {
+        return Ok(m);
+    }
+    let path: Option<PathBuf> = cache_dir.map(|d| d.join(format!("{stem}.ptx")));
     if let Some(p) = &path
         && let Ok(text) = std::fs::read_to_string(p)
         && let Ok(m) = ctx.load_module(Ptx::from_src(text))
