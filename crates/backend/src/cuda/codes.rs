@@ -228,13 +228,14 @@ impl CodeVariant {
         32 * CODE_WARPS
     }
 
-    /// Dynamic shared memory: the pipeline's K and V tiles (code records and scales), the
-    /// warps' final states or an exact split's rows, whichever is largest (the merge's is
-    /// added by the launch).
+    /// Dynamic shared memory: the pipeline's K and V tiles (code records and scales) and the
+    /// int8-key kernels' query fragments after them (16 bytes per lane per 32 dims), the
+    /// warps' final states or an exact split's rows, whichever is largest (the launch takes
+    /// the larger of this and the merge's).
     pub(crate) fn smem_bytes(&self) -> usize {
         let row = |f: CodeForm| self.head_dim * usize::from(f.bits()) / 8 + 2;
         let tile = CODE_TILE * (row(self.key) + row(self.value));
-        (code_stages(tile) * tile)
+        (code_stages(tile) * tile + self.head_dim * 16)
             .max(CODE_WARPS * 16 * (self.head_dim + 2) * 4)
             .max(exact_split_smem_bytes(self.head_dim))
     }

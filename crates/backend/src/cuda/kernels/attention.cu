@@ -2146,7 +2146,8 @@ __device__ __forceinline__ void keys_as_m_values_s8(float (&o)[D / 16][4], float
         w0 = fmaxf(w0, __shfl_xor_sync(0xffffffffu, w0, x));
         w1 = fmaxf(w1, __shfl_xor_sync(0xffffffffu, w1, x));
     }
-    const float u0 = w0 > 0.f ? 255.f / w0 : 0.f, u1 = w1 > 0.f ? 255.f / w1 : 0.f;
+    // (w0 is a weight times a norm, far below __fdividef's 2^126; its error is ulps.)
+    const float u0 = w0 > 0.f ? __fdividef(255.f, w0) : 0.f, u1 = w1 > 0.f ? __fdividef(255.f, w1) : 0.f;
     const float k0 = w0 * (1.f / 255.f) * vstep, k1 = w1 * (1.f / 255.f) * vstep;
     // The u8 weights as B fragments: per step, the rounded weights' bits (round(w·u) in the
     // low half of MAGIC + w·u) paired by key, transposed to head q's keys 2c, 2c + 1 (and
@@ -2241,8 +2242,10 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
     for (int t = 0; t < STAGES - 1; t++) issue(t);
 
     // Head q's query at run c's dims × `up` (largest |element| near 2^15) as hi·256 + lo with
-    // hi, lo in [-128, 127], as B fragments (zero past g).
-    u32 qhi[D / 32][2], qlo[D / 32][2];
+    // hi, lo in [-128, 127], as B fragments (zero past g), kept in shared memory after the
+    // stages ({hi, lo} of MMA kk at qf[32 kk]): in registers they would be 16 more live across
+    // the whole loop. Warp 0 writes them; the loop's first barrier publishes them.
+    const uint4* qf = (const uint4*)(stage + (u64)STAGES * STAGE_BYTES) + lane;
     float qn0, qn1;   // what the scores of heads 2c, 2c + 1 are multiplied by (with the key scale)
     {
         const float* qh = q < g ? qkv + (u64)r * width + (u64)(kh * g + q) * D : nullptr;
@@ -2257,21 +2260,22 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
         const float up = amax > 0.f ? 32512.f / amax : 1.f;
+        if (warp == 0) {
 #pragma unroll
-        for (int kk = 0; kk < D / 32; kk++)
+            for (int kk = 0; kk < D / 32; kk++) {
+                u32 hb[2] = {0, 0}, lb[2] = {0, 0};
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                u32 hb = 0, lb = 0;
+                for (int h = 0; h < 2; h++)
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    const int v = __float2int_rn(x[2 * kk + h][j] * up);
-                    const int hi = (v + 128) >> 8, lo = v - 256 * hi;
-                    hb |= (u32)(hi & 0xff) << (8 * j);
-                    lb |= (u32)(lo & 0xff) << (8 * j);
-                }
-                qhi[kk][h] = hb;
-                qlo[kk][h] = lb;
+                    for (int j = 0; j < 4; j++) {
+                        const int v = __float2int_rn(x[2 * kk + h][j] * up);
+                        const int hi = (v + 128) >> 8, lo = v - 256 * hi;
+                        hb[h] |= (u32)(hi & 0xff) << (8 * j);
+                        lb[h] |= (u32)(lo & 0xff) << (8 * j);
+                    }
+                ((uint4*)qf)[32 * kk] = make_uint4(hb[0], hb[1], lb[0], lb[1]);
             }
+        }
         const float qn = scale * 1.4426950408889634f * __uint_as_float(fmt[INT8_TABLE_WORD + 4]) / up;
         qn0 = __shfl_sync(0xffffffffu, qn, 8 * c);
         qn1 = __shfl_sync(0xffffffffu, qn, 8 * c + 4);
@@ -2297,41 +2301,33 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
             u32 wa[(KRB + 3) / 4], wb[(KRB + 3) / 4];
             load_run<KRB>(ks + ka * KROW + c * KRB, wa);
             load_run<KRB>(ks + kb * KROW + c * KRB, wb);
-            int acc[4] = {0, 0, 0, 0};
-            if constexpr (KB == 4 && V8) {
-                // Two operands per four codes (Codes<4>::int8_pair), each multiplied by both
-                // query terms; the high and low sums in separate chains.
-                int lo[4] = {0, 0, 0, 0};
+            // The high and low query terms' sums in separate chains.
+            int acc[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
 #pragma unroll
-                for (int kk = 0; kk < D / 32; kk++) {
+            for (int kk = 0; kk < D / 32; kk++) {
+                const uint4 qk = qf[32 * kk];
+                if constexpr (KB == 4 && V8) {
+                    // Two operands per four codes (Codes<4>::int8_pair), each multiplied by
+                    // both query terms.
                     u32 n[4], p[4];
                     Codes<4, KR>::int8_pair(wa, 2 * kk, ptab, n[0], p[0]);
                     Codes<4, KR>::int8_pair(wb, 2 * kk, ptab, n[1], p[1]);
                     Codes<4, KR>::int8_pair(wa, 2 * kk + 1, ptab, n[2], p[2]);
                     Codes<4, KR>::int8_pair(wb, 2 * kk + 1, ptab, n[3], p[3]);
-                    mma_s8(acc, n, qhi[kk][0], qhi[kk][1]);
-                    mma_s8(lo, n, qlo[kk][0], qlo[kk][1]);
-                    mma_s8(acc, p, qhi[kk][0], qhi[kk][1]);
-                    mma_s8(lo, p, qlo[kk][0], qlo[kk][1]);
+                    mma_s8(acc, n, qk.x, qk.y);
+                    mma_s8(lo, n, qk.z, qk.w);
+                    mma_s8(acc, p, qk.x, qk.y);
+                    mma_s8(lo, p, qk.z, qk.w);
+                } else {
+                    const u32 a[4] = {Codes<KB, KR>::int8(wa, 2 * kk, ktab), Codes<KB, KR>::int8(wb, 2 * kk, ktab),
+                                      Codes<KB, KR>::int8(wa, 2 * kk + 1, ktab),
+                                      Codes<KB, KR>::int8(wb, 2 * kk + 1, ktab)};
+                    mma_s8(acc, a, qk.x, qk.y);
+                    mma_s8(lo, a, qk.z, qk.w);
                 }
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[e] = acc[e] * 256 + lo[e];
-            } else {
-                u32 a[D / 32][4];
-#pragma unroll
-                for (int kk = 0; kk < D / 32; kk++) {
-                    a[kk][0] = Codes<KB, KR>::int8(wa, 2 * kk, ktab);
-                    a[kk][1] = Codes<KB, KR>::int8(wb, 2 * kk, ktab);
-                    a[kk][2] = Codes<KB, KR>::int8(wa, 2 * kk + 1, ktab);
-                    a[kk][3] = Codes<KB, KR>::int8(wb, 2 * kk + 1, ktab);
-                }
-#pragma unroll
-                for (int kk = 0; kk < D / 32; kk++) mma_s8(acc, a[kk], qhi[kk][0], qhi[kk][1]);
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[e] <<= 8;
-#pragma unroll
-                for (int kk = 0; kk < D / 32; kk++) mma_s8(acc, a[kk], qlo[kk][0], qlo[kk][1]);
             }
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[e] = acc[e] * 256 + lo[e];
             const u16* ksc = (const u16*)(ks + TK * KROW);
             const float sa = f16_to_f32(ksc[ka]), sb = f16_to_f32(ksc[kb]);
             s[st][0] = (float)acc[0] * (sa * qn0); s[st][1] = (float)acc[1] * (sa * qn1);
@@ -2344,8 +2340,8 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
             }
         }
         if constexpr (V8)
-            keys_as_m_values_s8<D, VB, NS>(o, s, m0, m1, l0, l1, vs, TK * VROW, vtab, vstep, f.vlo, f.vhi,
-                                           kw, lane);
+            keys_as_m_values_s8<D, VB, NS>(o, s, m0, m1, l0, l1, vs, TK * VROW, vtab, vstep,
+                                           fmt + CODE_DESC_WORDS + 24, fmt + CODE_DESC_WORDS + 28, kw, lane);
         else
             keys_as_m_values<D, VB, NS>(o, s, m0, m1, l0, l1, vs, TK * VROW, f.vlo, f.vhi, kw, lane);
     }
