@@ -10,18 +10,19 @@
 //!   rounding tie) may land one code away: ≥ 99.9% of key codes identical, every other one
 //!   adjacent in value (fp8: ±0 count as one value), scales within one f16 ulp.
 //! - **attention**: the GPU rounds queries, centroids and softmax weights × scales to f16
-//!   (2⁻¹¹ relative) for its MMAs and sums in another order; the CPU uses f32 throughout.
-//!   The kernel with int8 key products (TurboQuant keys and values, groups up to 8, the
-//!   default) reads key centroids rounded to int8 instead, each within 0.5% of the largest
-//!   (`int8_table`), and queries as 16-bit integers; with int8 value products (2- and 3-bit
-//!   values, the default) values are looked up in the CPU backend's own int8 value table and
-//!   weights rounded to u8 per 32-key tile and head (each within 0.5/255 of the tile's largest). Outputs of size ≈ rms(V): 1e-2 absolute +
-//!   2e-2 relative (the bf16 tolerance of the 16-bit tests), and on the same bytes (a block
-//!   moved between backends) the same.
+//!   (2⁻¹¹ relative) for its MMAs and sums in another order; the CPU reference
+//!   (`cpu_reference`) uses f32 throughout. The kernel with int8 key products (TurboQuant keys
+//!   and values, groups up to 8, the default) reads key centroids rounded to int8 instead,
+//!   each within 0.5% of the largest (`int8_table`), and queries as 16-bit integers; with int8
+//!   value products (2- and 3-bit values, the default) values are looked up in an int8 table of
+//!   the centroids (the CPU backend's int8 value table) and weights rounded to u8 per 32-key
+//!   tile and head (each within 0.5/255 of the tile's largest). Outputs of size ≈ rms(V): 1e-2
+//!   absolute + 2e-2 relative (the bf16 tolerance of the 16-bit tests), and on the same bytes
+//!   (a block moved between backends) the same.
 
 use std::sync::{Arc, OnceLock};
 
-use turbokv_backend::cpu::{CpuBackend, CpuTensor};
+use turbokv_backend::cpu::{CodeProducts, CpuBackend, CpuOptions, CpuTensor};
 use turbokv_backend::cuda::{CudaBackend, CudaOptions, CudaTensor};
 use turbokv_backend::{AttnGeometry, Backend, Error, Rope, RopeStyle, SeqSpan};
 use turbokv_cache::{KvCenters, KvLayout, KvWindow};
@@ -77,6 +78,17 @@ fn gpu_f16_values() -> Option<&'static CudaBackend> {
     second_backend(&B, || CudaOptions {
         coded_int8_values: false,
         ..CudaOptions::default()
+    })
+}
+
+/// The CPU backend in f32 on the decoded codes (`CodeProducts::F32`): attention exactly over
+/// the vectors the codes decode to, on every host. Its default int8 products run only where
+/// the CPU has AVX-512 VBMI and VNNI and round queries and weights on their own, so against
+/// them a GPU path's error would depend on the machine the test runs on.
+fn cpu_reference() -> CpuBackend {
+    CpuBackend::with_options(CpuOptions {
+        code_products: CodeProducts::F32,
+        ..CpuOptions::default()
     })
 }
 
@@ -234,7 +246,7 @@ fn geometry(kv_heads: usize, group: usize, d: usize) -> (AttnGeometry, Rope) {
 /// and compare; after the last step, the GPU's blocks imported into a fresh CPU pool and the
 /// CPU's into a fresh GPU pool attend like the originals.
 fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
-    let c = CpuBackend::new();
+    let c = cpu_reference();
     let mut r = Rng(seed);
     let kv_heads = 2;
     let (geo, rope) = geometry(kv_heads, case.group, case.d);
@@ -640,7 +652,7 @@ fn f16_value_sums_match_the_cpu_backend() {
 #[test]
 fn negative_value_scales_match_the_cpu_backend() {
     let Some(g) = gpu() else { return };
-    let c = CpuBackend::new();
+    let c = cpu_reference();
     let mut r = Rng(401);
     for (dtype, d, group) in [("tq3", 128, 4), ("k4v2", 64, 8), ("k3v2", 128, 1)] {
         let kv_heads = 2;
