@@ -205,7 +205,8 @@ impl CudaKvPool {
 /// Construction options.
 #[derive(Clone, Debug)]
 pub struct CudaOptions {
-    /// Where compiled PTX is cached between processes (`None`: compile every time).
+    /// Where compiled PTX is cached between processes (`None`: compile every time); a cubin
+    /// there under the same name (`scripts/cuda-check.py --ptx-cache`) is loaded first.
     pub ptx_cache: Option<PathBuf>,
     /// Attention splits long key ranges until there are this many blocks per SM (decode of
     /// few sequences); at least 1. The default, 2, was the best overall of 1/2/4/8 on an H200
