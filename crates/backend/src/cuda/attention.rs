@@ -328,7 +328,11 @@ impl CudaBackend {
                 } else {
                     self.code_slots[i]
                 };
-                wave_splits(pairs, max_ctx, slots, CODE_TILE) + exact_splits
+                let tile = match (int8_values, coded) {
+                    (Some(_), Some(c)) => c.variant.int8_values_tiling().0,
+                    _ => CODE_TILE,
+                };
+                wave_splits(pairs, max_ctx, slots, tile) + exact_splits
             }
             (None, Some((_, s))) => s,
             (None, None) => self.split_count(rows, g.n_kv_heads, max_ctx),
@@ -406,6 +410,7 @@ impl CudaBackend {
             && spans.iter().all(|s| s.n_tokens == 1);
         let prefetch_i = i32::from(prefetch);
         let kernel_smem = match (dec_kernel, rows_kernel) {
+            _ if int8_values.is_some() => coded.map_or(0, |c| c.variant.int8_values_smem_bytes()),
             _ if code_kernel.is_some() => coded.map_or(0, |c| c.variant.smem_bytes()),
             // The pipeline's stages of a 64-key K tile and V tile (rows padded by 8 halves),
             // then the 4 warps' states of 16 × (hd + 2) floats.

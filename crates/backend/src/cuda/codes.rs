@@ -22,6 +22,9 @@ use crate::Error;
 pub(crate) const DESC_WORDS: usize = 300;
 /// Keys per staged tile of the coded decode kernels (attention.cu `ATTN_CODES`).
 pub(crate) const CODE_TILE: usize = 128;
+/// Shared memory of one int8-value kernel block with four per SM (attention.cu
+/// `V8_BLOCK_SMEM`): a quarter of an SM's 228 KiB less the 1 KiB each block reserves.
+const V8_BLOCK_SMEM: usize = 57344;
 /// Warps per block of the coded decode kernels.
 pub(crate) const CODE_WARPS: usize = 4;
 /// The largest GQA group (query heads per kv head) of the keys-as-M coded kernels (the 8
@@ -233,9 +236,35 @@ impl CodeVariant {
     /// warps' final states or an exact split's rows, whichever is largest (the launch takes
     /// the larger of this and the merge's).
     pub(crate) fn smem_bytes(&self) -> usize {
+        let tile = self.tile_bytes(CODE_TILE);
+        self.smem_for(code_stages(tile) * tile)
+    }
+
+    /// Keys per tile and pipeline stages of the int8-value kernel (`int8_values_name`;
+    /// attention.cu `v8_tile`, `v8_stages`): 256-key tiles (64 per warp, so the per-tile
+    /// softmax reductions, u8 scale and int32 epilogue are paid once per 64 keys) where two
+    /// stages of them fit a block with four per SM, else 128; stages as [`code_stages`] but
+    /// no more than fit.
+    pub(crate) fn int8_values_tiling(&self) -> (usize, usize) {
+        let fit = |keys| (V8_BLOCK_SMEM - self.head_dim * 16) / self.tile_bytes(keys);
+        let keys = if fit(256) >= 2 { 256 } else { CODE_TILE };
+        (keys, code_stages(self.tile_bytes(keys)).min(fit(keys)))
+    }
+
+    /// [`smem_bytes`](Self::smem_bytes) of the int8-value kernel.
+    pub(crate) fn int8_values_smem_bytes(&self) -> usize {
+        let (keys, stages) = self.int8_values_tiling();
+        self.smem_for(stages * self.tile_bytes(keys))
+    }
+
+    /// Bytes of a tile of `keys` keys: code records and scales of K and V.
+    fn tile_bytes(&self, keys: usize) -> usize {
         let row = |f: CodeForm| self.head_dim * usize::from(f.bits()) / 8 + 2;
-        let tile = CODE_TILE * (row(self.key) + row(self.value));
-        (code_stages(tile) * tile + self.head_dim * 16)
+        keys * (row(self.key) + row(self.value))
+    }
+
+    fn smem_for(&self, stage_bytes: usize) -> usize {
+        (stage_bytes + self.head_dim * 16)
             .max(CODE_WARPS * 16 * (self.head_dim + 2) * 4)
             .max(exact_split_smem_bytes(self.head_dim))
     }
@@ -572,6 +601,24 @@ mod tests {
             let limit = if v.has_template() { 72 } else { 227 };
             assert!(v.smem_bytes() <= limit * 1024, "{v:?}");
             assert_eq!(v.has_template(), v.head_dim <= 128);
+        }
+    }
+
+    #[test]
+    fn int8_value_kernels_fit_four_blocks_per_sm() {
+        for v in CodeVariant::all().iter().filter(|v| v.has_int8_values()) {
+            let (keys, stages) = v.int8_values_tiling();
+            assert!(stages >= 2, "{v:?}");
+            assert!(v.int8_values_smem_bytes() <= V8_BLOCK_SMEM, "{v:?}");
+            // tq3 and k4v2 at head_dim 128 take the 256-key tiles.
+            if v.head_dim == 128
+                && matches!(
+                    (v.key, v.value),
+                    (CodeForm::Mse(3), CodeForm::Mse(3)) | (CodeForm::Mse(4), CodeForm::Mse(2))
+                )
+            {
+                assert_eq!(keys, 256, "{v:?}");
+            }
         }
     }
 

@@ -504,18 +504,22 @@ impl CudaBackend {
             .zip(&k.attn_codes_m)
             .map(|(v, f)| resident(f, v.threads(), v.smem_bytes()))
             .collect::<Result<Vec<_>, _>>()?;
-        let optional_slots = |fs: &[Option<cudarc::driver::CudaFunction>]| {
+        let optional_slots = |fs: &[Option<cudarc::driver::CudaFunction>],
+                              smem: fn(&codes::CodeVariant) -> usize| {
             codes::CodeVariant::all()
                 .iter()
                 .zip(fs)
                 .map(|(v, f)| {
                     f.as_ref()
-                        .map_or(Ok(0), |f| resident(f, v.threads(), v.smem_bytes()))
+                        .map_or(Ok(0), |f| resident(f, v.threads(), smem(v)))
                 })
                 .collect::<Result<Vec<_>, _>>()
         };
-        let code_k8_slots = optional_slots(&k.attn_codes_k8)?;
-        let code_k8v_slots = optional_slots(&k.attn_codes_k8v)?;
+        let code_k8_slots = optional_slots(&k.attn_codes_k8, codes::CodeVariant::smem_bytes)?;
+        let code_k8v_slots = optional_slots(
+            &k.attn_codes_k8v,
+            codes::CodeVariant::int8_values_smem_bytes,
+        )?;
         if let Some(v) = opts.decode_variant
             && !DECODE_VARIANTS.contains(&v)
         {

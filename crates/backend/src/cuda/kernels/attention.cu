@@ -2095,6 +2095,13 @@ __device__ __forceinline__ void mma_s8u8(int* d, const u32* a, u32 b0, u32 b1, i
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(c), "r"(c),
                    "r"(c), "r"(c));
 }
+// The same with d's own sums as c: d += a·b.
+__device__ __forceinline__ void mma_s8u8_acc(int* d, const u32* a, u32 b0, u32 b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 // Descriptor words of a role's int8 value codebook (cuda/codes.rs `INT8_VALUE_WORD`): two
 // words of table bytes, round(c[j] / step) with step = max|c| / 127 (the CPU backend's int8
 // value table), then step as f32 bits.
@@ -2105,18 +2112,20 @@ constexpr int INT8_VALUE_WORD = 293;
 constexpr float MAGIC = 12582912.0f;
 
 // keys_as_m_values with the value products in int8 (2- and 3-bit value codes): per warp tile
-// of 32 keys (NS = 2 steps), each head's weights × value scales are rounded to u8 against the
-// tile's largest (so a weight moves by at most 0.5/255 of it), the codes are looked up as int8
-// centroids (four per prmt, then a 4×4 byte transpose gives each A register one dim of four
-// keys), and one s8×u8 MMA per 16 dims sums the 32 keys into int32, which is scaled into the
-// f32 accumulators once per tile. The tile's keys in k order: slots 4c .. 4c + 3 are keys
-// 2c, 2c + 1, 2c + 8, 2c + 9 of step 0 (what `movmatrix` hands lane c), 16 + 4c .. of step 1.
+// of 32 or 64 keys (NS = 2 or 4 steps), each head's weights × value scales are rounded to u8
+// against the tile's largest (so a weight moves by at most 0.5/255 of it), the codes are
+// looked up as int8 centroids (four per prmt, then a 4×4 byte transpose gives each A register
+// one dim of four keys), and one s8×u8 MMA per 16 dims and 32 keys sums the tile into int32
+// (|sum| < 64·255·127 < 2^22), which is scaled into the f32 accumulators once per tile: the
+// softmax's reductions, the scale and that epilogue are paid once per 64 keys. Each 32 keys in
+// k order: slots 4c .. 4c + 3 are keys 2c, 2c + 1, 2c + 8, 2c + 9 of its first step (what
+// `movmatrix` hands lane c), 16 + 4c .. of its second.
 template <int D, int VB, int NS>
 __device__ __forceinline__ void keys_as_m_values_s8(float (&o)[D / 16][4], float (&s)[NS][4], float& m0,
     float& m1, float& l0, float& l1, const unsigned char* vs, int vsc_at, const u32* vtab, float vstep,
     const u32* vlo, const u32* vhi, int kw, int lane)
 {
-    static_assert(NS == 2 && (VB == 2 || VB == 3), "32-key tiles of 2- or 3-bit value codes");
+    static_assert((NS == 2 || NS == 4) && (VB == 2 || VB == 3), "32- or 64-key tiles of 2- or 3-bit value codes");
     constexpr int VROW = D * VB / 8, VR = D / 8, VRB = VR * VB / 8;
     const int c = lane & 3, q = lane >> 2;
     keys_as_m_softmax<D, NS>(o, s, m0, m1, l0, l1);
@@ -2160,7 +2169,7 @@ __device__ __forceinline__ void keys_as_m_values_s8(float (&o)[D / 16][4], float
         const u32 kb = movmatrix_trans(prmt(bits(w[st][2], u0), bits(w[st][3], u1), 0x5410u));
         wb[st] = prmt(ka, kb, 0x6420u);
     }
-    // Value runs q of keys 2c, 2c + 1, 2c + 8, 2c + 9 of both steps.
+    // Value runs q of keys 2c, 2c + 1, 2c + 8, 2c + 9 of every step.
     u32 vw[NS][4][(VRB + 3) / 4];
 #pragma unroll
     for (int st = 0; st < NS; st++)
@@ -2188,9 +2197,15 @@ __device__ __forceinline__ void keys_as_m_values_s8(float (&o)[D / 16][4], float
         }
 #pragma unroll
         for (int h = 0; h < 2; h++) {   // value MMA 2vg + h: slots 2h (row q), 2h + 1 (row q + 8)
-            const u32 a[4] = {r[0][2 * h], r[0][2 * h + 1], r[1][2 * h], r[1][2 * h + 1]};
             int d[4];
-            mma_s8u8(d, a, wb[0], wb[1], magic);
+#pragma unroll
+            for (int p = 0; p < NS; p += 2) {   // 32 keys per MMA
+                const u32 a[4] = {r[p][2 * h], r[p][2 * h + 1], r[p + 1][2 * h], r[p + 1][2 * h + 1]};
+                if (p == 0)
+                    mma_s8u8(d, a, wb[0], wb[1], magic);
+                else
+                    mma_s8u8_acc(d, a, wb[p], wb[p + 1]);
+            }
             float* on = o[2 * vg + h];
             on[0] = fmaf(__int_as_float(d[0]) - MAGIC, k0, on[0]);
             on[1] = fmaf(__int_as_float(d[1]) - MAGIC, k1, on[1]);
@@ -2353,10 +2368,26 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
 // Pipeline stages of a coded kernel: enough that about 48 KiB of tiles are in flight per
 // block (a tile of compressed keys is small, and the bytes in flight bound the bandwidth),
 // 2 to 6. Must match `code_stages` in cuda/codes.rs.
+constexpr int code_tile_bytes(int d, int kb, int vb, int tk) {
+    return tk * (d * code_bits(kb) / 8 + 2 + d * code_bits(vb) / 8 + 2);
+}
 constexpr int code_stages(int d, int kb, int vb, int tk) {
-    const int tile = tk * (d * code_bits(kb) / 8 + 2 + d * code_bits(vb) / 8 + 2);
+    const int tile = code_tile_bytes(d, kb, vb, tk);
     const int s = (49152 + tile - 1) / tile;
     return s < 2 ? 2 : (s > 6 ? 6 : s);
+}
+// The int8-value kernels' tiling (cuda/codes.rs `CodeVariant::int8_values_tiling`): four
+// blocks per SM (a quarter of 228 KiB, less the 1 KiB a block reserves) hold the stages and
+// the query fragments; 256-key tiles where two stages fit, else 128; stages as code_stages
+// but no more than fit.
+constexpr int V8_BLOCK_SMEM = 57344;
+constexpr int v8_fit(int d, int kb, int vb, int tk) {
+    return (V8_BLOCK_SMEM - d * 16) / code_tile_bytes(d, kb, vb, tk);
+}
+constexpr int v8_tile(int d, int kb, int vb) { return v8_fit(d, kb, vb, 256) >= 2 ? 256 : 128; }
+constexpr int v8_stages(int d, int kb, int vb) {
+    const int tk = v8_tile(d, kb, vb), s = code_stages(d, kb, vb, tk), f = v8_fit(d, kb, vb, tk);
+    return s < f ? s : f;
 }
 
 // The exact window's kernel parameters (ExactArgs; xtbl null: no window).
@@ -2407,13 +2438,16 @@ ATTN_CODES_FORMS(ATTN_CODES_BOTH, 128)
 ATTN_CODES_TQ_FORMS(ATTN_CODES_K8, 64)
 ATTN_CODES_TQ_FORMS(ATTN_CODES_K8, 128)
 // attn_codes_k8v_{D}_{KB}_{VB}: the same with the value products in int8 too, for 2- and
-// 3-bit value codes. The list must match CodeVariant::has_int8_values in cuda/codes.rs.
+// 3-bit value codes, in tiles of 256 keys (64 per warp: keys_as_m_values_s8's per-tile work is
+// paid once per 64 keys) where two stages of them fit with four blocks per SM, else 128 (see
+// v8_tiling). The list must match CodeVariant::has_int8_values in cuda/codes.rs.
 #define ATTN_CODES_K8V(D, KB, VB) \
     extern "C" __global__ void __launch_bounds__(128, 4) attn_codes_k8v_##D##_##KB##_##VB(ATTN_PARAMS, \
         const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
         extern __shared__ float sh[]; \
         const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
-        attn_codes_k8_impl<D, KB, VB, 128, code_stages(D, KB, VB, 128), 4, true>(sh, ATTN_ARGS, fmt, xa, window); \
+        attn_codes_k8_impl<D, KB, VB, v8_tile(D, KB, VB), v8_stages(D, KB, VB), 4, true>( \
+            sh, ATTN_ARGS, fmt, xa, window); \
     }
 #define ATTN_CODES_V8_FORMS(X, ...) \
     X(__VA_ARGS__, 4, 3) X(__VA_ARGS__, 4, 2) X(__VA_ARGS__, 3, 3) X(__VA_ARGS__, 3, 2) \
