@@ -198,9 +198,11 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
     );
     let bf16 = KvSpec::parse("bf16", KvDefaults::default())?;
     let mut results = Vec::with_capacity(domains.len());
+    let mut token_reports = String::new();
     for (text, ids) in &domains {
         let mut base = Acc::default();
         let mut accs = vec![Acc::default(); dtypes.len()];
+        let mut losses = vec![Vec::new(); dtypes.len()];
         for w in 0..args.windows {
             let window = &ids[w * args.ctx..(w + 1) * args.ctx];
             let reference = window_logits(
@@ -214,11 +216,30 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
             drop(reference);
             score(&ref_lp, &ref_lp, window, vocab, &mut base);
             bar.inc(1);
-            for ((_, d, policy), acc) in dtypes.iter().zip(&mut accs) {
+            for (((_, d, policy), acc), loss) in dtypes.iter().zip(&mut accs).zip(&mut losses) {
                 let logits = window_logits(&loaded, d.dtype, policy, window, args.decode_last)?;
                 let lp = log_softmax_rows(&logits, vocab);
                 score(&lp, &ref_lp, window, vocab, acc);
+                if args.token_report > 0 {
+                    loss.extend(crate::eval_tokens::token_losses(
+                        &lp,
+                        &ref_lp,
+                        window,
+                        vocab,
+                        w * args.ctx,
+                    ));
+                }
                 bar.inc(1);
+            }
+        }
+        if args.token_report > 0 {
+            let text_of = |ids: &[u32]| loaded.tokenizer.decode(ids, false);
+            for ((name, _, _), loss) in dtypes.iter().zip(&losses) {
+                token_reports.push_str(&format!(
+                    "{} · {name}: which tokens carry the loss\n{}",
+                    text.name,
+                    crate::eval_tokens::report(loss, ids, args.ctx, args.token_report, &text_of)
+                ));
             }
         }
         let base_ppl = (base.nll / base.n as f64).exp();
@@ -236,6 +257,7 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
         });
     }
     bar.finish_and_clear();
+    print!("{token_reports}");
     report(&loaded.model.name, args.ctx, args.windows, &results, args)
 }
 

@@ -12,6 +12,7 @@ mod bench_model;
 mod cli_tests;
 mod env_options;
 mod eval;
+mod eval_tokens;
 mod kvspec;
 mod plot;
 mod random_model;
