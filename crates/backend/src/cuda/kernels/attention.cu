@@ -2354,7 +2354,7 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
                 if (!lb) { s[st][2] = -INFINITY; s[st][3] = -INFINITY; }
             }
         }
-        if constexpr (V8)
+        if constexpr (V8)   // (the f16 fallback's centroid tables straight from the descriptor)
             keys_as_m_values_s8<D, VB, NS>(o, s, m0, m1, l0, l1, vs, TK * VROW, vtab, vstep,
                                            fmt + CODE_DESC_WORDS + 24, fmt + CODE_DESC_WORDS + 28, kw, lane);
         else
@@ -2365,12 +2365,13 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
                                 part_ml, part_acc, out, out_bf16, sinks);
 }
 
-// Pipeline stages of a coded kernel: enough that about 48 KiB of tiles are in flight per
-// block (a tile of compressed keys is small, and the bytes in flight bound the bandwidth),
-// 2 to 6. Must match `code_stages` in cuda/codes.rs.
+// Bytes of a tile of tk keys: K and V code records and their f16 scales.
 constexpr int code_tile_bytes(int d, int kb, int vb, int tk) {
     return tk * (d * code_bits(kb) / 8 + 2 + d * code_bits(vb) / 8 + 2);
 }
+// Pipeline stages of a coded kernel: enough that about 48 KiB of tiles are in flight per
+// block (a tile of compressed keys is small, and the bytes in flight bound the bandwidth),
+// 2 to 6. Must match `code_stages` in cuda/codes.rs.
 constexpr int code_stages(int d, int kb, int vb, int tk) {
     const int tile = code_tile_bytes(d, kb, vb, tk);
     const int s = (49152 + tile - 1) / tile;
@@ -2440,7 +2441,7 @@ ATTN_CODES_TQ_FORMS(ATTN_CODES_K8, 128)
 // attn_codes_k8v_{D}_{KB}_{VB}: the same with the value products in int8 too, for 2- and
 // 3-bit value codes, in tiles of 256 keys (64 per warp: keys_as_m_values_s8's per-tile work is
 // paid once per 64 keys) where two stages of them fit with four blocks per SM, else 128 (see
-// v8_tiling). The list must match CodeVariant::has_int8_values in cuda/codes.rs.
+// v8_tile, v8_stages). The list must match CodeVariant::has_int8_values in cuda/codes.rs.
 #define ATTN_CODES_K8V(D, KB, VB) \
     extern "C" __global__ void __launch_bounds__(128, 4) attn_codes_k8v_##D##_##KB##_##VB(ATTN_PARAMS, \
         const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
