@@ -104,6 +104,15 @@ pub(crate) fn classify(text: &str) -> TokenClass {
     }
 }
 
+/// Whether the token at `target_at` continues a bigram that already occurred earlier in its
+/// window (which starts at `window_start`): a position where the model can copy.
+fn repeats_a_bigram(ids: &[u32], window_start: usize, target_at: usize) -> bool {
+    let pair = [ids[target_at - 1], ids[target_at]];
+    ids[window_start..target_at - 1]
+        .windows(2)
+        .any(|w| w == pair)
+}
+
 /// The share of the summed KL held by the `top` fraction of positions with the most KL.
 fn top_share(losses: &[TokenLoss], top: f64) -> f64 {
     let mut kl: Vec<f64> = losses.iter().map(|l| l.kl.max(0.0)).collect();
@@ -143,6 +152,18 @@ pub(crate) fn report(
         "  KL held by the top 1% / 10% of positions: {:.1}% / {:.1}%",
         100.0 * top_share(losses, 0.01),
         100.0 * top_share(losses, 0.10)
+    );
+    let copies: Vec<&TokenLoss> = losses
+        .iter()
+        .filter(|l| repeats_a_bigram(ids, l.target_at.saturating_sub(l.pos + 1), l.target_at))
+        .collect();
+    let _ = writeln!(
+        out,
+        "  repeating a bigram seen earlier in the window: {:.1}% of positions, {:.1}% of KL, \
+         {:.1}% of ΔNLL",
+        pct(copies.len() as f64, losses.len() as f64),
+        pct(copies.iter().map(|l| l.kl).sum(), kl_total),
+        pct(copies.iter().map(|l| l.dnll).sum(), dnll_total)
     );
     let _ = writeln!(
         out,
@@ -260,7 +281,7 @@ mod tests {
         };
         // ids 0 = " the", 1 = "\n", 2 = "(": the newline carries 3 of 4 parts of the KL.
         let ids = [0u32, 1, 2, 1];
-        let losses = [loss(1, 0, 0.3), loss(2, 1, 0.1), loss(3, 3, 0.0)];
+        let losses = [loss(1, 0, 0.3), loss(2, 1, 0.1), loss(3, 2, 0.0)];
         let text = |ids: &[u32]| {
             ids.iter()
                 .map(|&i| [" the", "\n", "("][i as usize])
@@ -281,5 +302,23 @@ mod tests {
         assert!(line("0..1").contains("75.0%"), "{r}");
         assert!(line("3..4").contains("0.0%"), "{r}");
         assert!(r.contains("⟨\"\\n\"⟩"), "{r}");
+        // Position 2 predicts "\n" after "(", a bigram not seen before it; none repeats.
+        assert!(
+            r.contains("earlier in the window: 0.0% of positions"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn a_bigram_repeats_only_if_it_occurred_earlier_in_the_window() {
+        // 5 7 9 5 7: the last 7 follows a 5 as at index 1.
+        let ids = [5u32, 7, 9, 5, 7];
+        assert!(repeats_a_bigram(&ids, 0, 4));
+        assert!(
+            !repeats_a_bigram(&ids, 1, 4),
+            "index 1 is before the window"
+        );
+        assert!(!repeats_a_bigram(&ids, 0, 3));
+        assert!(!repeats_a_bigram(&ids, 0, 1));
     }
 }
