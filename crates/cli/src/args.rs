@@ -194,8 +194,9 @@ pub struct EvalPplArgs {
     #[arg(long)]
     pub plot: Option<PathBuf>,
     /// Also report, per text and KV cache, which tokens carry the loss: KL and ΔNLL by the
-    /// kind of token predicted and by quarter of the window, how concentrated the KL is, and
-    /// the N positions with the most KL (0: no report).
+    /// kind of token predicted, by quarter of the window and at positions that repeat an
+    /// earlier bigram, how concentrated the KL is, and the N positions with the most KL (0:
+    /// no report).
     #[arg(long, default_value_t = 0)]
     pub token_report: usize,
     /// Evaluate nothing: report the texts of earlier runs' `--json` files side by side

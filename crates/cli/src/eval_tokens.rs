@@ -1,7 +1,8 @@
 //! Which tokens carry a KV cache's loss (`eval ppl --token-report N`): per scored position the
 //! next-token NLL above the bf16 cache's and the KL from it, summed by the kind of token
-//! predicted and by where the position sits in its window, how concentrated the KL is, and
-//! the N positions with the most KL, each with the text before it.
+//! predicted, by where the position sits in its window and over positions that repeat an
+//! earlier bigram (where the model can copy), how concentrated the KL is, and the N positions
+//! with the most KL, each with the text before it.
 
 use std::fmt::Write as _;
 
