@@ -302,12 +302,14 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
         }
         let w = geo.qkv_width();
         let qkv = r.vec(row * w, 1.5);
-        let mut cq = CpuTensor::from_vec(qkv.clone(), row, w).unwrap();
-        let mut gq = g.tensor_from_host(&qkv, row, w).unwrap();
-        c.write_kv(&mut cq, &geo, &rope, None, &spans, &mut cpool)
-            .unwrap();
-        g.write_kv(&mut gq, &geo, &rope, None, &spans, &mut gpool)
-            .unwrap();
+        let (cq, gq) = write_both(
+            (&c, g),
+            &qkv,
+            row,
+            (&geo, &rope),
+            &spans,
+            (&mut cpool, &mut gpool),
+        );
         let cols = geo.n_heads * case.d;
         // gpt-oss's attention sinks (a logit per query head in each softmax's denominator),
         // of the size of the scores, on every other step.
@@ -434,12 +436,14 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
         }];
         let w = geo.qkv_width();
         let qkv = r.vec(40 * w, 1.5);
-        let mut cq = CpuTensor::from_vec(qkv.clone(), 40, w).unwrap();
-        let mut gq = g.tensor_from_host(&qkv, 40, w).unwrap();
-        c.write_kv(&mut cq, &geo, &rope, None, &spans, &mut cpool)
-            .unwrap();
-        g.write_kv(&mut gq, &geo, &rope, None, &spans, &mut gpool)
-            .unwrap();
+        let (cq, gq) = write_both(
+            (&c, g),
+            &qkv,
+            40,
+            (&geo, &rope),
+            &spans,
+            (&mut cpool, &mut gpool),
+        );
         compare_attention(
             g,
             &c,
@@ -463,6 +467,27 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
         );
     }
     (same, total)
+}
+
+/// The same q/k/v rows (`rows` × the geometry's qkv width) through both backends' `write_kv`:
+/// roped and encoded into their pools; returns the two tensors the attention reads.
+fn write_both(
+    (c, g): (&CpuBackend, &CudaBackend),
+    qkv: &[f32],
+    rows: usize,
+    (geo, rope): (&AttnGeometry, &Rope),
+    spans: &[SeqSpan<'_>],
+    (cpool, gpool): (
+        &mut <CpuBackend as Backend>::KvPool,
+        &mut <CudaBackend as Backend>::KvPool,
+    ),
+) -> (CpuTensor, CudaTensor) {
+    let w = geo.qkv_width();
+    let mut cq = CpuTensor::from_vec(qkv.to_vec(), rows, w).unwrap();
+    let mut gq = g.tensor_from_host(qkv, rows, w).unwrap();
+    c.write_kv(&mut cq, geo, rope, None, spans, cpool).unwrap();
+    g.write_kv(&mut gq, geo, rope, None, spans, gpool).unwrap();
+    (cq, gq)
 }
 
 /// Attention of both backends over their pools (`(cpu, gpu)`), with a sliding `window` and
@@ -708,13 +733,15 @@ fn negative_value_scales_match_the_cpu_backend() {
         }
         assert!(negated > 0);
         let qkv = r.vec(w, 1.5);
-        let mut cq = CpuTensor::from_vec(qkv.clone(), 1, w).unwrap();
-        let mut gq = g.tensor_from_host(&qkv, 1, w).unwrap();
         let spans = [span(hist, 1)];
-        c.write_kv(&mut cq, &geo, &rope, None, &spans, &mut cpool)
-            .unwrap();
-        g.write_kv(&mut gq, &geo, &rope, None, &spans, &mut gpool)
-            .unwrap();
+        let (cq, gq) = write_both(
+            (&c, g),
+            &qkv,
+            1,
+            (&geo, &rope),
+            &spans,
+            (&mut cpool, &mut gpool),
+        );
         let e = compare_attention(
             g,
             &c,
