@@ -468,14 +468,19 @@ pub(crate) fn score(lp: &[f32], ref_lp: &[f32], window: &[u32], vocab: usize, ac
         let row = &lp[t * vocab..(t + 1) * vocab];
         let rrow = &ref_lp[t * vocab..(t + 1) * vocab];
         acc.nll -= row[window[t + 1] as usize] as f64;
-        acc.kl += rrow
-            .iter()
-            .zip(row)
-            .map(|(&r, &q)| (r.exp() * (r - q)) as f64)
-            .sum::<f64>();
+        acc.kl += kl_row(rrow, row);
         acc.agree += usize::from(argmax(row) == argmax(rrow));
         acc.n += 1;
     }
+}
+
+/// KL(reference ‖ this) of one next-token distribution, both as log-probabilities.
+pub(crate) fn kl_row(ref_lp: &[f32], lp: &[f32]) -> f64 {
+    ref_lp
+        .iter()
+        .zip(lp)
+        .map(|(&r, &q)| f64::from(r.exp() * (r - q)))
+        .sum()
 }
 
 fn argmax(v: &[f32]) -> usize {

@@ -37,11 +37,7 @@ pub(crate) fn token_losses(
                 target_at: first + t + 1,
                 pos: t,
                 dnll: f64::from(rrow[target] - row[target]),
-                kl: rrow
-                    .iter()
-                    .zip(row)
-                    .map(|(&r, &q)| f64::from(r.exp() * (r - q)))
-                    .sum(),
+                kl: crate::eval::kl_row(rrow, row),
             }
         })
         .collect()
