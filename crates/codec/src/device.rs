@@ -71,10 +71,109 @@ impl VectorCodec {
     }
 }
 
+/// A TurboQuant format of any shape a device reads through [`DeviceParts`]: one or two parts
+/// (a fractional width's outlier split), MSE codes of 1–4 bits, optional QJL sign bits
+/// (prod keys, structured sketch), exact or corrected norms, randomized Hadamard rotations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceParts {
+    /// The parts in record order; part p's rotated coordinates follow part p − 1's in the
+    /// basis a device attends in (`[R₀·x[ch₀] ; R₁·x[ch₁]]`).
+    pub parts: Vec<DevicePart>,
+    /// Whether a stored scale is `n / ‖c[idx]‖` ([`NormMode::Corrected`]) instead of `n`.
+    pub corrected_norm: bool,
+}
+
+/// One part of a [`DeviceParts`] format: its channels, codes and rotation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DevicePart {
+    /// The head-vector channels of this part, in part order (every channel for one part).
+    pub channels: Vec<u16>,
+    /// MSE code width (1–4).
+    pub bits: u8,
+    /// The `2^bits` Lloyd–Max centroids and `2^bits − 1` boundaries (see [`HadamardMse`]).
+    pub centroids: Vec<f32>,
+    /// Decision boundaries, compared with `y_i` against `boundary_k · (n · σ)`.
+    pub boundaries: Vec<f32>,
+    /// The rotation's sign masks and `σ = √m`.
+    pub sign_masks: Vec<u32>,
+    /// `σ` of the rotation (`√m`).
+    pub sigma: f32,
+    /// Byte offset of the part's MSE codes in the token's record (LSB-first packing).
+    pub code_offset: usize,
+    /// Index of the part's scale among the token's f16 scalars (γ follows in prod mode).
+    pub scalar_index: usize,
+    /// The QJL stage of a prod key part.
+    pub qjl: Option<DeviceQjl>,
+}
+
+/// The structured QJL sketch of a part: `S = √m·(H·D₃/√m)·(H·D₂/√m)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceQjl {
+    /// Sign masks of the first and second randomized Hadamard (`D₂`, `D₃`).
+    pub sign_masks: [Vec<u32>; 2],
+    /// Byte offset of the sign bits in the record.
+    pub sign_offset: usize,
+    /// The estimator constant κ: `x̂ = Rᵀ(s·c[idx] + γ·κ·Sᵀ·sign)`.
+    pub constant: f32,
+}
+
+impl VectorCodec {
+    /// The part-wise device description of a TurboQuant codec, or `None` for plain formats
+    /// and for what devices do not read (dense rotations, a Gaussian QJL matrix, 0-bit MSE
+    /// codes). Every format [`VectorCodec::device_format`] describes as TurboQuant is also
+    /// described here, as one part.
+    pub fn device_parts(&self) -> Option<DeviceParts> {
+        let Format::Tq(t) = &self.format else {
+            return None;
+        };
+        let head_dim = t.params().head_dim;
+        let parts = t
+            .parts
+            .iter()
+            .map(|p| {
+                let (masks, sigma) = p.rotation.hadamard_parts()?;
+                if p.mse_bits == 0 || p.mse_bits > 4 {
+                    return None;
+                }
+                let qjl = match &p.qjl {
+                    None => None,
+                    Some(q) => {
+                        let [a, b] = q.structured_masks()?;
+                        Some(DeviceQjl {
+                            sign_masks: [a.to_vec(), b.to_vec()],
+                            sign_offset: p.sign_offset,
+                            constant: q.constant,
+                        })
+                    }
+                };
+                let channels = match &p.channels {
+                    Some(c) => c.clone(),
+                    None => (0..head_dim as u16).collect(),
+                };
+                Some(DevicePart {
+                    channels,
+                    bits: p.mse_bits,
+                    centroids: p.codebook.centroids().to_vec(),
+                    boundaries: p.codebook.boundaries().to_vec(),
+                    sign_masks: masks.to_vec(),
+                    sigma,
+                    code_offset: p.code_offset,
+                    scalar_index: p.scalar_index,
+                    qjl,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(DeviceParts {
+            parts,
+            corrected_norm: t.parts.first()?.norm == NormMode::Corrected,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{CodecOptions, KvDtype, KvRole, TqBits};
+    use crate::{CodecOptions, KvDtype, KvRole, TqBits, f16};
 
     fn codec(dtype: &str, role: KvRole, d: usize, opts: &CodecOptions) -> VectorCodec {
         VectorCodec::new(dtype.parse::<KvDtype>().unwrap(), role, d, 3, opts).unwrap()
@@ -170,5 +269,176 @@ mod tests {
                 assert_eq!(sc[0], crate::tq::stored_f16(n));
             }
         }
+    }
+
+    /// Encodes `x` with a [`DeviceParts`] description in the order a device kernel follows
+    /// (write_kv_parts in the CUDA backend): per part gather, ‖g‖² in the codec's order,
+    /// signs + FWHT, codes against `b_k·(n·σ)`, the (corrected) scale, and for prod the
+    /// residual's γ and the signs of `FWHT(D₃·FWHT(D₂·r))`.
+    fn encode_with_parts(p: &DeviceParts, x: &[f32], codes: &mut [u8], scalars: &mut [f16]) {
+        for part in &p.parts {
+            let m = part.channels.len();
+            let g: Vec<f32> = part.channels.iter().map(|&c| x[usize::from(c)]).collect();
+            let nsq = crate::kernels::sum_squares(&g);
+            let mut y: Vec<f32> = g
+                .iter()
+                .zip(&part.sign_masks)
+                .map(|(v, mk)| f32::from_bits(v.to_bits() ^ mk))
+                .collect();
+            crate::kernels::fwht_scalar(&mut y);
+            let n = nsq.sqrt();
+            let t = n * part.sigma;
+            let idx: Vec<u8> = y
+                .iter()
+                .map(|&v| part.boundaries.iter().filter(|&&b| v > b * t).count() as u8)
+                .collect();
+            let bytes = crate::bitpack::packed_len(m, part.bits);
+            let at = part.code_offset;
+            crate::bitpack::pack(&idx, part.bits, &mut codes[at..at + bytes]).unwrap();
+            let scale = if p.corrected_norm {
+                let c: Vec<f32> = idx
+                    .iter()
+                    .map(|&k| part.centroids[usize::from(k)])
+                    .collect();
+                let cn = crate::kernels::sum_squares(&c).sqrt();
+                if cn > 0.0 { n / cn } else { n }
+            } else {
+                n
+            };
+            let s16 = crate::tq::stored_f16(scale);
+            scalars[part.scalar_index] = s16;
+            let Some(q) = &part.qjl else { continue };
+            let a = s16.to_f32() * part.sigma;
+            let mut r: Vec<f32> = y
+                .iter()
+                .zip(&idx)
+                .map(|(&yi, &k)| yi - a * part.centroids[usize::from(k)])
+                .collect();
+            let gamma = crate::kernels::sum_squares(&r).sqrt() / part.sigma;
+            scalars[part.scalar_index + 1] = crate::tq::stored_f16(gamma);
+            for masks in &q.sign_masks {
+                for (v, mk) in r.iter_mut().zip(masks) {
+                    *v = f32::from_bits(v.to_bits() ^ mk);
+                }
+                crate::kernels::fwht_scalar(&mut r);
+            }
+            let signs: Vec<u8> = r.iter().map(|&v| u8::from(v >= 0.0)).collect();
+            let at = q.sign_offset;
+            crate::bitpack::pack(&signs, 1, &mut codes[at..at + m / 8]).unwrap();
+        }
+    }
+
+    /// Decodes with a description: per part `v = s·c[idx] (+ γ·κ·√m·R₂ᵀ... of the signs)`
+    /// in the rotated basis, then `Rᵀ` and the scatter (a device's dequantize + un-rotate).
+    fn decode_with_parts(p: &DeviceParts, codes: &[u8], scalars: &[f16], out: &mut [f32]) {
+        let inverse = |v: &mut [f32], masks: &[u32], sigma: f32| {
+            crate::kernels::fwht_scalar(v);
+            for (x, mk) in v.iter_mut().zip(masks) {
+                *x = f32::from_bits((*x / sigma).to_bits() ^ mk);
+            }
+        };
+        for part in &p.parts {
+            let m = part.channels.len();
+            let s = scalars[part.scalar_index].to_f32();
+            let mut v: Vec<f32> = (0..m)
+                .map(|i| {
+                    let k = crate::bitpack::get(&codes[part.code_offset..], part.bits, i);
+                    s * part.centroids[usize::from(k)]
+                })
+                .collect();
+            if let Some(q) = &part.qjl {
+                let gamma = scalars[part.scalar_index + 1].to_f32();
+                let mut w: Vec<f32> = (0..m)
+                    .map(|i| {
+                        let b = crate::bitpack::get(&codes[q.sign_offset..], 1, i);
+                        if b == 1 { 1.0 } else { -1.0 }
+                    })
+                    .collect();
+                inverse(&mut w, &q.sign_masks[1], part.sigma);
+                inverse(&mut w, &q.sign_masks[0], part.sigma);
+                let c = gamma * q.constant * part.sigma;
+                for (vi, wi) in v.iter_mut().zip(&w) {
+                    *vi += c * wi;
+                }
+            }
+            inverse(&mut v, &part.sign_masks, part.sigma);
+            for (&ch, &vi) in part.channels.iter().zip(&v) {
+                out[usize::from(ch)] = vi;
+            }
+        }
+    }
+
+    #[test]
+    fn parts_describe_fractional_prod_and_corrected_formats() {
+        let mut rng = crate::prng::Xoshiro256::new(11);
+        let prod = CodecOptions {
+            key_mode: crate::KeyMode::Prod,
+            ..Default::default()
+        };
+        let corrected = CodecOptions {
+            norm: NormMode::Corrected,
+            ..Default::default()
+        };
+        let plain = CodecOptions::default();
+        let cases: [(&str, usize, &CodecOptions, usize, bool); 8] = [
+            ("tq3.5", 128, &plain, 2, false),
+            ("tq2.5", 64, &plain, 2, false),
+            ("tq1.5", 128, &plain, 2, false),
+            ("tq3", 128, &prod, 1, true),
+            ("tq2", 64, &prod, 1, true),
+            ("tq3.5", 128, &prod, 2, true),
+            ("tq3", 64, &corrected, 1, false),
+            ("tq4", 128, &plain, 1, false),
+        ];
+        for (dtype, d, opts, n_parts, has_qjl) in cases {
+            let c = codec(dtype, KvRole::Key, d, opts);
+            let p = c.device_parts().expect(dtype);
+            assert_eq!(p.parts.len(), n_parts, "{dtype}");
+            assert_eq!(p.corrected_norm, opts.norm == NormMode::Corrected);
+            let mut seen: Vec<u16> = p.parts.iter().flat_map(|q| q.channels.clone()).collect();
+            seen.sort_unstable();
+            assert_eq!(
+                seen,
+                (0..d as u16).collect::<Vec<_>>(),
+                "{dtype}: every channel once"
+            );
+            for part in &p.parts {
+                assert_eq!(part.qjl.is_some(), has_qjl, "{dtype}");
+                assert_eq!(part.sign_masks.len(), part.channels.len());
+                assert_eq!(part.centroids.len(), 1 << part.bits);
+            }
+            let sizes = c.token_sizes();
+            let mut max_err = 0f32;
+            for _ in 0..40 {
+                let x: Vec<f32> = (0..d).map(|_| rng.gaussian() as f32).collect();
+                let (mut want, mut want_s) =
+                    (vec![0u8; sizes.code_bytes], vec![f16::ZERO; sizes.scalars]);
+                c.encode(&x, &mut want, &mut want_s).unwrap();
+                let (mut got, mut got_s) =
+                    (vec![0u8; sizes.code_bytes], vec![f16::ZERO; sizes.scalars]);
+                encode_with_parts(&p, &x, &mut got, &mut got_s);
+                assert_eq!(got, want, "{dtype}: codes");
+                assert_eq!(got_s, want_s, "{dtype}: scalars");
+                let mut a = vec![0f32; d];
+                let mut b = vec![0f32; d];
+                c.decode(&want, &want_s, &mut a).unwrap();
+                decode_with_parts(&p, &want, &want_s, &mut b);
+                for (u, v) in a.iter().zip(&b) {
+                    max_err = max_err.max((u - v).abs());
+                }
+            }
+            assert!(max_err < 1e-4, "{dtype}: decode differs by {max_err}");
+        }
+        // A dense rotation (head_dim 96) is not described.
+        assert!(
+            codec("tq3", KvRole::Key, 96, &plain)
+                .device_parts()
+                .is_none()
+        );
+        assert!(
+            codec("int8", KvRole::Key, 64, &plain)
+                .device_parts()
+                .is_none()
+        );
     }
 }

@@ -71,7 +71,7 @@ pub mod tq;
 mod work;
 
 pub use codec::{CodecOptions, LayerCodec, VectorCodec};
-pub use device::{DeviceFormat, HadamardMse};
+pub use device::{DeviceFormat, DevicePart, DeviceParts, DeviceQjl, HadamardMse};
 pub use dtype::{KeyMode, KvDtype, TqBits};
 pub use error::{Error, Result};
 /// The f16 type used for scalars in the public API (re-exported so callers need not depend on `half`).

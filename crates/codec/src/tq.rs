@@ -200,6 +200,18 @@ impl Qjl {
         })
     }
 
+    /// The sign masks of the two randomized Hadamards of a structured sketch (`None` for a
+    /// Gaussian or dense one): `S·r ∝ FWHT(D₃·FWHT(D₂·r))`.
+    pub(crate) fn structured_masks(&self) -> Option<[&[u32]; 2]> {
+        match &self.matrix {
+            QjlMatrix::Orthogonal(rots) => match rots.as_slice() {
+                [a, b] => Some([a.hadamard_parts()?.0, b.hadamard_parts()?.0]),
+                _ => None,
+            },
+            QjlMatrix::Gaussian { .. } => None,
+        }
+    }
+
     /// A positive multiple of `S·r` (all the encoder needs for the signs).
     fn apply_for_signs(&self, r: &[f32], out: &mut [f32]) {
         match &self.matrix {
