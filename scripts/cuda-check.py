@@ -26,6 +26,8 @@ VERSION = "13.0.*"
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "crates/backend/src/cuda/kernels"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "turbokv/cuda"
+# Headers a module's source starts with after common.cuh, as kernels.rs assembles them.
+PRELUDES = {"write_kv.cu": ["codec.cuh"], "parts.cu": ["codec.cuh"], "attention.cu": ["codec.cuh"]}
 # Must match OPTIONS in crates/backend/src/cuda/kernels.rs.
 OPTIONS = ["--std=c++17", "-default-device"]
 
@@ -91,7 +93,8 @@ def main() -> int:
     files = [Path(f) for f in a.files] or sorted(KERNELS.glob("*.cu"))
     failed = False
     for f in files:
-        src = common + "\n" + f.read_text()
+        src = common + "\n" + "".join((KERNELS / h).read_text() + "\n"
+                                       for h in PRELUDES.get(f.name, [])) + f.read_text()
         ptx, log = nvrtc_compile(nvrtc, f.name, src, a.arch)
         if ptx is not None and a.ptx_cache:
             a.ptx_cache.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
-//! Coded KV pools on the GPU (int8, fp8, TurboQuant-MSE) against the CPU backend: the encoder's
-//! codes, attention on the codes, and blocks moved between the backends.
+//! Coded KV pools on the GPU (int8, fp8, TurboQuant-MSE; fractional widths, prod keys, 1-bit
+//! codes) against the CPU backend: the encoder's codes, attention on the codes, and blocks
+//! moved between the backends.
 //!
 //! Skips (with a message) when no GPU or driver is present.
 //!
@@ -26,7 +27,7 @@ use turbokv_backend::cpu::{CodeProducts, CpuBackend, CpuOptions, CpuTensor};
 use turbokv_backend::cuda::{CudaBackend, CudaOptions, CudaTensor};
 use turbokv_backend::{AttnGeometry, Backend, Error, Rope, RopeStyle, SeqSpan};
 use turbokv_cache::{KvCenters, KvLayout, KvWindow};
-use turbokv_codec::{KeyMode, KvDtype, LayerCodec, bitpack};
+use turbokv_codec::{KeyMode, KvDtype, LayerCodec, NormMode, bitpack};
 
 fn gpu() -> Option<&'static CudaBackend> {
     static B: OnceLock<Option<CudaBackend>> = OnceLock::new();
@@ -127,9 +128,16 @@ const NO_WINDOW: KvWindow = KvWindow {
     sinks: 0,
 };
 
+/// `dtype` may end in `/prod` (QJL keys) or `/corrected` (corrected norms).
 fn layout(case: &Case, kv_heads: usize, r: &mut Rng) -> KvLayout {
-    let dtype: KvDtype = case.dtype.parse().unwrap();
+    let (name, mode) = case.dtype.split_once('/').unwrap_or((case.dtype, ""));
+    let dtype: KvDtype = name.parse().unwrap();
     let mut l = KvLayout::uniform(1, kv_heads, case.d, dtype, BS, 8192).unwrap();
+    match mode {
+        "prod" => l.codec.key_mode = KeyMode::Prod,
+        "corrected" => l.codec.norm = NormMode::Corrected,
+        _ => {}
+    }
     l.window = case.window;
     if case.centered {
         l.centers = Some(Arc::new(KvCenters {
@@ -142,8 +150,53 @@ fn layout(case: &Case, kv_heads: usize, r: &mut Rng) -> KvLayout {
     l
 }
 
+/// A run of codes in a token's record: byte offset, bits per code, codes; `signs` for QJL
+/// sign bits, which follow the codes they are the residual of.
+struct Field {
+    offset: usize,
+    bits: u8,
+    n: usize,
+    signs: bool,
+}
+
+/// The code fields of a codec's records and whether its codes rank by value as unsigned
+/// numbers (TurboQuant), as int8 or as fp8.
+fn fields(codec: &turbokv_codec::VectorCodec) -> Vec<Field> {
+    let d = codec.head_dim();
+    if let Some(p) = codec.device_parts() {
+        return p
+            .parts
+            .iter()
+            .flat_map(|p| {
+                let m = p.channels.len();
+                let codes = Field {
+                    offset: p.code_offset,
+                    bits: p.bits,
+                    n: m,
+                    signs: false,
+                };
+                let signs = p.qjl.as_ref().map(|q| Field {
+                    offset: q.sign_offset,
+                    bits: 1,
+                    n: m,
+                    signs: true,
+                });
+                std::iter::once(codes).chain(signs)
+            })
+            .collect();
+    }
+    vec![Field {
+        offset: 0,
+        bits: 8,
+        n: d,
+        signs: false,
+    }]
+}
+
 /// Code coordinates of one (block, head) record pair: (identical, total) after asserting that
-/// every differing code is adjacent and every scale within one f16 ulp.
+/// every differing code is adjacent and every scale within one f16 ulp. QJL sign bits are
+/// counted; γ must be within one ulp where the record's codes and scales are identical (a key
+/// a code away has another residual). With `exact` (values: the same input bits) all equal.
 fn compare_block(
     what: &str,
     got: &[u8],
@@ -152,53 +205,73 @@ fn compare_block(
     exact: bool,
 ) -> (usize, usize) {
     let layout = codec.block_layout(BS).unwrap();
-    let format = codec.device_format().unwrap();
-    let bits = match &format {
-        turbokv_codec::DeviceFormat::Int8 | turbokv_codec::DeviceFormat::Fp8 => 8,
-        turbokv_codec::DeviceFormat::HadamardMse(h) => h.bits,
-    };
+    let format = codec.device_format();
     // A code's rank in value order: int8 two's complement, fp8 sign-magnitude (±0 alike).
     let rank = |c: u8| -> i32 {
         match format {
-            turbokv_codec::DeviceFormat::Int8 => i32::from(c as i8),
-            turbokv_codec::DeviceFormat::Fp8 if c & 0x80 != 0 => -i32::from(c & 0x7f),
+            Some(turbokv_codec::DeviceFormat::Int8) => i32::from(c as i8),
+            Some(turbokv_codec::DeviceFormat::Fp8) if c & 0x80 != 0 => -i32::from(c & 0x7f),
             _ => i32::from(c),
         }
     };
-    let d = codec.head_dim();
+    let fields = fields(codec);
+    // The scalars that are scales (the others are QJL γ).
+    let scales: Vec<usize> = match codec.device_parts() {
+        Some(p) => p.parts.iter().map(|p| p.scalar_index).collect(),
+        None => vec![0],
+    };
     let (mut same, mut total) = (0, 0);
     for slot in 0..BS {
         let (g, w) = (
             &got[layout.codes_range(slot)],
             &want[layout.codes_range(slot)],
         );
-        let (mut gi, mut wi) = (vec![0u8; d], vec![0u8; d]);
-        bitpack::unpack(g, bits, &mut gi).unwrap();
-        bitpack::unpack(w, bits, &mut wi).unwrap();
-        for (i, (&a, &b)) in gi.iter().zip(&wi).enumerate() {
-            total += 1;
-            if a == b {
-                same += 1;
-                continue;
+        let mut record_same = true;
+        for f in &fields {
+            let (mut gi, mut wi) = (vec![0u8; f.n], vec![0u8; f.n]);
+            let bytes = (f.n * usize::from(f.bits)).div_ceil(8);
+            let range = f.offset..f.offset + bytes;
+            bitpack::unpack(&g[range.clone()], f.bits, &mut gi).unwrap();
+            bitpack::unpack(&w[range], f.bits, &mut wi).unwrap();
+            for (i, (&a, &b)) in gi.iter().zip(&wi).enumerate() {
+                total += 1;
+                if a == b {
+                    same += 1;
+                    continue;
+                }
+                if f.signs {
+                    // Roped keys differ in their last bits: a sign of S·r near 0 may flip.
+                    assert!(!exact, "{what}: slot {slot} sign bit {i}");
+                    continue;
+                }
+                record_same = false;
+                let (a, b) = (rank(a), rank(b));
+                assert!(
+                    !exact && (a - b).abs() <= 1,
+                    "{what}: slot {slot} coordinate {i}: code {a} vs {b}"
+                );
             }
-            let (a, b) = (rank(a), rank(b));
-            assert!(
-                !exact && (a - b).abs() <= 1,
-                "{what}: slot {slot} coordinate {i}: code {a} vs {b}"
-            );
         }
         let (gs, ws) = (
             &got[layout.scalars_range(slot)],
             &want[layout.scalars_range(slot)],
         );
-        let (gs, ws) = (
-            u16::from_le_bytes([gs[0], gs[1]]),
-            u16::from_le_bytes([ws[0], ws[1]]),
-        );
-        assert!(
-            gs == ws || (!exact && gs.abs_diff(ws) == 1),
-            "{what}: slot {slot} scale {gs:#06x} vs {ws:#06x}"
-        );
+        let scalar = |b: &[u8], i: usize| u16::from_le_bytes([b[2 * i], b[2 * i + 1]]);
+        for i in 0..layout.scalars_per_token {
+            let (gs, ws) = (scalar(gs, i), scalar(ws, i));
+            if scales.contains(&i) {
+                assert!(
+                    gs == ws || (!exact && gs.abs_diff(ws) == 1),
+                    "{what}: slot {slot} scale {gs:#06x} vs {ws:#06x}"
+                );
+                record_same &= gs == ws;
+            } else if record_same {
+                assert!(
+                    gs == ws || (!exact && gs.abs_diff(ws) == 1),
+                    "{what}: slot {slot} γ {gs:#06x} vs {ws:#06x}"
+                );
+            }
+        }
     }
     (same, total)
 }
@@ -579,6 +652,86 @@ fn coded_pools_match_the_cpu_codec_and_attention() {
     }
     let frac = same as f64 / total as f64;
     eprintln!("key codes identical: {same} / {total} ({:.5})", frac);
+    assert!(
+        frac >= 0.999,
+        "only {frac} of key codes equal the CPU codec's"
+    );
+}
+
+/// Fractional widths, prod keys, 1-bit codes and corrected norms (the parts kernels:
+/// dequantized, then the tile kernel) at head_dim 64 and 128, GQA 1/4/8/16, centered or not,
+/// with a preset's window and with a sliding window.
+#[test]
+fn parts_pools_match_the_cpu_codec_and_attention() {
+    let Some(g) = gpu() else { return };
+    let (mut same, mut total) = (0, 0);
+    let mut seed = 901;
+    for d in [64, 128] {
+        for dtype in [
+            "tq3.5",
+            "tq2.5",
+            "k3.5v2",
+            "tq1.5",
+            "tq1",
+            "tq3/prod",
+            "k4v2/prod",
+            "tq3.5/prod",
+            "tq3/corrected",
+        ] {
+            for (group, centered) in [(1, false), (4, true), (8, false), (16, true)] {
+                seed += 1;
+                let (s, t) = run_case(
+                    g,
+                    &Case {
+                        dtype,
+                        d,
+                        group,
+                        centered,
+                        window: NO_WINDOW,
+                        sliding: None,
+                    },
+                    seed,
+                );
+                same += s;
+                total += t;
+            }
+        }
+        for (dtype, window, sliding) in [
+            (
+                "tq3.5",
+                KvWindow {
+                    recent: 32,
+                    sinks: 1,
+                },
+                None,
+            ),
+            (
+                "tq2.5/prod",
+                KvWindow {
+                    recent: 15,
+                    sinks: 1,
+                },
+                None,
+            ),
+            ("k3.5v2", NO_WINDOW, Some(100)),
+        ] {
+            seed += 1;
+            run_case(
+                g,
+                &Case {
+                    dtype,
+                    d,
+                    group: 4,
+                    centered: false,
+                    window,
+                    sliding,
+                },
+                seed,
+            );
+        }
+    }
+    let frac = same as f64 / total as f64;
+    eprintln!("parts key codes identical: {same} / {total} ({frac:.5})");
     assert!(
         frac >= 0.999,
         "only {frac} of key codes equal the CPU codec's"
@@ -966,7 +1119,7 @@ fn unsupported_coded_pools_are_refused() {
     };
     let base =
         |dtype: &str, d| KvLayout::uniform(1, 2, d, dtype.parse().unwrap(), BS, 256).unwrap();
-    refused(base("tq2.5", 128), "outlier split");
+    refused(base("tq2.5", 256), "outlier split at head_dim 256");
     refused(base("tq3", 96), "dense rotation");
     // A windowed pool exists but refuses block I/O, as on the CPU (its exact copies are
     // not in the blocks).
@@ -985,9 +1138,14 @@ fn unsupported_coded_pools_are_refused() {
         g.write_kv_block(&mut pool, 0, &[]),
         Err(Error::Unsupported { .. })
     ));
-    let mut prod = base("tq3", 128);
+    let mut prod = base("tq3", 256);
     prod.codec.key_mode = KeyMode::Prod;
-    refused(prod, "prod keys");
-    assert!(g.check_kv_dtype("tq3.5".parse().unwrap(), 128).is_err());
+    refused(prod, "prod keys at head_dim 256");
+    let mut gaussian = base("tq3", 128);
+    gaussian.codec.key_mode = KeyMode::Prod;
+    gaussian.codec.qjl = turbokv_codec::QjlSketch::Gaussian;
+    refused(gaussian, "a Gaussian QJL matrix");
+    assert!(g.check_kv_dtype("tq3.5".parse().unwrap(), 128).is_ok());
+    assert!(g.check_kv_dtype("tq3.5".parse().unwrap(), 256).is_err());
     assert!(g.check_kv_dtype("k4v2".parse().unwrap(), 64).is_ok());
 }

@@ -348,19 +348,31 @@ fn windowed_codes_match<C: Backend, G: Backend>(
     s: &Shape,
     prompt: &[u32],
 ) {
-    // The plain format first, as the baseline of the windowed ones.
-    for (dtype, recent, sinks) in [
+    // The plain format first, as the baseline of the windowed ones; then the parts pools
+    // (fractional widths, prod keys: dequantized per step) at their head dims.
+    let parts = [("tq3.5", 0, 0), ("tq2.5", 15, 1), ("tq3/prod", 0, 0)];
+    let parts = if matches!(s.head_dim, 64 | 128) {
+        &parts[..]
+    } else {
+        &[]
+    };
+    for &(dtype, recent, sinks) in [
         ("tq3", 0, 0),
         ("tq3", 15, 1),
         ("k4v2", 40, 4),
         ("fp8", 0, 0),
-    ] {
+    ]
+    .iter()
+    .chain(parts)
+    {
+        let (dtype, mode) = dtype.split_once('/').unwrap_or((dtype, "mse"));
         let policy = turbokv_cache::KvPolicy {
             window: turbokv_cache::KvWindow { recent, sinks },
+            key_mode: mode.parse().unwrap(),
             ..Default::default()
         };
         let dtype: KvDtype = dtype.parse().unwrap();
-        let what = format!("{} {dtype}@w{recent}s{sinks}", s.arch);
+        let what = format!("{} {dtype}/{mode}@w{recent}s{sinks}", s.arch);
         let (mut cs, mut gs) = (
             Session::with_policy(&cpu.transformer, dtype, &policy, 1024).unwrap(),
             Session::with_policy(&gpu.transformer, dtype, &policy, 1024).unwrap(),
@@ -403,11 +415,22 @@ fn windowed_codes_match<C: Backend, G: Backend>(
             100.0 * agree,
             clear.len()
         );
+        // Prod keys flip more: a key's QJL signs are those of S·r for its MSE residual r,
+        // about a sixth of the key's norm at these widths and Gaussian around 0, so the same
+        // bf16 perturbation of a key flips several of its m signs where it moves few MSE codes
+        // across a boundary, and each flip moves the key by 2γκ√m·(a column of Sᵀ)/m. The
+        // kernels themselves match on equal inputs (cuda_codes, 1e-2); here the median row may
+        // differ 4× the 16-bit bound and the worst 0.8·rms, the top token as for the others.
+        let (median_bound, worst_bound) = if mode == "prod" {
+            (4.0 * TOL_16BIT, 0.8)
+        } else {
+            (2.0 * TOL_16BIT, 0.6)
+        };
         assert!(
-            median <= 2.0 * TOL_16BIT,
+            median <= median_bound,
             "{what}: median row error {median}·rms"
         );
-        assert!(worst <= 0.6, "{what}: worst row error {worst}·rms");
+        assert!(worst <= worst_bound, "{what}: worst row error {worst}·rms");
         assert!(
             agree >= 0.95,
             "{what}: top token equal in only {agree} of clear rows"

@@ -14,6 +14,7 @@ use super::codes::{
 use super::kernels::{DEC_M_MAX_GROUP, DECODE_SETS, MANY_PAIRS};
 use super::launch::Launches;
 use super::ops::{addr, check_geometry, expect_cols, ints, opc};
+use super::parts::{self, PARTS_DESC_WORDS, PARTS_HEAD_DIMS};
 use super::step::grow;
 use super::{CudaBackend, CudaKvPool, CudaTensor, CudaVector, DECODE_VARIANTS, DecodeVariant};
 use crate::backend::{AttnGeometry, SeqSpan};
@@ -249,7 +250,30 @@ impl CudaBackend {
         if window == Some(0) {
             return Err(shape("attention", "a sliding window of 0 tokens".into()));
         }
-        let coded_max_group = coded.map(|c| c.variant.max_group());
+        // A parts pool: a launch with a prefill span takes the tile kernel over its dequantized
+        // keys, the others `attn_parts_*` on the codes.
+        let parts_kernel = match coded {
+            Some(c) if c.variant.is_none() => {
+                let i = parts::decode_index(g.head_dim, grp).ok_or_else(|| {
+                    shape(
+                        "attention",
+                        format!(
+                            "{grp} query heads per kv head over a coded pool of head_dim {} (at \
+                             most 16; head_dim 64 or 128)",
+                            g.head_dim
+                        ),
+                    )
+                })?;
+                if spans.iter().any(|s| s.n_tokens >= MMA_MIN_ROWS) {
+                    drop(st);
+                    return self.attention_mma_codes(qkv, g, spans, pool, window, sinks, out, None);
+                }
+                Some(i)
+            }
+            _ => None,
+        };
+        let variant = coded.and_then(|c| c.variant);
+        let coded_max_group = variant.map(|v| v.max_group());
         if let Some(most) = coded_max_group.filter(|&most| grp > most) {
             return Err(shape(
                 "attention",
@@ -260,22 +284,22 @@ impl CudaBackend {
                 ),
             ));
         }
-        let code_kernel = match coded {
+        let code_kernel = match variant {
             Some(c) => Some(
                 CodeVariant::all()
                     .iter()
-                    .position(|v| *v == c.variant)
-                    .ok_or_else(|| shape("attention", format!("no kernel for {:?}", c.variant)))?,
+                    .position(|v| *v == c)
+                    .ok_or_else(|| shape("attention", format!("no kernel for {c:?}")))?,
             ),
             None => None,
         };
         if let Some(i) = code_kernel
             && self.coded_prefill_tiles
-            && coded.is_some_and(|c| c.variant.has_prefill())
+            && variant.is_some_and(|v| v.has_prefill())
             && spans.iter().any(|s| s.n_tokens >= MMA_MIN_ROWS)
         {
             drop(st);
-            return self.attention_mma_codes(qkv, g, spans, pool, window, sinks, out, i);
+            return self.attention_mma_codes(qkv, g, spans, pool, window, sinks, out, Some(i));
         }
         if coded.is_none()
             && matches!(g.head_dim, 64 | 128)
@@ -302,15 +326,15 @@ impl CudaBackend {
             .filter(|&i| keys_as_m && self.coded_int8_keys && self.k.attn_codes_k8[i].is_some());
         let int8_values =
             int8_keys.filter(|&i| self.coded_int8_values && self.k.attn_codes_k8v[i].is_some());
-        let dec = match code_kernel {
+        let dec = match code_kernel.or(parts_kernel) {
             Some(_) => None,
             None => (self.dec_mma && grp <= dec_max_group(hd))
                 .then(|| self.decode_choice(hd, pairs, max_ctx))
                 .flatten(),
         };
         let dec_kernel = dec.map(|(i, _)| i);
-        let rows_kernel =
-            rows_kernel_index(hd, grp).filter(|_| dec_kernel.is_none() && code_kernel.is_none());
+        let rows_kernel = rows_kernel_index(hd, grp)
+            .filter(|_| dec_kernel.is_none() && code_kernel.is_none() && parts_kernel.is_none());
         // A windowed coded pool's exact keys are splits of their own, EXACT_KEYS_PER_SPLIT
         // keys each (attention.cu `exact_splits`).
         let exact = pool.exact.as_ref();
@@ -318,6 +342,9 @@ impl CudaBackend {
             (x.slots.window.sinks + x.slots.window.recent).div_ceil(EXACT_KEYS_PER_SPLIT)
         });
         let splits = match (code_kernel, dec) {
+            _ if let Some(i) = parts_kernel => {
+                wave_splits(pairs, max_ctx, self.parts_slots[i], parts::DECODE_TILE) + exact_splits
+            }
             (Some(i), _) => {
                 let slots = if int8_values.is_some() {
                     self.code_k8v_slots[i]
@@ -328,8 +355,8 @@ impl CudaBackend {
                 } else {
                     self.code_slots[i]
                 };
-                let tile = match (int8_values, coded) {
-                    (Some(_), Some(c)) => c.variant.int8_values_tiling().0,
+                let tile = match (int8_values, variant) {
+                    (Some(_), Some(v)) => v.int8_values_tiling().0,
                     _ => CODE_TILE,
                 };
                 wave_splits(pairs, max_ctx, slots, tile) + exact_splits
@@ -410,8 +437,9 @@ impl CudaBackend {
             && spans.iter().all(|s| s.n_tokens == 1);
         let prefetch_i = i32::from(prefetch);
         let kernel_smem = match (dec_kernel, rows_kernel) {
-            _ if int8_values.is_some() => coded.map_or(0, |c| c.variant.int8_values_smem_bytes()),
-            _ if code_kernel.is_some() => coded.map_or(0, |c| c.variant.smem_bytes()),
+            _ if parts_kernel.is_some() => parts::decode_smem_bytes(hd, parts_group(hd, grp)),
+            _ if int8_values.is_some() => variant.map_or(0, |v| v.int8_values_smem_bytes()),
+            _ if code_kernel.is_some() => variant.map_or(0, |v| v.smem_bytes()),
             // The pipeline's stages of a 64-key K tile and V tile (rows padded by 8 halves),
             // then the 4 warps' states of 16 × (hd + 2) floats.
             (Some(i), _) => DECODE_VARIANTS[i].smem_bytes(),
@@ -445,6 +473,7 @@ impl CudaBackend {
             addr(&out.buf, &self.stream),
         );
         let f = match (dec_kernel, rows_kernel) {
+            _ if let Some(i) = parts_kernel => &self.k.attn_parts[i],
             _ if int8_values.is_some() => self.k.attn_codes_k8v[int8_values.unwrap_or(0)]
                 .as_ref()
                 .ok_or_else(|| shape("attention", "no int8-value kernel for these forms".into()))?,
@@ -471,7 +500,7 @@ impl CudaBackend {
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, g.n_kv_heads as u32, splits as u32),
             block_dim: (
-                match (code_kernel, dec_kernel) {
+                match (code_kernel.or(parts_kernel), dec_kernel) {
                     (Some(_), _) => 32 * CODE_WARPS,
                     (None, Some(i)) => DECODE_VARIANTS[i].threads(),
                     (None, None) => ATTN_THREADS,
@@ -539,7 +568,9 @@ impl CudaBackend {
         // centers. A windowed pool's exact table was laid out by the write of these spans
         // (`ExactTokens::prepare`): every exact key of every row has a slot inside the exact
         // blocks, and the exact split reads g·head_dim floats of shared memory (less than the
-        // warps' states).
+        // warps' states). A parts pool's kernel reads records and scalars at its descriptor's
+        // offsets (built from the pool's layouts; parts of whole 32-code runs keep every
+        // record and part 4-byte aligned) with shared memory for `parts_group` ≥ g heads.
         unsafe { self.launch(&mut l) }?;
         Ok(())
     }
@@ -562,18 +593,27 @@ impl CudaBackend {
             return Ok(());
         }
         let [nh, nkv] = ints("attention", [g.n_heads, g.n_kv_heads])?;
-        let fi = CODE_HEAD_DIMS
-            .iter()
-            .position(|&d| d == g.head_dim)
-            .unwrap_or(0);
-        let vdesc = addr(&c.desc, &self.stream) + (DESC_WORDS * 4) as u64;
+        let (f, desc_words) = match c.variant {
+            Some(_) => {
+                let fi = CODE_HEAD_DIMS.iter().position(|&d| d == g.head_dim);
+                (&self.k.attn_unrotate[fi.unwrap_or(0)], DESC_WORDS)
+            }
+            None => {
+                let fi = PARTS_HEAD_DIMS.iter().position(|&d| d == g.head_dim);
+                (
+                    &self.k.attn_unrotate_parts[fi.unwrap_or(0)],
+                    PARTS_DESC_WORDS,
+                )
+            }
+        };
+        let vdesc = addr(&c.desc, &self.stream) + (desc_words * 4) as u64;
         let vc = c.centers.as_ref().map_or(0, |(_, v)| addr(v, &self.stream));
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, g.n_heads as u32, 1),
             block_dim: (32, 1, 1),
             shared_mem_bytes: 0,
         };
-        l.kernel("attn_unrotate", &self.k.attn_unrotate[fi], cfg, false)
+        l.kernel("attn_unrotate", f, cfg, false)
             .ptr(op)
             .ptr(ob)
             .arg(nh)
@@ -588,7 +628,8 @@ impl CudaBackend {
     /// recent]`, from its first run of 16) are dequantized into f16 rows of a scratch
     /// (`codes_dequant_*`), then `attn_mma_codes_*` runs the tile kernel over them and the
     /// exact blocks (sinks and recent window), and the output is rotated back. Variant `vi`
-    /// of [`CodeVariant::all`]; spans, tables and metadata checked and uploaded by the caller.
+    /// of [`CodeVariant::all`], or `None` for a parts pool (`codes_dequant_parts_*`); spans,
+    /// tables and metadata checked and uploaded by the caller.
     #[allow(clippy::too_many_arguments)]
     fn attention_mma_codes(
         &self,
@@ -599,23 +640,25 @@ impl CudaBackend {
         window: Option<usize>,
         sinks: u64,
         out: &mut CudaTensor,
-        vi: usize,
+        vi: Option<usize>,
     ) -> Result<(), Error> {
         let coded = pool
             .codes
             .as_ref()
             .ok_or_else(|| shape("attention", "a 16-bit pool on the coded path".into()))?;
-        let dequant = self
-            .k
-            .codes_dequant
-            .get(vi)
-            .and_then(Option::as_ref)
-            .ok_or_else(|| {
-                shape(
-                    "attention",
-                    "no coded prefill kernel at this head_dim".into(),
-                )
-            })?;
+        let dequant = match vi {
+            Some(i) => self.k.codes_dequant.get(i).and_then(Option::as_ref),
+            None => PARTS_HEAD_DIMS
+                .iter()
+                .position(|&d| d == g.head_dim)
+                .map(|i| &self.k.codes_dequant_parts[i]),
+        }
+        .ok_or_else(|| {
+            shape(
+                "attention",
+                "no coded prefill kernel at this head_dim".into(),
+            )
+        })?;
         let (grp, hd, rows) = (g.group(), g.head_dim, qkv.rows);
         let exact = pool.exact.as_ref();
         let (n_sinks, recent) =
@@ -844,6 +887,11 @@ fn prefill_tiles(spans: &[SeqSpan<'_>], window: Option<usize>, rows_per_tile: us
     }
     order.sort_unstable_by_key(|t| std::cmp::Reverse(t.0));
     order.iter().flat_map(|&(_, row, n)| [row, n]).collect()
+}
+
+/// The group of the parts decode kernel that serves `group` at `head_dim`.
+fn parts_group(head_dim: usize, group: usize) -> usize {
+    parts::decode_index(head_dim, group).map_or(16, |i| parts::decode_kernels()[i].1)
 }
 
 /// The largest GQA group of the 16-bit decode kernels at `head_dim`: the template's 16 MMA

@@ -12,10 +12,11 @@
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::f16;
 use turbokv_cache::KvLayout;
-use turbokv_codec::{BlockLayout, DeviceFormat, KvDtype, LayerCodec, VectorCodec};
+use turbokv_codec::{BlockLayout, DeviceFormat, DeviceParts, KvDtype, LayerCodec, VectorCodec};
 
 use super::code_layout::RecordLayout;
 use super::cuda_err;
+use super::parts;
 use crate::Error;
 
 /// u32 words of one role's format descriptor (write_kv.cu `CODE_DESC_WORDS`).
@@ -273,8 +274,9 @@ impl CodeVariant {
 /// What a coded pool holds beside its bytes.
 #[derive(Debug)]
 pub(crate) struct PoolCodes {
-    /// The kernel that attends over this pool.
-    pub variant: CodeVariant,
+    /// The decode kernel on this pool's codes, or `None` for a parts pool
+    /// ([`super::parts`]: dequantized, then attended by the tile kernel).
+    pub variant: Option<CodeVariant>,
     /// Whether values are TurboQuant (the output is rotated back).
     pub values_rotated: bool,
     /// How key and value code records are arranged (the codec's layout or a GPU one).
@@ -293,9 +295,11 @@ impl PoolCodes {
     /// Rewrites the code records of one (block, kv head)'s key and value blocks (the codec's
     /// block layout) from the GPU record layouts into the codec's (`to_codec`) or back.
     pub(crate) fn convert_records(&self, k: &mut [u8], v: &mut [u8], to_codec: bool) {
+        // A parts pool keeps the codec's records.
+        let Some(variant) = self.variant else { return };
         let roles = [
-            (k, self.k_records, &self.k_layout, self.variant.key.bits()),
-            (v, self.v_records, &self.v_layout, self.variant.value.bits()),
+            (k, self.k_records, &self.k_layout, variant.key.bits()),
+            (v, self.v_records, &self.v_layout, variant.value.bits()),
         ];
         for (block, records, layout, bits) in roles {
             let end = layout.block_size * layout.code_bytes_per_token;
@@ -469,29 +473,49 @@ pub(crate) fn int8_table(centroids: &[f32], max_byte: u8) -> ([u8; 8], f32) {
     (bytes, 1.0 / alpha)
 }
 
+/// How a layer's codec is read on the GPU.
+enum Route {
+    /// Decode kernels on the codes (int8, fp8, whole widths 2-4 with MSE keys).
+    Direct(DeviceFormat, DeviceFormat),
+    /// The parts kernels ([`super::parts`]): any other TurboQuant format with Hadamard
+    /// rotations (fractional widths, prod keys, 1-bit codes, corrected norms).
+    Parts(DeviceParts, DeviceParts),
+}
+
+/// The route of `codec` at `head_dim`, or why there is none.
+fn route(codec: &LayerCodec, head_dim: usize) -> Result<Route, String> {
+    let direct = |c: &VectorCodec| c.device_format().filter(|f| width(f) >= 2);
+    if let (Some(k), Some(v)) = (direct(&codec.key), direct(&codec.value)) {
+        if !CODE_HEAD_DIMS.contains(&head_dim) {
+            return Err(format!(
+                "head_dim {head_dim} (coded pools have kernels for head_dim {CODE_HEAD_DIMS:?})"
+            ));
+        }
+        return Ok(Route::Direct(k, v));
+    }
+    match (codec.key.device_parts(), codec.value.device_parts()) {
+        (Some(k), Some(v)) => {
+            for p in [&k, &v] {
+                if let Some(why) = parts::unsupported(p, head_dim) {
+                    return Err(why);
+                }
+            }
+            Ok(Route::Parts(k, v))
+        }
+        _ => Err(format!(
+            "head_dim {head_dim}: only int8, fp8 and TurboQuant with Hadamard rotations (head_dim \
+             a power of two) and the structured QJL sketch are read on the GPU"
+        )),
+    }
+}
+
 /// Why a dtype has no coded kernel, or `None` when it has one (at `head_dim`).
 pub(crate) fn unsupported_reason(dtype: KvDtype, head_dim: usize) -> Option<String> {
-    if !CODE_HEAD_DIMS.contains(&head_dim) {
-        return Some(format!(
-            "head_dim {head_dim} (coded pools have kernels for head_dim {CODE_HEAD_DIMS:?})"
-        ));
-    }
     let codec = match LayerCodec::new(dtype, head_dim, 0, &Default::default()) {
         Ok(c) => c,
         Err(e) => return Some(e.to_string()),
     };
-    for (role, c) in [("keys", &codec.key), ("values", &codec.value)] {
-        match c.device_format() {
-            Some(f) if width(&f) >= 2 => {}
-            _ => {
-                return Some(format!(
-                    "{role}: only int8, fp8 and whole widths 2-4 (no outlier split, 1-bit or QJL \
-                     codes) are read on the GPU"
-                ));
-            }
-        }
-    }
-    None
+    route(&codec, head_dim).err()
 }
 
 /// The coded state of layer `layer` of `layout` (its dtype compressed), uploaded.
@@ -506,9 +530,6 @@ pub(crate) fn pool_codes(
         backend: "cuda",
         accepted: ACCEPTED,
     };
-    if let Some(why) = unsupported_reason(dtype, layout.head_dim) {
-        return Err(refuse(why));
-    }
     if layout.block_size < 16 || !layout.block_size.is_power_of_two() {
         return Err(refuse(format!(
             "block size {} (coded pools need a power of two of 16 or more)",
@@ -522,17 +543,15 @@ pub(crate) fn pool_codes(
         &layout.codec_options(layer),
     )
     .map_err(|e| refuse(e.to_string()))?;
-    let role = |c: &VectorCodec| -> Result<(DeviceFormat, BlockLayout), Error> {
-        let f = c
-            .device_format()
-            .ok_or_else(|| refuse("prod (QJL) keys are not read on the GPU".into()))?;
-        let l = c
-            .block_layout(layout.block_size)
-            .map_err(|e| refuse(e.to_string()))?;
-        Ok((f, l))
-    };
-    let (kf, k_layout) = role(&codec.key)?;
-    let (vf, v_layout) = role(&codec.value)?;
+    let route = route(&codec, layout.head_dim).map_err(refuse)?;
+    let k_layout = codec
+        .key
+        .block_layout(layout.block_size)
+        .map_err(|e| refuse(e.to_string()))?;
+    let v_layout = codec
+        .value
+        .block_layout(layout.block_size)
+        .map_err(|e| refuse(e.to_string()))?;
     // The attention kernels address a block's kv heads with 32-bit offsets.
     for l in [&k_layout, &v_layout] {
         if l.total_bytes.saturating_mul(layout.kv_heads) > i32::MAX as usize {
@@ -542,19 +561,35 @@ pub(crate) fn pool_codes(
             )));
         }
     }
-    let variant = CodeVariant {
-        head_dim: layout.head_dim,
-        key: CodeForm::of(&kf),
-        value: CodeForm::of(&vf),
+    let (variant, values_rotated, k_records, v_records, words) = match route {
+        Route::Direct(kf, vf) => {
+            let variant = CodeVariant {
+                head_dim: layout.head_dim,
+                key: CodeForm::of(&kf),
+                value: CodeForm::of(&vf),
+            };
+            if !CodeVariant::all().contains(&variant) {
+                return Err(refuse(
+                    "int8 and fp8 keys pair only with values of the same format".into(),
+                ));
+            }
+            let (k_run, v_run) = runs(layout.head_dim);
+            let mut words = descriptor(&kf, &k_layout, k_run)?;
+            words.extend(descriptor(&vf, &v_layout, v_run)?);
+            (
+                Some(variant),
+                matches!(vf, DeviceFormat::HadamardMse(_)),
+                record_layout(&kf, k_run),
+                record_layout(&vf, v_run),
+                words,
+            )
+        }
+        Route::Parts(kp, vp) => {
+            let mut words = parts::parts_descriptor(&kp, &k_layout)?;
+            words.extend(parts::parts_descriptor(&vp, &v_layout)?);
+            (None, true, RecordLayout::Codec, RecordLayout::Codec, words)
+        }
     };
-    if !CodeVariant::all().contains(&variant) {
-        return Err(refuse(
-            "int8 and fp8 keys pair only with values of the same format".into(),
-        ));
-    }
-    let (k_run, v_run) = runs(layout.head_dim);
-    let mut words = descriptor(&kf, &k_layout, k_run)?;
-    words.extend(descriptor(&vf, &v_layout, v_run)?);
     let desc = stream.clone_htod(&words).map_err(cuda_err("upload"))?;
     let centers = match &layout.centers {
         None => None,
@@ -570,9 +605,9 @@ pub(crate) fn pool_codes(
     };
     Ok(PoolCodes {
         variant,
-        values_rotated: matches!(vf, DeviceFormat::HadamardMse(_)),
-        k_records: record_layout(&kf, k_run),
-        v_records: record_layout(&vf, v_run),
+        values_rotated,
+        k_records,
+        v_records,
         k_layout,
         v_layout,
         desc,
@@ -582,8 +617,10 @@ pub(crate) fn pool_codes(
 
 /// What the CUDA backend stores KV caches as.
 pub(crate) const ACCEPTED: &str = "f16, bf16 (head_dim a multiple of 4, ≤ 256); int8, fp8, tq2, \
-     tq3, tq4 and k{b}v{b} with whole b in 2-4 (head_dim 64, 128 or 256, at most 16 query heads \
-     per kv head, 8 at head_dim 256; MSE keys; a recent window and sinks kept at f16)";
+     tq3, tq4 and k{b}v{b} with whole b in 2-4 and MSE keys on their codes (head_dim 64, 128 or \
+     256, at most 16 query heads per kv head, 8 at head_dim 256); fractional widths, 1-bit codes, \
+     prod keys and corrected norms dequantized per step (head_dim 64 or 128); a recent window \
+     and sinks kept at f16";
 
 #[cfg(test)]
 mod tests {
@@ -789,8 +826,11 @@ mod tests {
         assert!(unsupported_reason("tq3".parse().unwrap(), 128).is_none());
         assert!(unsupported_reason("int8".parse().unwrap(), 64).is_none());
         assert!(unsupported_reason("fp8".parse().unwrap(), 128).is_none());
-        assert!(unsupported_reason("tq2.5".parse().unwrap(), 128).is_some());
-        assert!(unsupported_reason("tq1".parse().unwrap(), 128).is_some());
+        // Fractional widths and 1-bit codes take the parts kernels, at head_dim 64 and 128.
+        assert!(unsupported_reason("tq2.5".parse().unwrap(), 128).is_none());
+        assert!(unsupported_reason("k3.5v2".parse().unwrap(), 64).is_none());
+        assert!(unsupported_reason("tq1".parse().unwrap(), 128).is_none());
+        assert!(unsupported_reason("tq2.5".parse().unwrap(), 256).is_some());
         assert!(unsupported_reason("tq3".parse().unwrap(), 96).is_some());
     }
 }

@@ -12,7 +12,10 @@ use crate::Error;
 
 const COMMON: &str = include_str!("kernels/common.cuh");
 const ELEMENTWISE: &str = include_str!("kernels/elementwise.cu");
+/// The codec's f32 steps, before the sources that encode or decode TurboQuant codes.
+const CODEC: &str = include_str!("kernels/codec.cuh");
 const WRITE_KV: &str = include_str!("kernels/write_kv.cu");
+const PARTS: &str = include_str!("kernels/parts.cu");
 const ATTENTION: &str = include_str!("kernels/attention.cu");
 const GEMV: &str = include_str!("kernels/gemv.cu");
 const SAMPLE: &str = include_str!("kernels/sample.cu");
@@ -44,6 +47,13 @@ pub(crate) struct Kernels {
     /// (write_kv.cu; `codes::CODE_HEAD_DIMS`).
     pub write_kv_codes: [CudaFunction; 3],
     pub attn_unrotate: [CudaFunction; 3],
+    /// The parts pools' (fractional widths, prod keys: `codes::PartsPool`) write, dequantize
+    /// and un-rotation for head_dim 64 and 128 (parts.cu).
+    pub write_kv_parts: [CudaFunction; 2],
+    pub codes_dequant_parts: [CudaFunction; 2],
+    pub attn_unrotate_parts: [CudaFunction; 2],
+    /// Decode on a parts pool's codes, in `parts::decode_kernels()` order (attention.cu).
+    pub attn_parts: Vec<CudaFunction>,
     /// The decode template on coded K/V, one per `codes::CodeVariant::all()` entry (`None`
     /// where it is not instantiated: `CodeVariant::has_template`).
     pub attn_codes: Vec<Option<CudaFunction>>,
@@ -377,8 +387,21 @@ impl Kernels {
         cache_dir: Option<&Path>,
     ) -> Result<Self, Error> {
         let ew = module(ctx, "elementwise", ELEMENTWISE, arch, cache_dir)?;
-        let kv = module(ctx, "write_kv", WRITE_KV, arch, cache_dir)?;
-        let at = module(ctx, "attention", ATTENTION, arch, cache_dir)?;
+        let kv = module(
+            ctx,
+            "write_kv",
+            &format!("{CODEC}\n{WRITE_KV}"),
+            arch,
+            cache_dir,
+        )?;
+        let parts = module(ctx, "parts", &format!("{CODEC}\n{PARTS}"), arch, cache_dir)?;
+        let at = module(
+            ctx,
+            "attention",
+            &format!("{CODEC}\n{ATTENTION}"),
+            arch,
+            cache_dir,
+        )?;
         let gv = module(ctx, "gemv", GEMV, arch, cache_dir)?;
         let sm = module(ctx, "sample", SAMPLE, arch, cache_dir)?;
         let moe = module(ctx, "moe", MOE, arch, cache_dir)?;
@@ -425,6 +448,22 @@ impl Kernels {
                 f(&kv, "attn_unrotate_128")?,
                 f(&kv, "attn_unrotate_256")?,
             ],
+            write_kv_parts: [
+                f(&parts, "write_kv_parts_64")?,
+                f(&parts, "write_kv_parts_128")?,
+            ],
+            codes_dequant_parts: [
+                f(&parts, "codes_dequant_parts_64")?,
+                f(&parts, "codes_dequant_parts_128")?,
+            ],
+            attn_unrotate_parts: [
+                f(&parts, "attn_unrotate_parts_64")?,
+                f(&parts, "attn_unrotate_parts_128")?,
+            ],
+            attn_parts: super::parts::decode_kernels()
+                .iter()
+                .map(|(d, g)| f(&at, &format!("attn_parts_{d}_{g}")))
+                .collect::<Result<_, _>>()?,
             attn_codes: super::codes::CodeVariant::all()
                 .iter()
                 .map(|v| {

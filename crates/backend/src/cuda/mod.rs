@@ -46,6 +46,7 @@ mod graph;
 mod kernels;
 mod launch;
 mod ops;
+pub(crate) mod parts;
 mod picks;
 mod step;
 
@@ -333,6 +334,8 @@ pub struct CudaBackend {
     code_k8_slots: Vec<usize>,
     /// The same for the kernels with int8 value products.
     code_k8v_slots: Vec<usize>,
+    /// The same for the decode kernels on parts pools (`parts::decode_kernels()` order).
+    parts_slots: Vec<usize>,
     state: Mutex<State>,
     /// cuBLAS workspace set on the handle (so that captured GEMMs allocate nothing).
     _blas_workspace: CudaSlice<u8>,
@@ -468,6 +471,7 @@ impl CudaBackend {
             .chain(&k.attn_codes_m)
             .chain(k.attn_codes_k8.iter().flatten())
             .chain(k.attn_codes_k8v.iter().flatten())
+            .chain(&k.attn_parts)
         {
             // The opt-in limit covers static and dynamic shared memory together.
             let fixed = f
@@ -520,6 +524,11 @@ impl CudaBackend {
             &k.attn_codes_k8v,
             codes::CodeVariant::int8_values_smem_bytes,
         )?;
+        let parts_slots = parts::decode_kernels()
+            .iter()
+            .zip(&k.attn_parts)
+            .map(|(&(d, g), f)| resident(f, 128, parts::decode_smem_bytes(d, g)))
+            .collect::<Result<Vec<_>, _>>()?;
         if let Some(v) = opts.decode_variant
             && !DECODE_VARIANTS.contains(&v)
         {
@@ -565,6 +574,7 @@ impl CudaBackend {
             code_m_slots,
             code_k8_slots,
             code_k8v_slots,
+            parts_slots,
             state: Mutex::new(State::default()),
             _blas_workspace: blas_workspace,
         })

@@ -2885,3 +2885,318 @@ __device__ __forceinline__ void attn_dec16_m_impl(float* sh, ATTN_PARAMS, int wi
     }
 ATTN_DEC16_M(256, 64, 2, 4)
 ATTN_DEC16_M(256, 32, 2, 2)
+
+// ---- Decode over a parts pool (fractional widths, prod keys) on CUDA cores -----------------
+// The formats of parts.cu (records in the codec's layout, one or two parts, 1-4-bit codes,
+// QJL sign bits for prod keys), read on their codes by rows that are not in a prefill tile.
+// grid = (rows, n_kv, n_splits), 4 warps, split ranges, exact splits of a windowed pool and
+// the fused merge as the coded template's. Keys come in chunks of 32, warp w taking chunks
+// w, w + 4, … of the split: lane j scores key j (its record unpacked 32 codes per B words,
+// each code's centroid times the G query heads, which sit in shared memory as [dim][G] so one
+// 16-byte load serves 4 heads; per part s·Σ q·c[idx], plus γ·Σ ±(κ·S·q) over the sign bits of
+// prod keys), the warp's online softmax per head, then every lane adds its dims (lane + 32e)
+// of the chunk's values, decoded from the record all lanes read. The warps' states merge
+// through shared memory into the split's partial. G: the group rounded up to 4, 8 or 16.
+// dynamic smem: parts::decode_smem_bytes (cuda/parts.rs).
+
+// Words of one warp's staged value records: 32 keys × (a record of at most D·4/8 bytes + two
+// scales).
+#define PARTS_VSTAGE_WORDS(D) (32 * ((D) / 8 + 2))
+
+// One part of one role, as the loop reads it (from the descriptor, parts.cu).
+struct PartLite {
+    int m, bits, coff, sidx, qjl, sgn, first;
+    float cent[16];
+};
+struct RoleLite {
+    int n, code_bytes, total, soff, spt;
+    PartLite p[2];
+};
+
+__device__ __forceinline__ void load_role(RoleLite* r, const u32* desc, int tid) {
+    if (tid == 0) {
+        r->n = (int)desc[0]; r->code_bytes = (int)desc[1]; r->total = (int)desc[2];
+        r->soff = (int)desc[3]; r->spt = (int)desc[4];
+    }
+    if (tid < 2) {
+        const u32* pd = desc + PARTS_HEADER + tid * PART_WORDS;
+        PartLite& p = r->p[tid];
+        p.m = (int)pd[0]; p.bits = (int)pd[1]; p.coff = (int)pd[2]; p.sidx = (int)pd[3];
+        p.qjl = (int)pd[4]; p.sgn = (int)pd[5]; p.first = (int)pd[6];
+    }
+    if (tid < 32) r->p[tid >> 4].cent[tid & 15] = word_f32(desc[PARTS_HEADER + (tid >> 4) * PART_WORDS + P_CENTS + (tid & 15)]);
+}
+
+// a[h] += Σ_i q[first + i][h] · c[code_i] over the part's m codes of B bits at `codes`.
+template <int B, int G>
+__device__ __forceinline__ void score_codes(float (&a)[G], const u32* codes, const PartLite& p,
+                                            const float* qs)
+{
+    for (int c = 0; c < p.m / 32; c++) {
+        u32 w[B];
+#pragma unroll
+        for (int k = 0; k < B; k++) w[k] = codes[c * B + k];
+        const float* qc = qs + (p.first + 32 * c) * G;
+#pragma unroll
+        for (int t = 0; t < 32; t++) {
+            constexpr u32 MASK = (1u << B) - 1;
+            const int bit = t * B, at = bit & 31;
+            u32 code = w[bit >> 5] >> at;
+            if (at + B > 32) code |= w[(bit >> 5) + 1] << (32 - at);
+            const float cv = p.cent[code & MASK];
+#pragma unroll
+            for (int h = 0; h < G; h += 4) {
+                const float4 q = *(const float4*)(qc + t * G + h);
+                a[h] = fmaf(q.x, cv, a[h]); a[h + 1] = fmaf(q.y, cv, a[h + 1]);
+                a[h + 2] = fmaf(q.z, cv, a[h + 2]); a[h + 3] = fmaf(q.w, cv, a[h + 3]);
+            }
+        }
+    }
+}
+
+// b[h] += Σ_i ±qj[first + i][h] over the part's m sign bits at `signs` (+ for a set bit).
+template <int G>
+__device__ __forceinline__ void score_signs(float (&b)[G], const u32* signs, const PartLite& p,
+                                            const float* qj)
+{
+    for (int c = 0; c < p.m / 32; c++) {
+        const u32 w = signs[c];
+        const float* qc = qj + (p.first + 32 * c) * G;
+#pragma unroll
+        for (int t = 0; t < 32; t++) {
+            const bool on = (w >> t) & 1u;
+#pragma unroll
+            for (int h = 0; h < G; h += 4) {
+                const float4 q = *(const float4*)(qc + t * G + h);
+                b[h] += on ? q.x : -q.x; b[h + 1] += on ? q.y : -q.y;
+                b[h + 2] += on ? q.z : -q.z; b[h + 3] += on ? q.w : -q.w;
+            }
+        }
+    }
+}
+
+// qj ← κ·S·q of one part for head h (S·x = FWHT(D₃·FWHT(D₂·x)) / √m), from qs, one warp.
+template <int E>
+__device__ __forceinline__ void sketch_query(const u32* pd, const float* qs, float* qj, int h,
+                                             int G, int lane)
+{
+    const int first = (int)pd[6];
+    float v[E];
+#pragma unroll
+    for (int j = 0; j < E; j++)
+        v[j] = __uint_as_float(__float_as_uint(qs[(first + lane + 32 * j) * G + h]) ^ pd[P_QJL0 + lane + 32 * j]);
+    warp_fwht(v, lane);
+#pragma unroll
+    for (int j = 0; j < E; j++) v[j] = __uint_as_float(__float_as_uint(v[j]) ^ pd[P_QJL1 + lane + 32 * j]);
+    warp_fwht(v, lane);
+    const float k = word_f32(pd[9]) * word_f32(pd[8]);   // κ / √m
+#pragma unroll
+    for (int j = 0; j < E; j++) qj[(first + lane + 32 * j) * G + h] = v[j] * k;
+}
+
+template <int D, int G>
+__device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u32* fmt,
+                                                const ExactArgs& xa, int window)
+{
+    constexpr int NW = 4, E = D / 32, TK = 32 * NW;
+    const int g = n_heads / n_kv;
+    const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5;
+    const u32 pos = tok_pos[r];
+    const float qscale = scale * 1.4426950408889634f;
+    const float* qrow = qkv + (u64)r * width + (u64)kh * g * D;
+    pdl_wait();
+    const int n_coded = n_splits - exact_splits(xa);
+    if (sp >= n_coded) {   // an exact split of a windowed pool
+        attn_exact_split<D, NW>(sh, xa, qrow, qscale, g, r, kh, sp, sp - n_coded, n_heads, n_kv,
+                                n_splits, tok_seq[r], (int)pos + 1, window_lo((int)pos, window),
+                                block_size, part_ml, part_acc);
+        attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
+        return;
+    }
+    const CodedRange cr = coded_range(xa, (int)pos + 1);
+    const int kend = cr.hi, wlo = window_lo((int)pos, window);
+    const int klo = max(cr.lo, wlo);
+    const int chunk = ((kend - wlo + n_coded - 1) / n_coded + TK - 1) / TK * TK;
+    const int k0 = wlo + sp * chunk, k1 = min(k0 + chunk, kend);
+    float* qs = sh;                              // [D][G], pre-scaled
+    float* qj = qs + D * G;                      // [D][G], κ·S·q of prod key parts
+    float* pw = qj + D * G;                      // [NW][32][G] a chunk's weights
+    // [NW][32 × (VW + 1) + 1] a chunk's value records (as words) and part scales
+    u32* vstage = (u32*)(pw + NW * 32 * G);
+    RoleLite* roles = (RoleLite*)(vstage + NW * PARTS_VSTAGE_WORDS(D));
+    for (int e = tid; e < G * D; e += 32 * NW) {
+        const int h = e / D, i = e - h * D;
+        qs[i * G + h] = h < g ? qrow[h * D + i] * qscale : 0.f;
+    }
+    load_role(&roles[0], fmt, tid);
+    load_role(&roles[1], fmt + PARTS_DESC_WORDS, tid);
+    __syncthreads();
+    const RoleLite& K = roles[0];
+    const RoleLite& V = roles[1];
+    for (int p = 0; p < K.n; p++) {
+        if (!K.p[p].qjl) continue;
+        const u32* pd = fmt + PARTS_HEADER + p * PART_WORDS;
+        for (int h = warp; h < G; h += NW) BY_PART_WIDTH(K.p[p].m, sketch_query, pd, qs, qj, h, G, lane)
+    }
+    __syncthreads();
+    const u32* tbl = tables + seq_tbl[tok_seq[r]];
+    const unsigned char* kpool = (const unsigned char*)k_cache;
+    const unsigned char* vpool = (const unsigned char*)v_cache;
+    float m[G], l[G], acc[G][E];
+#pragma unroll
+    for (int h = 0; h < G; h++) {
+        m[h] = -1e30f;
+        l[h] = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; e++) acc[h][e] = 0.f;
+    }
+    float* pwarp = pw + warp * 32 * G;
+    // A key's value record as VW words then its parts' scales as f32, per lane's key; where
+    // each of this lane's dims (lane + 32e) sits in a record, the same for every key.
+    const int VW = V.code_bytes / 4;
+    u32* vrec = vstage + warp * PARTS_VSTAGE_WORDS(D);
+    int vword[E], vat[E], vpart[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        vpart[e] = V.n > 1 && 32 * e >= V.p[1].first ? 1 : 0;
+        const PartLite& pp = V.p[vpart[e]];
+        const int bit = (lane + 32 * e - pp.first) * pp.bits;
+        vword[e] = pp.coff / 4 + (bit >> 5);
+        vat[e] = bit & 31;
+    }
+    for (int c0 = k0 + warp * 32; c0 < k1; c0 += TK) {
+        const int key = c0 + lane;
+        const bool live = key < k1 && key >= klo;
+        float s[G];
+#pragma unroll
+        for (int h = 0; h < G; h++) s[h] = 0.f;
+        if (key < k1) {
+            const u32 blk = tbl[key / block_size];
+            const int slot = key % block_size;
+            {   // stage this key's value record for the warp's value loop
+                const unsigned char* vb = vpool + ((u64)blk * n_kv + kh) * V.total;
+                const u32* vr = (const u32*)(vb + (u64)slot * V.code_bytes);
+                const u16* vsc = (const u16*)(vb + V.soff) + (u64)slot * V.spt;
+                u32* dst = vrec + lane * (VW + 2);
+                for (int w = 0; w < VW; w++) dst[w] = vr[w];
+                dst[VW] = __float_as_uint(f16_to_f32(vsc[V.p[0].sidx]));
+                dst[VW + 1] = __float_as_uint(V.n > 1 ? f16_to_f32(vsc[V.p[1].sidx]) : 0.f);
+            }
+            const unsigned char* b = kpool + ((u64)blk * n_kv + kh) * K.total;
+            const unsigned char* rec = b + (u64)slot * K.code_bytes;
+            const u16* sc = (const u16*)(b + K.soff) + (u64)slot * K.spt;
+            for (int p = 0; p < K.n; p++) {
+                const PartLite& pp = K.p[p];
+                float a[G];
+#pragma unroll
+                for (int h = 0; h < G; h++) a[h] = 0.f;
+                const u32* codes = (const u32*)(rec + pp.coff);
+                switch (pp.bits) {
+                case 1: score_codes<1, G>(a, codes, pp, qs); break;
+                case 2: score_codes<2, G>(a, codes, pp, qs); break;
+                case 3: score_codes<3, G>(a, codes, pp, qs); break;
+                default: score_codes<4, G>(a, codes, pp, qs); break;
+                }
+                const float sv = f16_to_f32(sc[pp.sidx]);
+#pragma unroll
+                for (int h = 0; h < G; h++) s[h] = fmaf(sv, a[h], s[h]);
+                if (pp.qjl) {
+#pragma unroll
+                    for (int h = 0; h < G; h++) a[h] = 0.f;
+                    score_signs<G>(a, (const u32*)(rec + pp.sgn), pp, qj);
+                    const float gamma = f16_to_f32(sc[pp.sidx + 1]);
+#pragma unroll
+                    for (int h = 0; h < G; h++) s[h] = fmaf(gamma, a[h], s[h]);
+                }
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < G; h++) {
+            float cm = live ? s[h] : -INFINITY;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
+            const float mn = fmaxf(m[h], cm);
+            const float corr = exp2f(m[h] - mn);
+            const float p = live ? exp2f(s[h] - mn) : 0.f;
+            float ps = p;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+            l[h] = l[h] * corr + ps;
+            m[h] = mn;
+#pragma unroll
+            for (int e = 0; e < E; e++) acc[h][e] *= corr;
+            pwarp[lane * G + h] = p;
+        }
+        __syncwarp();
+        const int nk = min(32, k1 - c0);
+        for (int j = 0; j < nk; j++) {
+            const u32* rw = vrec + j * (VW + 2);
+            float pj[G];
+#pragma unroll
+            for (int h = 0; h < G; h += 4) {
+                const float4 q = *(const float4*)(pwarp + j * G + h);
+                pj[h] = q.x; pj[h + 1] = q.y; pj[h + 2] = q.z; pj[h + 3] = q.w;
+            }
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                const PartLite& pp = V.p[vpart[e]];
+                // (The word after a record's last is its first scale: read, never used.)
+                const u32 code = __funnelshift_r(rw[vword[e]], rw[vword[e] + 1], vat[e]);
+                const float v = __uint_as_float(rw[VW + vpart[e]]) *
+                                pp.cent[code & ((1u << pp.bits) - 1)];
+#pragma unroll
+                for (int h = 0; h < G; h++) acc[h][e] = fmaf(pj[h], v, acc[h][e]);
+            }
+        }
+        __syncwarp();   // pwarp is the next chunk's
+    }
+    __syncthreads();    // the query and weights are done with: sh holds the warps' states
+    float* ws = sh + warp * G * (D + 2);   // m[G], l[G], acc[G][D]
+    if (lane == 0) {
+#pragma unroll
+        for (int h = 0; h < G; h++) { ws[h] = m[h]; ws[G + h] = l[h]; }
+    }
+#pragma unroll
+    for (int h = 0; h < G; h++)
+#pragma unroll
+        for (int e = 0; e < E; e++) ws[2 * G + h * D + lane + 32 * e] = acc[h][e];
+    __syncthreads();
+    for (int e = tid; e < g * D; e += 32 * NW) {
+        const int h = e / D, c = e - h * D;
+        float mx = -1e30f;
+#pragma unroll
+        for (int wi = 0; wi < NW; wi++) mx = fmaxf(mx, sh[wi * G * (D + 2) + h]);
+        float lt = 0.0f, at = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < NW; wi++) {
+            const float* pw2 = sh + wi * G * (D + 2);
+            const float wt = exp2f(pw2[h] - mx);
+            lt = fmaf(pw2[G + h], wt, lt);
+            at = fmaf(pw2[2 * G + h * D + c], wt, at);
+        }
+        const u64 b = ((u64)r * n_heads + kh * g + h) * n_splits + sp;
+        part_acc[b * D + c] = at;
+        if (c == 0) {
+            part_ml[2 * b] = lt > 0.0f ? mx * 0.6931471805599453f : -INFINITY;
+            part_ml[2 * b + 1] = lt;
+        }
+    }
+    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
+}
+
+// attn_parts_{D}_{G}: the decode kernel over a parts pool for groups up to G; the list must
+// match parts::DECODE_GROUPS in cuda/parts.rs.
+#define ATTN_PARTS(D, G) \
+    extern "C" __global__ void __launch_bounds__(128) attn_parts_##D##_##G(ATTN_PARAMS, \
+        const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
+        extern __shared__ float sh[]; \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
+        attn_parts_impl<D, G>(sh, ATTN_ARGS, fmt, xa, window); \
+    }
+ATTN_PARTS(64, 4)
+ATTN_PARTS(64, 8)
+ATTN_PARTS(64, 16)
+ATTN_PARTS(128, 4)
+ATTN_PARTS(128, 8)
+ATTN_PARTS(128, 16)

@@ -6,35 +6,6 @@
 // sequence's block table in `tables` (logical block -> physical block).
 //
 // grid = (tokens, n_heads + 2 * n_kv), blockDim a multiple of 32; dynamic smem (d + 32) floats.
-// The optional per-head RMSNorm and RoPE of one q or k head vector `hv` (d floats in shared
-// memory) of the token at `pos`; `red` is 32 floats of scratch. Ends with a barrier.
-__device__ __forceinline__ void norm_rope(float* hv, float* red, int d, bool is_q, u32 pos,
-    const float* inv_freq, int n_pairs, int half_split, const float* q_norm, const float* k_norm,
-    float eps, int has_norm)
-{
-    const int tid = threadIdx.x;
-    if (has_norm) {
-        float s = 0.0f;
-        for (int i = tid; i < d; i += blockDim.x) s += hv[i] * hv[i];
-        s = block_sum(s, red);
-        float inv = 1.0f / sqrtf(s / (float)d + eps);
-        const float* w = is_q ? q_norm : k_norm;
-        for (int i = tid; i < d; i += blockDim.x) hv[i] *= inv * w[i];
-        __syncthreads();
-    }
-    float p = (float)pos;
-    for (int i = tid; i < n_pairs; i += blockDim.x) {
-        float sn, cs;
-        sincosf(p * inv_freq[i], &sn, &cs);
-        int a = half_split ? i : 2 * i;
-        int b = half_split ? i + n_pairs : 2 * i + 1;
-        float x0 = hv[a], x1 = hv[b];
-        hv[a] = x0 * cs - x1 * sn;
-        hv[b] = x0 * sn + x1 * cs;
-    }
-    __syncthreads();
-}
-
 extern "C" __global__ void write_kv(
     float* qkv, int width, int n_heads, int n_kv, int d,
     const u32* tok_pos, const u32* tok_seq, const u32* seq_tbl, const u32* tables,
@@ -80,45 +51,6 @@ extern "C" __global__ void write_kv(
 // plain.rs, kernels/mod.rs), in its order and without FMA contraction, so the codes equal
 // the CPU's.
 
-// In-place unnormalised FWHT of the d values a warp holds, lane l owning v[m] = x[l + 32m]:
-// stages h = 1, 2, 4, … with butterflies (a + b, a − b), as kernels::fwht_scalar.
-template <int E>
-__device__ __forceinline__ void warp_fwht(float (&v)[E], int lane) {
-#pragma unroll
-    for (int h = 1; h < 32; h <<= 1) {
-#pragma unroll
-        for (int m = 0; m < E; m++) {
-            const float o = __shfl_xor_sync(0xffffffffu, v[m], h);
-            v[m] = (lane & h) ? __fsub_rn(o, v[m]) : __fadd_rn(v[m], o);
-        }
-    }
-#pragma unroll
-    for (int hm = 1; hm < E; hm <<= 1) {
-#pragma unroll
-        for (int m = 0; m < E; m++) {
-            if (m & hm) continue;
-            const float a = v[m], b = v[m + hm];
-            v[m] = __fadd_rn(a, b);
-            v[m + hm] = __fsub_rn(a, b);
-        }
-    }
-}
-
-// kernels::sum_squares of the warp's d values (lane l accumulates x[l + 32m] in increasing m,
-// then the fixed 32 → 8 → 1 tree); every lane gets the sum.
-template <int E>
-__device__ __forceinline__ float warp_sum_squares(const float (&v)[E]) {
-    float a = 0.0f;
-#pragma unroll
-    for (int m = 0; m < E; m++) a = __fadd_rn(a, __fmul_rn(v[m], v[m]));
-    a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, 8));
-    a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, 16));
-    a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, 4));
-    a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, 2));
-    a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, 1));
-    return __shfl_sync(0xffffffffu, a, 0);
-}
-
 // fp8::encode: the nearest E4M3 code (ties to even), saturating at ±448; NaN gives 0.
 __device__ __forceinline__ unsigned char fp8_encode(float x) {
     if (x != x) return 0;
@@ -135,9 +67,6 @@ __device__ __forceinline__ unsigned char fp8_encode(float x) {
     }
     return (unsigned char)(sign | mag);
 }
-
-// tq::stored_f16: round to nearest even, every NaN as 0x7E00.
-__device__ __forceinline__ u16 stored_f16(float v) { return v != v ? (u16)0x7e00u : f32_to_f16(v); }
 
 // Encodes one head vector (v, centered) into its slot: codes at `codes`, scale at `scale`;
 // with `exact`, also its f16 copy in the basis the attention reads the codes in (rotated for

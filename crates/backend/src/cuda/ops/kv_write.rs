@@ -10,6 +10,7 @@ use crate::backend::{
 use crate::cuda::codes::CODE_HEAD_DIMS;
 use crate::cuda::kernels;
 use crate::cuda::launch::Launches;
+use crate::cuda::parts::PARTS_HEAD_DIMS;
 use crate::cuda::{CudaBackend, CudaKvPool, CudaMatrix, CudaTensor, CudaVector};
 use crate::shape::shape;
 use cudarc::driver::LaunchConfig;
@@ -67,10 +68,18 @@ impl CudaBackend {
         };
         if let Some(c) = &pool.codes {
             let hd = g.head_dim;
-            let fi = CODE_HEAD_DIMS
-                .iter()
-                .position(|&d| d == hd)
-                .ok_or_else(|| shape("write_kv", format!("no coded kernel for head_dim {hd}")))?;
+            let no_kernel = || shape("write_kv", format!("no coded kernel for head_dim {hd}"));
+            // A parts pool (fractional widths, prod keys) has its own encoder.
+            let f = match c.variant {
+                Some(_) => {
+                    let fi = CODE_HEAD_DIMS.iter().position(|&d| d == hd);
+                    &self.k.write_kv_codes[fi.ok_or_else(no_kernel)?]
+                }
+                None => {
+                    let fi = PARTS_HEAD_DIMS.iter().position(|&d| d == hd);
+                    &self.k.write_kv_parts[fi.ok_or_else(no_kernel)?]
+                }
+            };
             let (kc, vc) = c.centers.as_ref().map_or((0, 0), |(k, v)| {
                 (addr(k, &self.stream), addr(v, &self.stream))
             });
@@ -80,7 +89,7 @@ impl CudaBackend {
                 shared_mem_bytes: ((hd + 32) * 4 + hd) as u32,
             };
             let mut l = Launches::new(opc::WRITE_KV);
-            let a = l.kernel("write_kv_codes", &self.k.write_kv_codes[fi], cfg, false);
+            let a = l.kernel("write_kv_codes", f, cfg, false);
             a.ptr(qp).arg(width).arg(nh).arg(nkv);
             a.ptr(meta[0]).ptr(meta[1]).ptr(meta[2]).ptr(meta[3]);
             a.ptr(inv_freq).arg(pairs).arg(half_split);
@@ -93,8 +102,8 @@ impl CudaBackend {
             if !launch {
                 return Ok(());
             }
-            // SAFETY: as for write_kv below; each (block, kv head) of the pool is
-            // `desc[3]` bytes (the descriptor was built from the pool's own block layouts),
+            // SAFETY: as for write_kv below; each (block, kv head) of the pool is the
+            // descriptor's bytes (it was built from the pool's own block layouts),
             // the centers hold kv_heads × head_dim floats, and head_dim is the kernel's. The
             // exact table (when windowed) was laid out for these spans and names only slots
             // inside the exact blocks (`ExactTokens::prepare`).

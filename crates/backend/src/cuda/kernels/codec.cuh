@@ -1,0 +1,97 @@
+// The codec's f32 steps shared by the kernels that encode and decode TurboQuant codes
+// (write_kv.cu, parts.cu): each in the codec's operation order (crates/codec/src/kernels),
+// without FMA contraction, so that a GPU encoder produces the CPU's codes.
+
+// The optional per-head RMSNorm and RoPE of one q or k head vector `hv` (d floats in shared
+// memory) of the token at `pos`; `red` is 32 floats of scratch. Ends with a barrier.
+__device__ __forceinline__ void norm_rope(float* hv, float* red, int d, bool is_q, u32 pos,
+    const float* inv_freq, int n_pairs, int half_split, const float* q_norm, const float* k_norm,
+    float eps, int has_norm)
+{
+    const int tid = threadIdx.x;
+    if (has_norm) {
+        float s = 0.0f;
+        for (int i = tid; i < d; i += blockDim.x) s += hv[i] * hv[i];
+        s = block_sum(s, red);
+        float inv = 1.0f / sqrtf(s / (float)d + eps);
+        const float* w = is_q ? q_norm : k_norm;
+        for (int i = tid; i < d; i += blockDim.x) hv[i] *= inv * w[i];
+        __syncthreads();
+    }
+    float p = (float)pos;
+    for (int i = tid; i < n_pairs; i += blockDim.x) {
+        float sn, cs;
+        sincosf(p * inv_freq[i], &sn, &cs);
+        int a = half_split ? i : 2 * i;
+        int b = half_split ? i + n_pairs : 2 * i + 1;
+        float x0 = hv[a], x1 = hv[b];
+        hv[a] = x0 * cs - x1 * sn;
+        hv[b] = x0 * sn + x1 * cs;
+    }
+    __syncthreads();
+}
+
+// In-place unnormalised FWHT of the d values a warp holds, lane l owning v[m] = x[l + 32m]:
+// stages h = 1, 2, 4, … with butterflies (a + b, a − b), as kernels::fwht_scalar.
+template <int E>
+__device__ __forceinline__ void warp_fwht(float (&v)[E], int lane) {
+#pragma unroll
+    for (int h = 1; h < 32; h <<= 1) {
+#pragma unroll
+        for (int m = 0; m < E; m++) {
+            const float o = __shfl_xor_sync(0xffffffffu, v[m], h);
+            v[m] = (lane & h) ? __fsub_rn(o, v[m]) : __fadd_rn(v[m], o);
+        }
+    }
+#pragma unroll
+    for (int hm = 1; hm < E; hm <<= 1) {
+#pragma unroll
+        for (int m = 0; m < E; m++) {
+            if (m & hm) continue;
+            const float a = v[m], b = v[m + hm];
+            v[m] = __fadd_rn(a, b);
+            v[m + hm] = __fsub_rn(a, b);
+        }
+    }
+}
+
+// kernels::sum_squares of the warp's d values (lane l accumulates x[l + 32m] in increasing m,
+// then the fixed 32 → 8 → 1 tree); every lane gets the sum.
+template <int E>
+__device__ __forceinline__ float warp_sum_squares(const float (&v)[E]) {
+    float a = 0.0f;
+#pragma unroll
+    for (int m = 0; m < E; m++) a = __fadd_rn(a, __fmul_rn(v[m], v[m]));
+    a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, 8));
+    a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, 16));
+    a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, 4));
+    a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, 2));
+    a = __fadd_rn(a, __shfl_xor_sync(0xffffffffu, a, 1));
+    return __shfl_sync(0xffffffffu, a, 0);
+}
+
+// tq::stored_f16: round to nearest even, every NaN as 0x7E00.
+__device__ __forceinline__ u16 stored_f16(float v) { return v != v ? (u16)0x7e00u : f32_to_f16(v); }
+
+
+// The parts descriptor's layout (parts.cu documents it; cuda/parts.rs builds it).
+#define PARTS_HEADER 16
+#define PART_WORDS 576
+#define PARTS_DESC_WORDS (PARTS_HEADER + 2 * PART_WORDS)
+#define P_BOUNDS 16
+#define P_CENTS 32
+#define P_MASKS 48
+#define P_QJL0 176
+#define P_QJL1 304
+#define P_CHANNELS 432
+
+__device__ __forceinline__ float word_f32(u32 w) { return __uint_as_float(w); }
+
+// Calls F<m / 32>(args...) for a part of m = 32, 64 or 128 channels.
+#define BY_PART_WIDTH(m, F, ...)                      \
+    switch (m) {                                       \
+    case 32: F<1>(__VA_ARGS__); break;                 \
+    case 64: F<2>(__VA_ARGS__); break;                 \
+    default: F<4>(__VA_ARGS__); break;                 \
+    }
+
