@@ -56,14 +56,15 @@ pub(crate) fn decode_index(head_dim: usize, group: usize) -> Option<usize> {
 }
 
 /// Dynamic shared memory of `attn_parts_{head_dim}_{group}`: the query and its QJL sketch
-/// (`[D][G]` floats each), the warps' chunk weights and value records, the two roles' part
-/// tables, or the
+/// (`[D][G]` floats each), the warps' chunk weights and two chunks of staged key and value
+/// records, the two roles' part tables, or the
 /// warps' final states, or a windowed pool's exact split, whichever is largest (the launch
 /// takes the larger of this and the merge's).
 pub(crate) fn decode_smem_bytes(head_dim: usize, group: usize) -> usize {
     const ROLE_BYTES: usize = 4 * (5 + 2 * (7 + 16));
-    // attention.cu PARTS_VSTAGE_WORDS: a warp's 32 staged value records and scales.
-    let vstage_words = 32 * (head_dim / 8 + 2);
+    // attention.cu PARTS_VSTAGE_WORDS: a warp's two buffers of 32 staged value records with
+    // their scales, and key records.
+    let vstage_words = 2 * 32 * ((head_dim / 8 + 2) + (head_dim / 8 + head_dim / 32 + 1));
     let loop_bytes =
         4 * (2 * head_dim * group + DECODE_WARPS * (32 * group + vstage_words)) + 2 * ROLE_BYTES;
     let states = 4 * DECODE_WARPS * group * (head_dim + 2);

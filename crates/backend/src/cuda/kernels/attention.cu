@@ -2895,13 +2895,23 @@ ATTN_DEC16_M(256, 32, 2, 2)
 // each code's centroid times the G query heads, which sit in shared memory as [dim][G] so one
 // 16-byte load serves 4 heads; per part s·Σ q·c[idx], plus γ·Σ ±(κ·S·q) over the sign bits of
 // prod keys), the warp's online softmax per head, then every lane adds its dims (lane + 32e)
-// of the chunk's values, decoded from the record all lanes read. The warps' states merge
+// of the chunk's values, decoded from the record all lanes read. Each lane requests its key's
+// key and value records for the next chunk (cp.async into the warp's other buffer) before
+// the current chunk computes. The warps' states merge
 // through shared memory into the split's partial. G: the group rounded up to 4, 8 or 16.
 // dynamic smem: parts::decode_smem_bytes (cuda/parts.rs).
 
-// Words of one warp's staged value records: 32 keys × (a record of at most D·4/8 bytes + two
-// scales).
-#define PARTS_VSTAGE_WORDS(D) (32 * ((D) / 8 + 2))
+// Words of one warp's staged records, two chunks (double-buffered through cp.async) of 32 keys
+// × (a value record of at most D·4/8 bytes + two scales, then a key record of at most D·4/8
+// bytes of codes + D/8 of sign bits, padded to an odd row so lanes reading their own rows hit
+// distinct banks).
+#define PARTS_VROW(D) ((D) / 8 + 2)
+#define PARTS_KROW(D) ((D) / 8 + (D) / 32 + 1)
+#define PARTS_VSTAGE_WORDS(D) (2 * 32 * (PARTS_VROW(D) + PARTS_KROW(D)))
+
+__device__ __forceinline__ void cp_async4(u32 dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
 
 // One part of one role, as the loop reads it (from the descriptor, parts.cu).
 struct PartLite {
@@ -3052,10 +3062,14 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
         for (int e = 0; e < E; e++) acc[h][e] = 0.f;
     }
     float* pwarp = pw + warp * 32 * G;
-    // A key's value record as VW words then its parts' scales as f32, per lane's key; where
-    // each of this lane's dims (lane + 32e) sits in a record, the same for every key.
-    const int VW = V.code_bytes / 4;
-    u32* vrec = vstage + warp * PARTS_VSTAGE_WORDS(D);
+    // A chunk's records staged per warp: row `lane` of a buffer holds that key's value record
+    // as VW words then its parts' scales as f32 (the scales through registers), the key
+    // record's rows follow. Where each of this lane's dims (lane + 32e) sits in a value record
+    // is the same for every key.
+    const int VW = V.code_bytes / 4, KW = K.code_bytes / 4;
+    constexpr int VR = PARTS_VROW(D), KR = PARTS_KROW(D);
+    u32* vbuf = vstage + warp * PARTS_VSTAGE_WORDS(D);   // [2][32][VR]
+    u32* kbuf = vbuf + 2 * 32 * VR;                       // [2][32][KR]
     int vword[E], vat[E], vpart[E];
 #pragma unroll
     for (int e = 0; e < E; e++) {
@@ -3065,47 +3079,70 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
         vword[e] = pp.coff / 4 + (bit >> 5);
         vat[e] = bit & 31;
     }
-    for (int c0 = k0 + warp * 32; c0 < k1; c0 += TK) {
+    // The key scalars (scales, γ) and value scales of this lane's key in the chunk being
+    // staged, loaded into registers a chunk ahead.
+    u16 nks[4] = {0, 0, 0, 0}, nvs[2] = {0, 0};
+    auto issue = [&](int c0n, int buf) {
+        const int keyn = c0n + lane;
+        if (keyn < k1) {
+            const u32 blk = tbl[keyn / block_size];
+            const int slot = keyn % block_size;
+            const unsigned char* vb = vpool + ((u64)blk * n_kv + kh) * V.total;
+            const u32* vr = (const u32*)(vb + (u64)slot * V.code_bytes);
+            const u32 vd = smem_addr(vbuf + (buf * 32 + lane) * VR);
+            for (int w = 0; w < VW; w++) cp_async4(vd + 4 * w, vr + w);
+            const unsigned char* kb = kpool + ((u64)blk * n_kv + kh) * K.total;
+            const u32* kr = (const u32*)(kb + (u64)slot * K.code_bytes);
+            const u32 kd = smem_addr(kbuf + (buf * 32 + lane) * KR);
+            for (int w = 0; w < KW; w++) cp_async4(kd + 4 * w, kr + w);
+            const u16* ksc = (const u16*)(kb + K.soff) + (u64)slot * K.spt;
+            const u16* vsc = (const u16*)(vb + V.soff) + (u64)slot * V.spt;
+#pragma unroll
+            for (int i = 0; i < 4; i++) nks[i] = i < K.spt ? ksc[i] : (u16)0;
+            nvs[0] = vsc[V.p[0].sidx];
+            nvs[1] = V.n > 1 ? vsc[V.p[1].sidx] : (u16)0;
+        }
+        cp_async_commit();
+    };
+    int buf = 0;
+    issue(k0 + warp * 32, 0);
+    for (int c0 = k0 + warp * 32; c0 < k1; c0 += TK, buf ^= 1) {
         const int key = c0 + lane;
         const bool live = key < k1 && key >= klo;
+        float ksv[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) ksv[i] = f16_to_f32(nks[i]);
+        u32* vrow = vbuf + (buf * 32 + lane) * VR;
+        vrow[VW] = __float_as_uint(f16_to_f32(nvs[0]));
+        vrow[VW + 1] = __float_as_uint(f16_to_f32(nvs[1]));
+        issue(c0 + TK, buf ^ 1);
+        cp_async_wait<1>();
+        __syncwarp();   // every lane's records of this chunk have landed
         float s[G];
 #pragma unroll
         for (int h = 0; h < G; h++) s[h] = 0.f;
         if (key < k1) {
-            const u32 blk = tbl[key / block_size];
-            const int slot = key % block_size;
-            {   // stage this key's value record for the warp's value loop
-                const unsigned char* vb = vpool + ((u64)blk * n_kv + kh) * V.total;
-                const u32* vr = (const u32*)(vb + (u64)slot * V.code_bytes);
-                const u16* vsc = (const u16*)(vb + V.soff) + (u64)slot * V.spt;
-                u32* dst = vrec + lane * (VW + 2);
-                for (int w = 0; w < VW; w++) dst[w] = vr[w];
-                dst[VW] = __float_as_uint(f16_to_f32(vsc[V.p[0].sidx]));
-                dst[VW + 1] = __float_as_uint(V.n > 1 ? f16_to_f32(vsc[V.p[1].sidx]) : 0.f);
-            }
-            const unsigned char* b = kpool + ((u64)blk * n_kv + kh) * K.total;
-            const unsigned char* rec = b + (u64)slot * K.code_bytes;
-            const u16* sc = (const u16*)(b + K.soff) + (u64)slot * K.spt;
+            const u32* rec = kbuf + (buf * 32 + lane) * KR;
             for (int p = 0; p < K.n; p++) {
                 const PartLite& pp = K.p[p];
                 float a[G];
 #pragma unroll
                 for (int h = 0; h < G; h++) a[h] = 0.f;
-                const u32* codes = (const u32*)(rec + pp.coff);
+                const u32* codes = rec + pp.coff / 4;
                 switch (pp.bits) {
                 case 1: score_codes<1, G>(a, codes, pp, qs); break;
                 case 2: score_codes<2, G>(a, codes, pp, qs); break;
                 case 3: score_codes<3, G>(a, codes, pp, qs); break;
                 default: score_codes<4, G>(a, codes, pp, qs); break;
                 }
-                const float sv = f16_to_f32(sc[pp.sidx]);
+                const float sv = ksv[pp.sidx];
 #pragma unroll
                 for (int h = 0; h < G; h++) s[h] = fmaf(sv, a[h], s[h]);
                 if (pp.qjl) {
 #pragma unroll
                     for (int h = 0; h < G; h++) a[h] = 0.f;
-                    score_signs<G>(a, (const u32*)(rec + pp.sgn), pp, qj);
-                    const float gamma = f16_to_f32(sc[pp.sidx + 1]);
+                    score_signs<G>(a, rec + pp.sgn / 4, pp, qj);
+                    const float gamma = ksv[pp.sidx + 1];
 #pragma unroll
                     for (int h = 0; h < G; h++) s[h] = fmaf(gamma, a[h], s[h]);
                 }
@@ -3131,7 +3168,7 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
         __syncwarp();
         const int nk = min(32, k1 - c0);
         for (int j = 0; j < nk; j++) {
-            const u32* rw = vrec + j * (VW + 2);
+            const u32* rw = vbuf + (buf * 32 + j) * VR;
             float pj[G];
 #pragma unroll
             for (int h = 0; h < G; h += 4) {
@@ -3149,8 +3186,9 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
                 for (int h = 0; h < G; h++) acc[h][e] = fmaf(pj[h], v, acc[h][e]);
             }
         }
-        __syncwarp();   // pwarp is the next chunk's
+        __syncwarp();   // pwarp and this buffer are the next chunks'
     }
+    cp_async_wait<0>();
     __syncthreads();    // the query and weights are done with: sh holds the warps' states
     float* ws = sh + warp * G * (D + 2);   // m[G], l[G], acc[G][D]
     if (lane == 0) {
