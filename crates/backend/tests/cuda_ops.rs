@@ -1115,8 +1115,18 @@ fn bad_inputs_are_errors() {
     // Coded pools: the formats with kernels, not the others (tests/cuda_codes.rs has more).
     g.supports_attention(&llama, "tq3".parse().unwrap())
         .unwrap();
+    g.supports_attention(&llama, "tq2.5".parse().unwrap())
+        .unwrap();
+    let gemma = AttnGeometry {
+        n_heads: 8,
+        n_kv_heads: 4,
+        head_dim: 256,
+        scale: 0.0625,
+    };
+    g.supports_attention(&gemma, "tq3".parse().unwrap())
+        .unwrap();
     let e = g
-        .supports_attention(&llama, "tq2.5".parse().unwrap())
+        .supports_attention(&gemma, "tq2.5".parse().unwrap())
         .unwrap_err();
     assert!(matches!(e, Error::UnsupportedKvDtype { .. }), "{e}");
     let grouped = AttnGeometry {

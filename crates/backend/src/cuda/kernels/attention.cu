@@ -155,6 +155,36 @@ __device__ __forceinline__ void attn_merge_last(float* sh, int g, int d, int n_h
     }
 }
 
+// The partial of split `sp` for the g query heads of (row r, kv head kh), from NP states in
+// shared memory, state i at sh + i·hs·(D + 2): m[hs], l[hs], acc[hs][D] (log2 units; hs ≥ g
+// heads per state). Merges them as the split's own online softmax would have, then stores
+// max (natural log), sum and the unnormalised acc for `attn_merge_last`.
+template <int D, int NP>
+__device__ __forceinline__ void store_split_partial(const float* sh, int hs, int g, int r, int kh,
+    int sp, int n_heads, int n_splits, float* part_ml, float* part_acc, int tid, int nth)
+{
+    for (int e = tid; e < g * D; e += nth) {
+        const int h = e / D, c = e - h * D;
+        float mx = -1e30f;
+#pragma unroll
+        for (int i = 0; i < NP; i++) mx = fmaxf(mx, sh[(u64)i * hs * (D + 2) + h]);
+        float lt = 0.0f, at = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+            const float* st = sh + (u64)i * hs * (D + 2);
+            const float wt = exp2f(st[h] - mx);
+            lt = fmaf(st[hs + h], wt, lt);
+            at = fmaf(st[2 * hs + h * D + c], wt, at);
+        }
+        const u64 b = ((u64)r * n_heads + kh * g + h) * n_splits + sp;
+        part_acc[b * D + c] = at;
+        if (c == 0) {
+            part_ml[2 * b] = lt > 0.0f ? mx * 0.6931471805599453f : -INFINITY;
+            part_ml[2 * b + 1] = lt;
+        }
+    }
+}
+
 // D > 0: head_dim fixed at compile time (fewer registers for the prefetch); D == 0: any d.
 template <int D>
 __device__ __forceinline__ void attn_partial_impl(float* sh, ATTN_PARAMS, int window)
@@ -593,24 +623,7 @@ __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS, int windo
         }
     }
     __syncthreads();
-    for (int e = tid; e < g * D; e += NT) {
-        const int h = e / D, c = e - h * D;
-        float mx = -1e30f;
-        for (int pi = 0; pi < NP; pi++) mx = fmaxf(mx, sh[(u64)pi * g * (D + 2) + h]);
-        float lt = 0.0f, at = 0.0f;
-        for (int pi = 0; pi < NP; pi++) {
-            const float* pp = sh + (u64)pi * g * (D + 2);
-            const float w = exp2f(pp[h] - mx);
-            lt = fmaf(pp[g + h], w, lt);
-            at = fmaf(pp[2 * g + h * D + c], w, at);
-        }
-        const u64 b = ((u64)r * n_heads + kh * g + h) * n_splits + sp;
-        part_acc[b * D + c] = at;
-        if (c == 0) {
-            part_ml[2 * b] = lt > 0.0f ? mx * 0.6931471805599453f : -INFINITY;
-            part_ml[2 * b + 1] = lt;
-        }
-    }
+    store_split_partial<D, NP>(sh, g, g, r, kh, sp, n_heads, n_splits, part_ml, part_acc, tid, NT);
     attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
 }
 
@@ -1320,26 +1333,7 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u
         }
     }
     __syncthreads();
-    for (int e = tid; e < g * D; e += NTH) {
-        const int h = e / D, c = e - h * D;
-        float mx = -1e30f;
-#pragma unroll
-        for (int wi = 0; wi < NW; wi++) mx = fmaxf(mx, sh[wi * 16 * (D + 2) + h]);
-        float lt = 0.0f, at = 0.0f;
-#pragma unroll
-        for (int wi = 0; wi < NW; wi++) {
-            const float* pw = sh + wi * 16 * (D + 2);
-            const float wt = exp2f(pw[h] - mx);
-            lt = fmaf(pw[16 + h], wt, lt);
-            at = fmaf(pw[32 + h * D + c], wt, at);
-        }
-        const u64 b = ((u64)r * n_heads + kh * g + h) * n_splits + sp;
-        part_acc[b * D + c] = at;
-        if (c == 0) {
-            part_ml[2 * b] = lt > 0.0f ? mx * 0.6931471805599453f : -INFINITY;
-            part_ml[2 * b + 1] = lt;
-        }
-    }
+    store_split_partial<D, NW>(sh, 16, g, r, kh, sp, n_heads, n_splits, part_ml, part_acc, tid, NTH);
     attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
 }
 
@@ -1801,26 +1795,7 @@ __device__ __forceinline__ void keys_as_m_finish(float* sh, const float (&o)[D /
         ws[16 + (2 * c + 1) * D + dy] = o[nd][3];
     }
     __syncthreads();
-    for (int e = tid; e < g * D; e += NTH) {
-        const int h = e / D, dd = e - h * D;
-        float mx = -1e30f;
-#pragma unroll
-        for (int wi = 0; wi < NW; wi++) mx = fmaxf(mx, sh[wi * 8 * (D + 2) + h]);
-        float lt = 0.0f, at = 0.0f;
-#pragma unroll
-        for (int wi = 0; wi < NW; wi++) {
-            const float* pw = sh + wi * 8 * (D + 2);
-            const float wt = exp2f(pw[h] - mx);
-            lt = fmaf(pw[8 + h], wt, lt);
-            at = fmaf(pw[16 + h * D + dd], wt, at);
-        }
-        const u64 b = ((u64)r * n_heads + kh * g + h) * n_splits + sp;
-        part_acc[b * D + dd] = at;
-        if (dd == 0) {
-            part_ml[2 * b] = lt > 0.0f ? mx * 0.6931471805599453f : -INFINITY;
-            part_ml[2 * b + 1] = lt;
-        }
-    }
+    store_split_partial<D, NW>(sh, 8, g, r, kh, sp, n_heads, n_splits, part_ml, part_acc, tid, NTH);
     attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
 }
 
@@ -2851,26 +2826,7 @@ __device__ __forceinline__ void attn_dec16_m_impl(float* sh, ATTN_PARAMS, int wi
         ws[16 + (2 * c + 1) * D + dy] = o[nd][3];
     }
     __syncthreads();
-    for (int e = tid; e < g * D; e += NTH) {
-        const int h = e / D, dd = e - h * D;
-        float mx = -1e30f;
-#pragma unroll
-        for (int wi = 0; wi < NW; wi++) mx = fmaxf(mx, sh[wi * 8 * (D + 2) + h]);
-        float lt = 0.0f, at = 0.0f;
-#pragma unroll
-        for (int wi = 0; wi < NW; wi++) {
-            const float* pw = sh + wi * 8 * (D + 2);
-            const float wt = exp2f(pw[h] - mx);
-            lt = fmaf(pw[8 + h], wt, lt);
-            at = fmaf(pw[16 + h * D + dd], wt, at);
-        }
-        const u64 b = ((u64)r * n_heads + kh * g + h) * n_splits + sp;
-        part_acc[b * D + dd] = at;
-        if (dd == 0) {
-            part_ml[2 * b] = lt > 0.0f ? mx * 0.6931471805599453f : -INFINITY;
-            part_ml[2 * b + 1] = lt;
-        }
-    }
+    store_split_partial<D, NW>(sh, 8, g, r, kh, sp, n_heads, n_splits, part_ml, part_acc, tid, NTH);
     attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
 }
 
@@ -3200,26 +3156,7 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
 #pragma unroll
         for (int e = 0; e < E; e++) ws[2 * G + h * D + lane + 32 * e] = acc[h][e];
     __syncthreads();
-    for (int e = tid; e < g * D; e += 32 * NW) {
-        const int h = e / D, c = e - h * D;
-        float mx = -1e30f;
-#pragma unroll
-        for (int wi = 0; wi < NW; wi++) mx = fmaxf(mx, sh[wi * G * (D + 2) + h]);
-        float lt = 0.0f, at = 0.0f;
-#pragma unroll
-        for (int wi = 0; wi < NW; wi++) {
-            const float* pw2 = sh + wi * G * (D + 2);
-            const float wt = exp2f(pw2[h] - mx);
-            lt = fmaf(pw2[G + h], wt, lt);
-            at = fmaf(pw2[2 * G + h * D + c], wt, at);
-        }
-        const u64 b = ((u64)r * n_heads + kh * g + h) * n_splits + sp;
-        part_acc[b * D + c] = at;
-        if (c == 0) {
-            part_ml[2 * b] = lt > 0.0f ? mx * 0.6931471805599453f : -INFINITY;
-            part_ml[2 * b + 1] = lt;
-        }
-    }
+    store_split_partial<D, NW>(sh, G, g, r, kh, sp, n_heads, n_splits, part_ml, part_acc, tid, 32 * NW);
     attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
 }
 

@@ -31,6 +31,23 @@ __device__ __forceinline__ void norm_rope(float* hv, float* red, int d, bool is_
     __syncthreads();
 }
 
+// The coded write kernels' first steps for head h of token t (one warp per block): its row of
+// qkv into hv (D floats of shared memory), then q/k norm and RoPE for a q or k head (`red`: 32
+// floats of scratch). Returns the row in qkv.
+__device__ __forceinline__ float* load_head_rope(float* hv, float* red, int D, float* qkv,
+    int width, int n_heads, int n_kv, u32 pos, const float* inv_freq, int n_pairs,
+    int half_split, const float* q_norm, const float* k_norm, float eps, int has_norm)
+{
+    const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+    float* x = qkv + (u64)t * width + (u64)h * D;
+    pdl_trigger();
+    for (int i = lane; i < D; i += 32) hv[i] = x[i];
+    __syncthreads();
+    if (h < n_heads + n_kv) norm_rope(hv, red, D, h < n_heads, pos, inv_freq, n_pairs,
+                                      half_split, q_norm, k_norm, eps, has_norm);
+    return x;
+}
+
 // In-place unnormalised FWHT of the d values a warp holds, lane l owning v[m] = x[l + 32m]:
 // stages h = 1, 2, 4, … with butterflies (a + b, a − b), as kernels::fwht_scalar.
 template <int E>

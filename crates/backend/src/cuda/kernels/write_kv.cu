@@ -174,14 +174,10 @@ __device__ __forceinline__ void write_kv_codes_impl(float* sh,
     float* red = sh + D;
     unsigned char* idx = (unsigned char*)(sh + D + 32);
     const int t = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
-    float* x = qkv + (u64)t * width + (u64)h * D;
     const bool is_q = h < n_heads, is_v = h >= n_heads + n_kv;
     const u32 pos = tok_pos[t];
-    pdl_trigger();
-    for (int i = lane; i < D; i += 32) hv[i] = x[i];
-    __syncthreads();
-    if (!is_v) norm_rope(hv, red, D, is_q, pos, inv_freq, n_pairs, half_split, q_norm, k_norm,
-                         eps, has_norm);
+    float* x = load_head_rope(hv, red, D, qkv, width, n_heads, n_kv, pos, inv_freq, n_pairs,
+                              half_split, q_norm, k_norm, eps, has_norm);
     float v[E];
 #pragma unroll
     for (int m = 0; m < E; m++) v[m] = hv[lane + 32 * m];
