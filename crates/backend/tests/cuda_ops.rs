@@ -1123,10 +1123,15 @@ fn bad_inputs_are_errors() {
         head_dim: 256,
         scale: 0.0625,
     };
-    g.supports_attention(&gemma, "tq3".parse().unwrap())
+    g.supports_attention(&gemma, "tq2.5".parse().unwrap())
         .unwrap();
+    // head_dim 96: dense rotations, which no coded kernel reads.
+    let dense = AttnGeometry {
+        head_dim: 96,
+        ..gemma
+    };
     let e = g
-        .supports_attention(&gemma, "tq2.5".parse().unwrap())
+        .supports_attention(&dense, "tq2.5".parse().unwrap())
         .unwrap_err();
     assert!(matches!(e, Error::UnsupportedKvDtype { .. }), "{e}");
     let grouped = AttnGeometry {

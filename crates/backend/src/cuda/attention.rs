@@ -14,7 +14,7 @@ use super::codes::{
 use super::kernels::{DEC_M_MAX_GROUP, DECODE_SETS, MANY_PAIRS};
 use super::launch::Launches;
 use super::ops::{addr, check_geometry, expect_cols, ints, opc};
-use super::parts::{self, PARTS_DESC_WORDS, PARTS_HEAD_DIMS};
+use super::parts::{self, PARTS_DESC_WORDS, PARTS_HEAD_DIMS, PARTS_PREFILL_HEAD_DIMS};
 use super::step::grow;
 use super::{CudaBackend, CudaKvPool, CudaTensor, CudaVector, DECODE_VARIANTS, DecodeVariant};
 use crate::backend::{AttnGeometry, SeqSpan};
@@ -259,12 +259,14 @@ impl CudaBackend {
                         "attention",
                         format!(
                             "{grp} query heads per kv head over a coded pool of head_dim {} (at \
-                             most 16; head_dim 64 or 128)",
+                             most 16, 8 at head_dim 256)",
                             g.head_dim
                         ),
                     )
                 })?;
-                if spans.iter().any(|s| s.n_tokens >= MMA_MIN_ROWS) {
+                if PARTS_PREFILL_HEAD_DIMS.contains(&g.head_dim)
+                    && spans.iter().any(|s| s.n_tokens >= MMA_MIN_ROWS)
+                {
                     drop(st);
                     return self.attention_mma_codes(qkv, g, spans, pool, window, sinks, out, None);
                 }
@@ -648,7 +650,7 @@ impl CudaBackend {
             .ok_or_else(|| shape("attention", "a 16-bit pool on the coded path".into()))?;
         let dequant = match vi {
             Some(i) => self.k.codes_dequant.get(i).and_then(Option::as_ref),
-            None => PARTS_HEAD_DIMS
+            None => PARTS_PREFILL_HEAD_DIMS
                 .iter()
                 .position(|&d| d == g.head_dim)
                 .map(|i| &self.k.codes_dequant_parts[i]),

@@ -619,8 +619,8 @@ pub(crate) fn pool_codes(
 pub(crate) const ACCEPTED: &str = "f16, bf16 (head_dim a multiple of 4, ≤ 256); int8, fp8, tq2, \
      tq3, tq4 and k{b}v{b} with whole b in 2-4 and MSE keys on their codes (head_dim 64, 128 or \
      256, at most 16 query heads per kv head, 8 at head_dim 256); fractional widths, 1-bit codes, \
-     prod keys and corrected norms dequantized per step (head_dim 64 or 128); a recent window \
-     and sinks kept at f16";
+     prod keys and corrected norms on CUDA cores (the same head dims and groups); a recent \
+     window and sinks kept at f16";
 
 #[cfg(test)]
 mod tests {
@@ -830,7 +830,7 @@ mod tests {
         assert!(unsupported_reason("tq2.5".parse().unwrap(), 128).is_none());
         assert!(unsupported_reason("k3.5v2".parse().unwrap(), 64).is_none());
         assert!(unsupported_reason("tq1".parse().unwrap(), 128).is_none());
-        assert!(unsupported_reason("tq2.5".parse().unwrap(), 256).is_some());
+        assert!(unsupported_reason("tq2.5".parse().unwrap(), 256).is_none());
         assert!(unsupported_reason("tq3".parse().unwrap(), 96).is_some());
     }
 }

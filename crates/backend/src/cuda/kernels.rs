@@ -47,11 +47,11 @@ pub(crate) struct Kernels {
     /// (write_kv.cu; `codes::CODE_HEAD_DIMS`).
     pub write_kv_codes: [CudaFunction; 3],
     pub attn_unrotate: [CudaFunction; 3],
-    /// The parts pools' (fractional widths, prod keys: `codes::PartsPool`) write, dequantize
-    /// and un-rotation for head_dim 64 and 128 (parts.cu).
-    pub write_kv_parts: [CudaFunction; 2],
+    /// The parts pools' (fractional widths, prod keys: `parts`) write and un-rotation for
+    /// head_dim 64, 128 and 256, and dequantization for 64 and 128 (parts.cu).
+    pub write_kv_parts: [CudaFunction; 3],
     pub codes_dequant_parts: [CudaFunction; 2],
-    pub attn_unrotate_parts: [CudaFunction; 2],
+    pub attn_unrotate_parts: [CudaFunction; 3],
     /// Decode on a parts pool's codes, in `parts::decode_kernels()` order (attention.cu).
     pub attn_parts: Vec<CudaFunction>,
     /// The decode template on coded K/V, one per `codes::CodeVariant::all()` entry (`None`
@@ -451,6 +451,7 @@ impl Kernels {
             write_kv_parts: [
                 f(&parts, "write_kv_parts_64")?,
                 f(&parts, "write_kv_parts_128")?,
+                f(&parts, "write_kv_parts_256")?,
             ],
             codes_dequant_parts: [
                 f(&parts, "codes_dequant_parts_64")?,
@@ -459,6 +460,7 @@ impl Kernels {
             attn_unrotate_parts: [
                 f(&parts, "attn_unrotate_parts_64")?,
                 f(&parts, "attn_unrotate_parts_128")?,
+                f(&parts, "attn_unrotate_parts_256")?,
             ],
             attn_parts: super::parts::decode_kernels()
                 .iter()

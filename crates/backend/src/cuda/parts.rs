@@ -13,26 +13,30 @@ use turbokv_codec::{BlockLayout, DeviceParts};
 
 use crate::Error;
 
-/// Head dims with parts kernels (those of the coded tile kernel).
-pub(crate) const PARTS_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Head dims with parts kernels.
+pub(crate) const PARTS_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+/// Head dims whose prefill launches dequantize for the coded tile kernel (`attn_mma_codes_*`);
+/// at the others every row takes the decode kernel.
+pub(crate) const PARTS_PREFILL_HEAD_DIMS: [usize; 2] = [64, 128];
 /// u32 words of the header of a role's parts descriptor (parts.cu `PARTS_HEADER`).
 const HEADER: usize = 16;
 /// u32 words per part (parts.cu `PART_WORDS`).
-const PART_WORDS: usize = 576;
+const PART_WORDS: usize = 1088;
 /// u32 words of one role's parts descriptor (parts.cu `PARTS_DESC_WORDS`).
 pub(crate) const PARTS_DESC_WORDS: usize = HEADER + 2 * PART_WORDS;
 /// Offsets within a part (parts.cu `P_*`).
 const BOUNDS: usize = 16;
 const CENTROIDS: usize = 32;
 const MASKS: usize = 48;
-const QJL0: usize = 176;
-const QJL1: usize = 304;
-const CHANNELS: usize = 432;
+const QJL0: usize = 304;
+const QJL1: usize = 560;
+const CHANNELS: usize = 816;
 /// The most channels a part may have (a whole head vector of the largest head dim).
-const MAX_PART: usize = 128;
+const MAX_PART: usize = 256;
 
 /// Groups (query heads per kv head, rounded up) of the decode kernels `attn_parts_{D}_{G}`
-/// (attention.cu `ATTN_PARTS`), for each of [`PARTS_HEAD_DIMS`].
+/// (attention.cu `ATTN_PARTS`), for each of [`PARTS_HEAD_DIMS`]: up to 16, and up to 8 at
+/// head_dim 256 (the coded pools' limit there, `codes::coded_max_group`).
 pub(crate) const DECODE_GROUPS: [usize; 3] = [4, 8, 16];
 /// Keys one decode block takes per round (4 warps × 32: attention.cu `attn_parts_impl`'s TK).
 pub(crate) const DECODE_TILE: usize = 128;
@@ -44,6 +48,7 @@ pub(crate) fn decode_kernels() -> Vec<(usize, usize)> {
     PARTS_HEAD_DIMS
         .iter()
         .flat_map(|&d| DECODE_GROUPS.iter().map(move |&g| (d, g)))
+        .filter(|&(d, g)| g <= super::codes::coded_max_group(d))
         .collect()
 }
 
@@ -85,8 +90,10 @@ pub(crate) fn unsupported(parts: &DeviceParts, head_dim: usize) -> Option<String
     }
     for p in &parts.parts {
         let m = p.channels.len();
-        if !matches!(m, 32 | 64 | 128) || m > MAX_PART {
-            return Some(format!("a part of {m} channels (32, 64 or 128 are read)"));
+        if !matches!(m, 32 | 64 | 128 | 256) {
+            return Some(format!(
+                "a part of {m} channels (32, 64, 128 or 256 are read)"
+            ));
         }
     }
     None
@@ -163,7 +170,7 @@ mod tests {
         let codec = LayerCodec::new("tq3.5".parse().unwrap(), 128, 2, &opts).unwrap();
         let parts = codec.key.device_parts().unwrap();
         assert!(unsupported(&parts, 128).is_none());
-        assert!(unsupported(&parts, 256).is_some());
+        assert!(unsupported(&parts, 96).is_some());
         let layout = codec.key.block_layout(16).unwrap();
         let w = parts_descriptor(&parts, &layout).unwrap();
         assert_eq!(w[0], 2);
@@ -194,9 +201,16 @@ mod tests {
         assert_eq!(decode_kernels()[decode_index(128, 3).unwrap()], (128, 4));
         assert_eq!(decode_kernels()[decode_index(64, 5).unwrap()], (64, 8));
         assert_eq!(decode_kernels()[decode_index(128, 16).unwrap()], (128, 16));
-        assert!(decode_index(128, 17).is_none() && decode_index(256, 4).is_none());
-        // Two blocks fit an SM's 227 KiB at the largest group.
+        assert_eq!(decode_kernels()[decode_index(256, 8).unwrap()], (256, 8));
+        assert!(decode_index(128, 17).is_none() && decode_index(256, 16).is_none());
+        // Two blocks fit an SM's 227 KiB at each head dim's largest group.
         assert!(2 * decode_smem_bytes(128, 16) <= 227 * 1024);
+        assert!(2 * decode_smem_bytes(256, 8) <= 227 * 1024);
+        // Whole head vectors of 256 channels (prod keys) fit a part.
+        let c256 = LayerCodec::new("tq3".parse().unwrap(), 256, 0, &opts).unwrap();
+        let p256 = c256.key.device_parts().unwrap();
+        assert!(unsupported(&p256, 256).is_none());
+        parts_descriptor(&p256, &c256.key.block_layout(16).unwrap()).unwrap();
         // The outlier part has the wider codes.
         assert_eq!(parts.parts[0].bits, 3, "prod: 4 − 1 bits of MSE codes");
         assert_eq!(parts.parts[1].bits, 2);

@@ -93,22 +93,23 @@ __device__ __forceinline__ u16 stored_f16(float v) { return v != v ? (u16)0x7e00
 
 // The parts descriptor's layout (parts.cu documents it; cuda/parts.rs builds it).
 #define PARTS_HEADER 16
-#define PART_WORDS 576
+#define PART_WORDS 1088
 #define PARTS_DESC_WORDS (PARTS_HEADER + 2 * PART_WORDS)
 #define P_BOUNDS 16
 #define P_CENTS 32
 #define P_MASKS 48
-#define P_QJL0 176
-#define P_QJL1 304
-#define P_CHANNELS 432
+#define P_QJL0 304
+#define P_QJL1 560
+#define P_CHANNELS 816
 
 __device__ __forceinline__ float word_f32(u32 w) { return __uint_as_float(w); }
 
-// Calls F<m / 32>(args...) for a part of m = 32, 64 or 128 channels.
+// Calls F<m / 32>(args...) for a part of m = 32, 64, 128 or 256 channels.
 #define BY_PART_WIDTH(m, F, ...)                      \
     switch (m) {                                       \
     case 32: F<1>(__VA_ARGS__); break;                 \
     case 64: F<2>(__VA_ARGS__); break;                 \
-    default: F<4>(__VA_ARGS__); break;                 \
+    case 128: F<4>(__VA_ARGS__); break;                \
+    default: F<8>(__VA_ARGS__); break;                 \
     }
 

@@ -17,8 +17,8 @@
 // PARTS_HEADER + p·PART_WORDS: [0] m (channels), [1] code bits, [2] code offset in the record,
 // [3] scale index, [4] QJL, [5] sign-bit offset, [6] first coordinate in the attention basis,
 // [7] σ, [8] 1/σ, [9] κ (f32 bits); [16..31) boundaries, [32..48) centroids (f32 bits),
-// [48..176) the rotation's sign masks, [176..304) and [304..432) the QJL rotations' (D₂, D₃),
-// [432..560) the channels.
+// [48..304) the rotation's sign masks, [304..560) and [560..816) the QJL rotations' (D₂, D₃),
+// [816..1072) the channels.
 
 // R·q of one part (gathered from hv) into the attention basis at x.
 template <int E>
@@ -285,16 +285,21 @@ __device__ __forceinline__ void attn_unrotate_parts_impl(float* out, u16* out_bf
             inv_freq, n_pairs, half_split, q_norm, k_norm, eps, has_norm, k_pool, v_pool, \
             block_size, fmt, kc, vc, xk, xv, xtbl); \
     } \
+    extern "C" __global__ void __launch_bounds__(32) attn_unrotate_parts_##D(float* out, \
+        u16* out_bf16, int n_heads, int n_kv, const u32* vdesc, const float* vc) { \
+        attn_unrotate_parts_impl<D>(out, out_bf16, n_heads, n_kv, vdesc, vc); \
+    }
+// The dequantization for the coded tile kernel, at its head dims (64, 128).
+#define PARTS_DEQUANT(D) \
     extern "C" __global__ void __launch_bounds__(128) codes_dequant_parts_##D( \
         const u32* runs, const int* base, const u32* seq_tbl, const u32* tables, \
         const unsigned char* k_pool, const unsigned char* v_pool, int block_size, int n_kv, \
         const u32* fmt, u16* dk, u16* dv) { \
         codes_dequant_parts_impl<D>(runs, base, seq_tbl, tables, k_pool, v_pool, block_size, \
                                     n_kv, fmt, dk, dv); \
-    } \
-    extern "C" __global__ void __launch_bounds__(32) attn_unrotate_parts_##D(float* out, \
-        u16* out_bf16, int n_heads, int n_kv, const u32* vdesc, const float* vc) { \
-        attn_unrotate_parts_impl<D>(out, out_bf16, n_heads, n_kv, vdesc, vc); \
     }
 PARTS_KERNELS(64)
 PARTS_KERNELS(128)
+PARTS_KERNELS(256)
+PARTS_DEQUANT(64)
+PARTS_DEQUANT(128)
