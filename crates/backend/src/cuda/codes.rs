@@ -826,7 +826,7 @@ mod tests {
         assert!(unsupported_reason("tq3".parse().unwrap(), 128).is_none());
         assert!(unsupported_reason("int8".parse().unwrap(), 64).is_none());
         assert!(unsupported_reason("fp8".parse().unwrap(), 128).is_none());
-        // Fractional widths and 1-bit codes take the parts kernels, at head_dim 64 and 128.
+        // Fractional widths and 1-bit codes take the parts kernels, at head_dim 64, 128, 256.
         assert!(unsupported_reason("tq2.5".parse().unwrap(), 128).is_none());
         assert!(unsupported_reason("k3.5v2".parse().unwrap(), 64).is_none());
         assert!(unsupported_reason("tq1".parse().unwrap(), 128).is_none());

@@ -3,9 +3,9 @@
 //!
 //! Their records stay in the codec's layout, so block I/O copies them unchanged. The encoder
 //! (`write_kv_parts_*`, parts.cu) follows the codec part by part in its f32 operation order,
-//! so the codes are the CPU's. Attention dequantizes the keys each launch reads into f16 rows
-//! (`codes_dequant_parts_*`) for the coded prefill's tile kernel (`attn_mma_codes_*`) when a
-//! launch has a prefill span; other launches take `attn_parts_{D}_{G}` (attention.cu), which
+//! so the codes are the CPU's. A launch with a prefill span at head_dim 64 or 128 dequantizes
+//! the keys it reads into f16 rows (`codes_dequant_parts_*`) for the coded prefill's tile
+//! kernel (`attn_mma_codes_*`); other launches take `attn_parts_{D}_{G}` (attention.cu), which
 //! reads the codes on CUDA cores, without the tensor cores and the GPU record layouts of the
 //! whole-width kernels (BENCHMARKS.md has what that costs).
 

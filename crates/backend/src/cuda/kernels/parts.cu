@@ -3,9 +3,10 @@
 // bits), 1-bit codes and corrected norms. The records stay in the codec's layout (LSB-first
 // codes, byte-aligned parts), so block I/O copies them unchanged.
 //
-// Attention reads these pools by dequantizing the keys each launch needs into f16 rows
-// (`codes_dequant_parts_*`, here) for the tile kernel over a coded pool's scratch
-// (attention.cu `attn_mma_codes_*`): no decode kernel reads them on their codes. The basis of
+// A launch with a prefill span at head_dim 64 or 128 dequantizes the keys it reads into f16
+// rows (`codes_dequant_parts_*`, here) for the tile kernel over a coded pool's scratch
+// (attention.cu `attn_mma_codes_*`); the others take attention.cu `attn_parts_*`, which reads
+// the codes. The basis of
 // the rows, of the exact (window) copies and of the rotated query is the parts' rotated
 // coordinates back to back, `[R₀·x[ch₀] ; R₁·x[ch₁]]`: a block-diagonal orthogonal map of a
 // permutation, so scores are unchanged and the output is mapped back per part
