@@ -27,7 +27,7 @@ use turbokv_backend::cpu::{CodeProducts, CpuBackend, CpuOptions, CpuTensor};
 use turbokv_backend::cuda::{CudaBackend, CudaOptions, CudaTensor};
 use turbokv_backend::{AttnGeometry, Backend, Error, Rope, RopeStyle, SeqSpan};
 use turbokv_cache::{KvCenters, KvLayout, KvWindow};
-use turbokv_codec::{KeyMode, KvDtype, LayerCodec, NormMode, bitpack};
+use turbokv_codec::{KeyMode, KvDtype, LayerCodec, NormMode, OutlierChannels, bitpack};
 
 fn gpu() -> Option<&'static CudaBackend> {
     static B: OnceLock<Option<CudaBackend>> = OnceLock::new();
@@ -128,7 +128,8 @@ const NO_WINDOW: KvWindow = KvWindow {
     sinks: 0,
 };
 
-/// `dtype` may end in `/prod` (QJL keys) or `/corrected` (corrected norms).
+/// `dtype` may end in `/prod` (QJL keys), `/corrected` (corrected norms) or `/calibrated`
+/// (outlier channels other than the leading ones).
 fn layout(case: &Case, kv_heads: usize, r: &mut Rng) -> KvLayout {
     let (name, mode) = case.dtype.split_once('/').unwrap_or((case.dtype, ""));
     let dtype: KvDtype = name.parse().unwrap();
@@ -136,6 +137,16 @@ fn layout(case: &Case, kv_heads: usize, r: &mut Rng) -> KvLayout {
     match mode {
         "prod" => l.codec.key_mode = KeyMode::Prod,
         "corrected" => l.codec.norm = NormMode::Corrected,
+        // Calibrated outlier channels (what `--kv tq3.5` gets at load): every third channel,
+        // then the next ones up to half, for keys; the odd channels for values.
+        "calibrated" => {
+            let d = case.d as u16;
+            let mut keys: Vec<u16> = (0..d).filter(|c| c % 3 == 0).collect();
+            keys.extend((0..d).filter(|c| c % 3 != 0).take(case.d / 2 - keys.len()));
+            let values: Vec<u16> = (0..d).filter(|c| c % 2 == 1).collect();
+            l.codec.key_outliers = Some(OutlierChannels::new(case.d, &keys).unwrap());
+            l.codec.value_outliers = Some(OutlierChannels::new(case.d, &values).unwrap());
+        }
         _ => {}
     }
     l.window = case.window;
@@ -686,6 +697,7 @@ fn parts_pools_match_the_cpu_codec_and_attention() {
             "k4v2/prod",
             "tq3.5/prod",
             "tq3/corrected",
+            "tq2.5/calibrated",
         ] {
             for (group, centered) in [(1, false), (4, true), (8, false), (16, true)] {
                 seed += 1;

@@ -380,7 +380,18 @@ mod tests {
             ..Default::default()
         };
         let plain = CodecOptions::default();
-        let cases: [(&str, usize, &CodecOptions, usize, bool); 8] = [
+        // Calibrated outliers: any half of the channels (here every third, then the rest).
+        let scattered = |d: usize| -> Vec<u16> {
+            let mut ch: Vec<u16> = (0..d as u16).filter(|c| c % 3 == 0).collect();
+            ch.extend((0..d as u16).filter(|c| c % 3 != 0).take(d / 2 - ch.len()));
+            ch
+        };
+        let calibrated = CodecOptions {
+            key_outliers: Some(crate::OutlierChannels::new(128, &scattered(128)).unwrap()),
+            key_mode: crate::KeyMode::Prod,
+            ..Default::default()
+        };
+        let cases: [(&str, usize, &CodecOptions, usize, bool); 9] = [
             ("tq3.5", 128, &plain, 2, false),
             ("tq2.5", 64, &plain, 2, false),
             ("tq1.5", 128, &plain, 2, false),
@@ -389,6 +400,7 @@ mod tests {
             ("tq3.5", 128, &prod, 2, true),
             ("tq3", 64, &corrected, 1, false),
             ("tq4", 128, &plain, 1, false),
+            ("tq2.5", 128, &calibrated, 2, true),
         ];
         for (dtype, d, opts, n_parts, has_qjl) in cases {
             let c = codec(dtype, KvRole::Key, d, opts);
@@ -429,6 +441,11 @@ mod tests {
             }
             assert!(max_err < 1e-4, "{dtype}: decode differs by {max_err}");
         }
+        // The calibrated outlier part is the given channels (sorted), not the leading ones.
+        let c = codec("tq2.5", KvRole::Key, 128, &calibrated);
+        let mut want = scattered(128);
+        want.sort_unstable();
+        assert_eq!(c.device_parts().unwrap().parts[0].channels, want);
         // A dense rotation (head_dim 96) is not described.
         assert!(
             codec("tq3", KvRole::Key, 96, &plain)
