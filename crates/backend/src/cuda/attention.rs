@@ -439,7 +439,10 @@ impl CudaBackend {
             && spans.iter().all(|s| s.n_tokens == 1);
         let prefetch_i = i32::from(prefetch);
         let kernel_smem = match (dec_kernel, rows_kernel) {
-            _ if parts_kernel.is_some() => parts::decode_smem_bytes(hd, parts_group(hd, grp)),
+            _ if let Some(i) = parts_kernel => {
+                let (d, group) = parts::DECODE_KERNELS[i];
+                parts::decode_smem_bytes(d, group)
+            }
             _ if int8_values.is_some() => variant.map_or(0, |v| v.int8_values_smem_bytes()),
             _ if code_kernel.is_some() => variant.map_or(0, |v| v.smem_bytes()),
             // The pipeline's stages of a 64-key K tile and V tile (rows padded by 8 halves),
@@ -572,7 +575,7 @@ impl CudaBackend {
         // blocks, and the exact split reads g·head_dim floats of shared memory (less than the
         // warps' states). A parts pool's kernel reads records and scalars at its descriptor's
         // offsets (built from the pool's layouts; parts of whole 32-code runs keep every
-        // record and part 4-byte aligned) with shared memory for `parts_group` ≥ g heads.
+        // record and part 4-byte aligned) with shared memory for its kernel's group ≥ g heads.
         unsafe { self.launch(&mut l) }?;
         Ok(())
     }
@@ -889,11 +892,6 @@ fn prefill_tiles(spans: &[SeqSpan<'_>], window: Option<usize>, rows_per_tile: us
     }
     order.sort_unstable_by_key(|t| std::cmp::Reverse(t.0));
     order.iter().flat_map(|&(_, row, n)| [row, n]).collect()
-}
-
-/// The group of the parts decode kernel that serves `group` at `head_dim`.
-fn parts_group(head_dim: usize, group: usize) -> usize {
-    parts::decode_index(head_dim, group).map_or(16, |i| parts::decode_kernels()[i].1)
 }
 
 /// The largest GQA group of the 16-bit decode kernels at `head_dim`: the template's 16 MMA

@@ -52,7 +52,7 @@ pub(crate) struct Kernels {
     pub write_kv_parts: [CudaFunction; 3],
     pub codes_dequant_parts: [CudaFunction; 2],
     pub attn_unrotate_parts: [CudaFunction; 3],
-    /// Decode on a parts pool's codes, in `parts::decode_kernels()` order (attention.cu).
+    /// Decode on a parts pool's codes, in `parts::DECODE_KERNELS` order (attention.cu).
     pub attn_parts: Vec<CudaFunction>,
     /// The decode template on coded K/V, one per `codes::CodeVariant::all()` entry (`None`
     /// where it is not instantiated: `CodeVariant::has_template`).
@@ -462,7 +462,7 @@ impl Kernels {
                 f(&parts, "attn_unrotate_parts_128")?,
                 f(&parts, "attn_unrotate_parts_256")?,
             ],
-            attn_parts: super::parts::decode_kernels()
+            attn_parts: super::parts::DECODE_KERNELS
                 .iter()
                 .map(|(d, g)| f(&at, &format!("attn_parts_{d}_{g}")))
                 .collect::<Result<_, _>>()?,

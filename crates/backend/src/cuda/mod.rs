@@ -334,7 +334,7 @@ pub struct CudaBackend {
     code_k8_slots: Vec<usize>,
     /// The same for the kernels with int8 value products.
     code_k8v_slots: Vec<usize>,
-    /// The same for the decode kernels on parts pools (`parts::decode_kernels()` order).
+    /// The same for the decode kernels on parts pools (`parts::DECODE_KERNELS` order).
     parts_slots: Vec<usize>,
     state: Mutex<State>,
     /// cuBLAS workspace set on the handle (so that captured GEMMs allocate nothing).
@@ -524,7 +524,7 @@ impl CudaBackend {
             &k.attn_codes_k8v,
             codes::CodeVariant::int8_values_smem_bytes,
         )?;
-        let parts_slots = parts::decode_kernels()
+        let parts_slots = parts::DECODE_KERNELS
             .iter()
             .zip(&k.attn_parts)
             .map(|(&(d, g), f)| resident(f, 128, parts::decode_smem_bytes(d, g)))

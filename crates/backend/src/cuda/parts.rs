@@ -34,28 +34,29 @@ const CHANNELS: usize = 816;
 /// The most channels a part may have (a whole head vector of the largest head dim).
 const MAX_PART: usize = 256;
 
-/// Groups (query heads per kv head, rounded up) of the decode kernels `attn_parts_{D}_{G}`
-/// (attention.cu `ATTN_PARTS`), for each of [`PARTS_HEAD_DIMS`]: up to 16, and up to 8 at
-/// head_dim 256 (the coded pools' limit there, `codes::coded_max_group`).
-pub(crate) const DECODE_GROUPS: [usize; 3] = [4, 8, 16];
+/// The decode kernels `attn_parts_{D}_{G}` (attention.cu `ATTN_PARTS`) as (head_dim, group)
+/// pairs, in [`kernels`](super::kernels) order: groups (query heads per kv head, rounded up)
+/// up to 16, and up to 8 at head_dim 256 (the coded pools' limit there,
+/// `codes::coded_max_group`).
+pub(crate) const DECODE_KERNELS: [(usize, usize); 8] = [
+    (64, 4),
+    (64, 8),
+    (64, 16),
+    (128, 4),
+    (128, 8),
+    (128, 16),
+    (256, 4),
+    (256, 8),
+];
 /// Keys one decode block takes per round (4 warps × 32: attention.cu `attn_parts_impl`'s TK).
 pub(crate) const DECODE_TILE: usize = 128;
 /// Warps per decode block.
 const DECODE_WARPS: usize = 4;
 
-/// The decode kernels in [`kernels`](super::kernels) order: (head_dim, group) pairs.
-pub(crate) fn decode_kernels() -> Vec<(usize, usize)> {
-    PARTS_HEAD_DIMS
-        .iter()
-        .flat_map(|&d| DECODE_GROUPS.iter().map(move |&g| (d, g)))
-        .filter(|&(d, g)| g <= super::codes::coded_max_group(d))
-        .collect()
-}
-
-/// The index in [`decode_kernels`] of the kernel for `group` query heads per kv head at
+/// The index in [`DECODE_KERNELS`] of the kernel for `group` query heads per kv head at
 /// `head_dim`: the smallest instantiated group that holds it.
 pub(crate) fn decode_index(head_dim: usize, group: usize) -> Option<usize> {
-    decode_kernels()
+    DECODE_KERNELS
         .iter()
         .position(|&(d, g)| d == head_dim && g >= group)
 }
@@ -198,11 +199,21 @@ mod tests {
             assert_eq!(f32::from_bits(d[CENTROIDS + 1]), p.centroids[1]);
         }
         // Decode kernels: the smallest group that holds the query heads, at the parts head dims.
-        assert_eq!(decode_kernels()[decode_index(128, 3).unwrap()], (128, 4));
-        assert_eq!(decode_kernels()[decode_index(64, 5).unwrap()], (64, 8));
-        assert_eq!(decode_kernels()[decode_index(128, 16).unwrap()], (128, 16));
-        assert_eq!(decode_kernels()[decode_index(256, 8).unwrap()], (256, 8));
+        assert_eq!(DECODE_KERNELS[decode_index(128, 3).unwrap()], (128, 4));
+        assert_eq!(DECODE_KERNELS[decode_index(64, 5).unwrap()], (64, 8));
+        assert_eq!(DECODE_KERNELS[decode_index(128, 16).unwrap()], (128, 16));
+        assert_eq!(DECODE_KERNELS[decode_index(256, 8).unwrap()], (256, 8));
         assert!(decode_index(128, 17).is_none() && decode_index(256, 16).is_none());
+        // Every head dim has kernels up to the coded pools' largest group there, none above.
+        for d in PARTS_HEAD_DIMS {
+            let most = crate::cuda::codes::coded_max_group(d);
+            let groups: Vec<usize> = DECODE_KERNELS
+                .iter()
+                .filter(|k| k.0 == d)
+                .map(|k| k.1)
+                .collect();
+            assert_eq!(groups.last(), Some(&most), "head_dim {d}");
+        }
         // Two blocks fit an SM's 227 KiB at each head dim's largest group.
         assert!(2 * decode_smem_bytes(128, 16) <= 227 * 1024);
         assert!(2 * decode_smem_bytes(256, 8) <= 227 * 1024);

@@ -3161,7 +3161,7 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
 }
 
 // attn_parts_{D}_{G}: the decode kernel over a parts pool for groups up to G; the list must
-// match parts::DECODE_GROUPS in cuda/parts.rs.
+// match parts::DECODE_KERNELS in cuda/parts.rs.
 #define ATTN_PARTS(D, G) \
     extern "C" __global__ void __launch_bounds__(128) attn_parts_##D##_##G(ATTN_PARAMS, \
         const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
