@@ -91,6 +91,19 @@ __device__ __forceinline__ float warp_sum_squares(const float (&v)[E]) {
 __device__ __forceinline__ u16 stored_f16(float v) { return v != v ? (u16)0x7e00u : f32_to_f16(v); }
 
 
+// The parameters of the coded write kernels (write_kv.cu `write_kv_codes_*`, parts.cu
+// `write_kv_parts_*`: one launch signature for both, cuda/ops/kv_write.rs), and their names.
+#define CODED_WRITE_PARAMS \
+    float* qkv, int width, int n_heads, int n_kv, \
+    const u32* tok_pos, const u32* tok_seq, const u32* seq_tbl, const u32* tables, \
+    const float* inv_freq, int n_pairs, int half_split, \
+    const float* q_norm, const float* k_norm, float eps, int has_norm, \
+    unsigned char* k_pool, unsigned char* v_pool, int block_size, \
+    const u32* fmt, const float* kc, const float* vc, u16* xk, u16* xv, const u32* xtbl
+#define CODED_WRITE_ARGS qkv, width, n_heads, n_kv, tok_pos, tok_seq, seq_tbl, tables, \
+    inv_freq, n_pairs, half_split, q_norm, k_norm, eps, has_norm, k_pool, v_pool, block_size, \
+    fmt, kc, vc, xk, xv, xtbl
+
 // The parts descriptor's layout (parts.cu documents it; cuda/parts.rs builds it).
 #define PARTS_HEADER 16
 #define PART_WORDS 1088

@@ -114,13 +114,7 @@ __device__ __forceinline__ void encode_part(const float* hv, const u32* desc, co
 // copied at f16 to their exact blocks where the table gives one. grid = (tokens, n_heads +
 // 2 n_kv), one warp; dynamic smem: (D + 32) floats + D bytes.
 template <int D>
-__device__ __forceinline__ void write_kv_parts_impl(float* sh,
-    float* qkv, int width, int n_heads, int n_kv,
-    const u32* tok_pos, const u32* tok_seq, const u32* seq_tbl, const u32* tables,
-    const float* inv_freq, int n_pairs, int half_split,
-    const float* q_norm, const float* k_norm, float eps, int has_norm,
-    unsigned char* k_pool, unsigned char* v_pool, int block_size,
-    const u32* fmt, const float* kc, const float* vc, u16* xk, u16* xv, const u32* xtbl)
+__device__ __forceinline__ void write_kv_parts_impl(float* sh, CODED_WRITE_PARAMS)
 {
     float* hv = sh;
     float* red = sh + D;
@@ -274,17 +268,9 @@ __device__ __forceinline__ void attn_unrotate_parts_impl(float* out, u16* out_bf
 }
 
 #define PARTS_KERNELS(D) \
-    extern "C" __global__ void __launch_bounds__(32) write_kv_parts_##D( \
-        float* qkv, int width, int n_heads, int n_kv, \
-        const u32* tok_pos, const u32* tok_seq, const u32* seq_tbl, const u32* tables, \
-        const float* inv_freq, int n_pairs, int half_split, \
-        const float* q_norm, const float* k_norm, float eps, int has_norm, \
-        unsigned char* k_pool, unsigned char* v_pool, int block_size, \
-        const u32* fmt, const float* kc, const float* vc, u16* xk, u16* xv, const u32* xtbl) { \
+    extern "C" __global__ void __launch_bounds__(32) write_kv_parts_##D(CODED_WRITE_PARAMS) { \
         extern __shared__ float sh[]; \
-        write_kv_parts_impl<D>(sh, qkv, width, n_heads, n_kv, tok_pos, tok_seq, seq_tbl, tables, \
-            inv_freq, n_pairs, half_split, q_norm, k_norm, eps, has_norm, k_pool, v_pool, \
-            block_size, fmt, kc, vc, xk, xv, xtbl); \
+        write_kv_parts_impl<D>(sh, CODED_WRITE_ARGS); \
     } \
     extern "C" __global__ void __launch_bounds__(32) attn_unrotate_parts_##D(float* out, \
         u16* out_bf16, int n_heads, int n_kv, const u32* vdesc, const float* vc) { \

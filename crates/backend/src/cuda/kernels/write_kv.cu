@@ -161,13 +161,7 @@ __device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, un
 // grid = (tokens, n_heads + 2 n_kv), one warp; d = 32·E.
 // dynamic smem: (d + 32) floats + d bytes.
 template <int E>
-__device__ __forceinline__ void write_kv_codes_impl(float* sh,
-    float* qkv, int width, int n_heads, int n_kv,
-    const u32* tok_pos, const u32* tok_seq, const u32* seq_tbl, const u32* tables,
-    const float* inv_freq, int n_pairs, int half_split,
-    const float* q_norm, const float* k_norm, float eps, int has_norm,
-    unsigned char* k_pool, unsigned char* v_pool, int block_size,
-    const u32* fmt, const float* kc, const float* vc, u16* xk, u16* xv, const u32* xtbl)
+__device__ __forceinline__ void write_kv_codes_impl(float* sh, CODED_WRITE_PARAMS)
 {
     constexpr int D = 32 * E;
     float* hv = sh;
@@ -216,17 +210,9 @@ __device__ __forceinline__ void write_kv_codes_impl(float* sh,
 }
 
 #define WRITE_KV_CODES(D) \
-    extern "C" __global__ void __launch_bounds__(32) write_kv_codes_##D( \
-        float* qkv, int width, int n_heads, int n_kv, \
-        const u32* tok_pos, const u32* tok_seq, const u32* seq_tbl, const u32* tables, \
-        const float* inv_freq, int n_pairs, int half_split, \
-        const float* q_norm, const float* k_norm, float eps, int has_norm, \
-        unsigned char* k_pool, unsigned char* v_pool, int block_size, \
-        const u32* fmt, const float* kc, const float* vc, u16* xk, u16* xv, const u32* xtbl) { \
+    extern "C" __global__ void __launch_bounds__(32) write_kv_codes_##D(CODED_WRITE_PARAMS) { \
         extern __shared__ float sh[]; \
-        write_kv_codes_impl<D / 32>(sh, qkv, width, n_heads, n_kv, tok_pos, tok_seq, seq_tbl, tables, \
-            inv_freq, n_pairs, half_split, q_norm, k_norm, eps, has_norm, k_pool, v_pool, \
-            block_size, fmt, kc, vc, xk, xv, xtbl); \
+        write_kv_codes_impl<D / 32>(sh, CODED_WRITE_ARGS); \
     }
 WRITE_KV_CODES(64)
 WRITE_KV_CODES(128)
