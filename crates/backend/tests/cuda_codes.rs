@@ -123,6 +123,20 @@ struct Case {
     sliding: Option<usize>,
 }
 
+impl Case {
+    /// A case without a preset's window or a sliding window.
+    fn plain(dtype: &'static str, d: usize, group: usize, centered: bool) -> Case {
+        Case {
+            dtype,
+            d,
+            group,
+            centered,
+            window: NO_WINDOW,
+            sliding: None,
+        }
+    }
+}
+
 const NO_WINDOW: KvWindow = KvWindow {
     recent: 0,
     sinks: 0,
@@ -652,18 +666,7 @@ fn coded_pools_match_the_cpu_codec_and_attention() {
             };
             for &(group, centered) in groups {
                 seed += 1;
-                let (s, t) = run_case(
-                    g,
-                    &Case {
-                        dtype,
-                        d,
-                        group,
-                        centered,
-                        window: NO_WINDOW,
-                        sliding: None,
-                    },
-                    seed,
-                );
+                let (s, t) = run_case(g, &Case::plain(dtype, d, group, centered), seed);
                 same += s;
                 total += t;
             }
@@ -701,18 +704,7 @@ fn parts_pools_match_the_cpu_codec_and_attention() {
         ] {
             for (group, centered) in [(1, false), (4, true), (8, false), (16, true)] {
                 seed += 1;
-                let (s, t) = run_case(
-                    g,
-                    &Case {
-                        dtype,
-                        d,
-                        group,
-                        centered,
-                        window: NO_WINDOW,
-                        sliding: None,
-                    },
-                    seed,
-                );
+                let (s, t) = run_case(g, &Case::plain(dtype, d, group, centered), seed);
                 same += s;
                 total += t;
             }
@@ -755,18 +747,7 @@ fn parts_pools_match_the_cpu_codec_and_attention() {
     for dtype in ["tq3.5", "k2.5v3", "tq3/prod"] {
         for (group, centered) in [(1, true), (4, false), (8, true)] {
             seed += 1;
-            let (s, t) = run_case(
-                g,
-                &Case {
-                    dtype,
-                    d: 256,
-                    group,
-                    centered,
-                    window: NO_WINDOW,
-                    sliding: None,
-                },
-                seed,
-            );
+            let (s, t) = run_case(g, &Case::plain(dtype, 256, group, centered), seed);
             same += s;
             total += t;
         }
@@ -803,18 +784,7 @@ fn the_f16_keys_as_m_kernels_match_the_cpu_backend() {
         for dtype in ["tq4", "tq3", "tq2", "k4v3", "k3v2", "k2v4"] {
             for (group, centered) in [(1, true), (4, false), (8, true)] {
                 seed += 1;
-                run_case(
-                    g,
-                    &Case {
-                        dtype,
-                        d,
-                        group,
-                        centered,
-                        window: NO_WINDOW,
-                        sliding: None,
-                    },
-                    seed,
-                );
+                run_case(g, &Case::plain(dtype, d, group, centered), seed);
             }
         }
     }
@@ -827,18 +797,7 @@ fn value_sums_match_the_cpu_backend(g: &CudaBackend, mut seed: u64) {
         for dtype in ["tq3", "tq2", "k4v3", "k4v2", "k3v2", "k2v3"] {
             for (group, centered) in [(1, true), (4, false), (8, true)] {
                 seed += 1;
-                run_case(
-                    g,
-                    &Case {
-                        dtype,
-                        d,
-                        group,
-                        centered,
-                        window: NO_WINDOW,
-                        sliding: None,
-                    },
-                    seed,
-                );
+                run_case(g, &Case::plain(dtype, d, group, centered), seed);
             }
         }
         for (dtype, recent) in [("k4v2", 40), ("k4v3", 130)] {
