@@ -8,22 +8,28 @@ use turbokv_codec::*;
 
 fn main() {
     let filter = std::env::args().nth(1);
-    for (d, dtype, mode) in [
-        (128usize, "tq3", KeyMode::Mse),
-        (128, "tq4", KeyMode::Mse),
-        (128, "tq2", KeyMode::Mse),
-        (128, "tq3", KeyMode::Prod),
-        (128, "tq2.5", KeyMode::Mse),
-        (96, "tq3", KeyMode::Mse),
-        (128, "int8", KeyMode::Mse),
+    let (exact, corrected) = (NormMode::Exact, NormMode::Corrected);
+    for (d, dtype, mode, norm) in [
+        (128usize, "tq3", KeyMode::Mse, exact),
+        (128, "tq3", KeyMode::Mse, corrected),
+        (128, "tq4", KeyMode::Mse, exact),
+        (128, "tq2", KeyMode::Mse, exact),
+        (64, "tq2", KeyMode::Mse, exact),
+        (64, "tq2", KeyMode::Mse, corrected),
+        (128, "tq3", KeyMode::Prod, exact),
+        (128, "tq2.5", KeyMode::Mse, exact),
+        (96, "tq3", KeyMode::Mse, exact),
+        (128, "int8", KeyMode::Mse, exact),
     ] {
+        let label = format!("d={d} {dtype} {mode} {norm:?}");
         if let Some(f) = &filter
-            && !format!("d={d} {dtype} {mode}").contains(f.as_str())
+            && !label.contains(f.as_str())
         {
             continue;
         }
         let opts = CodecOptions {
             key_mode: mode,
+            norm,
             ..Default::default()
         };
         let c = VectorCodec::new(dtype.parse().unwrap(), KvRole::Key, d, 0, &opts).unwrap();
@@ -53,7 +59,7 @@ fn main() {
         }
         let enc = n as f64 / best;
         if std::env::var_os("ENCODE_ONLY").is_some() {
-            println!("d={d} {dtype} {mode}: encode {:.2} M/s", enc / 1e6);
+            println!("{label}: encode {:.2} M/s", enc / 1e6);
             continue;
         }
         let pq = c.prepare_query(&xs[..d]).unwrap();
@@ -72,7 +78,7 @@ fn main() {
         }
         let score = (n * reps) as f64 / t.elapsed().as_secs_f64();
         println!(
-            "d={d} {dtype} {mode}: encode {:.2} M/s, score {:.2} M tokens/s ({s:.1})",
+            "{label}: encode {:.2} M/s, score {:.2} M tokens/s ({s:.1})",
             enc / 1e6,
             score / 1e6
         );

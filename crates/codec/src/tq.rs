@@ -478,12 +478,12 @@ impl TqCodec {
         isa: Isa,
     ) -> Result<()> {
         self.check_io(x.len(), codes.len(), scalars.len())?;
-        // The fused kernel needs no scratch: try it first for every part. (Kernels check the
-        // CPU themselves, so an `isa` this CPU lacks runs the scalar code.)
+        // The fused kernel needs no scratch for exact norms: try it first for such parts.
+        // (Kernels check the CPU themselves, so an `isa` this CPU lacks runs the scalar code.)
         let mut done = [false; 2];
         for (part, d) in self.parts.iter().zip(&mut done) {
-            if part.channels.is_none() {
-                *d = encode_part_fast(part, x, codes, scalars, isa);
+            if part.channels.is_none() && part.norm == NormMode::Exact {
+                *d = encode_part_fast(part, x, codes, scalars, (&mut [], &mut []), isa);
             }
         }
         if done[..self.parts.len()].iter().all(|&d| d) {
@@ -536,16 +536,19 @@ pub fn stored_f16(v: f32) -> f16 {
     }
 }
 
-/// The fused path (plain MSE, Hadamard, SIMD): `g` is the part's gathered input. Returns
-/// false, having written nothing, where it does not apply. Same bytes as [`encode_part`].
+/// The fused path (MSE, Hadamard, SIMD): `g` is the part's gathered input; `cbuf` and `idx`
+/// are scratch of the part's length for corrected norms (unused, and may be empty, for exact
+/// ones). Returns false where it does not apply (having written
+/// nothing that the caller's fallback does not overwrite). Same bytes as [`encode_part`].
 fn encode_part_fast(
     part: &Part,
     g: &[f32],
     codes: &mut [u8],
     scalars: &mut [f16],
+    (cbuf, idx): (&mut [f32], &mut [u8]),
     isa: Isa,
 ) -> bool {
-    if part.qjl.is_some() || part.norm == NormMode::Corrected || part.mse_bits == 0 {
+    if part.qjl.is_some() || part.mse_bits == 0 {
         return false;
     }
     let Some((masks, sigma)) = part.rotation.hadamard_parts() else {
@@ -553,13 +556,31 @@ fn encode_part_fast(
     };
     let out = &mut codes[part.code_offset..part.code_offset + part.code_bytes];
     let bounds = part.codebook.boundaries();
-    match kernels::encode_hadamard_mse(g, masks, bounds, sigma, part.mse_bits, out, isa) {
-        Some(n) => {
-            scalars[part.scalar_index] = stored_f16(n);
-            true
+    let Some(n) = kernels::encode_hadamard_mse(g, masks, bounds, sigma, part.mse_bits, out, isa)
+    else {
+        return false;
+    };
+    let scale = match part.norm {
+        NormMode::Exact => n,
+        NormMode::Corrected => {
+            if bitpack::unpack(out, part.mse_bits, idx).is_err() {
+                return false;
+            }
+            corrected_scale(n, part.codebook.centroids(), idx, cbuf)
         }
-        None => false,
+    };
+    scalars[part.scalar_index] = stored_f16(scale);
+    true
+}
+
+/// `n / ‖c[idx]‖` ([`NormMode::Corrected`]: the decoded vector gets norm n), or `n` where every
+/// centroid is zero; `buf` (the part's length) receives the centroids.
+fn corrected_scale(n: f32, centroids: &[f32], idx: &[u8], buf: &mut [f32]) -> f32 {
+    for (c, &k) in buf.iter_mut().zip(idx) {
+        *c = centroids[usize::from(k)];
     }
+    let cn = kernels::sum_squares(buf).sqrt();
+    if cn > 0.0 { n / cn } else { n }
 }
 
 fn encode_part(
@@ -579,7 +600,7 @@ fn encode_part(
             gbuf
         }
     };
-    if encode_part_fast(part, g, codes, scalars, isa) {
+    if encode_part_fast(part, g, codes, scalars, (&mut y[..], &mut idx[..]), isa) {
         return;
     }
     let need_idx = part.qjl.is_some() || part.norm == NormMode::Corrected;
@@ -597,13 +618,7 @@ fn encode_part(
     }
     let scale = match (part.mse_bits, part.norm) {
         (0, _) | (_, NormMode::Exact) => n,
-        (_, NormMode::Corrected) => {
-            for (ci, &k) in gbuf.iter_mut().zip(idx.iter()) {
-                *ci = cents[usize::from(k)];
-            }
-            let cn = kernels::sum_squares(gbuf).sqrt();
-            if cn > 0.0 { n / cn } else { n }
-        }
+        (_, NormMode::Corrected) => corrected_scale(n, cents, idx, gbuf),
     };
     let scale16 = stored_f16(scale);
     scalars[part.scalar_index] = scale16;
