@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use turbokv_codec::{KeyMode, KvDtype};
+use turbokv_codec::{KeyMode, KvDtype, NormMode};
 
 use crate::{CacheError, KvCenters, KvLayout, KvOutliers, KvWindow};
 
@@ -17,6 +17,10 @@ pub struct KvPolicy {
     pub layers: Vec<(i64, KvDtype)>,
     /// How TurboQuant keys are coded (`mse` or `prod`); goes to `layout.codec.key_mode`.
     pub key_mode: KeyMode,
+    /// What TurboQuant's stored norms mean; goes to `layout.codec.norm`. `Corrected` rescales
+    /// each decoded vector to the true norm, which the MSE codebook shrinks (keys' scores by
+    /// about 1 − D(b): a flatter softmax).
+    pub norm: NormMode,
     /// Per-head mean key and value subtracted before encoding (from a calibration pass);
     /// `None` = no centering. Must match the layout's layers, kv heads and head dim.
     pub centers: Option<Arc<KvCenters>>,
@@ -127,6 +131,7 @@ impl KvPolicy {
         }
         layout.window = self.window;
         layout.codec.key_mode = self.key_mode;
+        layout.codec.norm = self.norm;
         layout.centers = self.centers.clone();
         Ok(())
     }
@@ -178,7 +183,7 @@ mod tests {
     }
 
     #[test]
-    fn key_mode_and_centers_reach_the_layout() {
+    fn key_mode_norm_and_centers_reach_the_layout() {
         let mut l = layout();
         let n = 4 * 2 * 64;
         let centers = Arc::new(KvCenters {
@@ -187,13 +192,16 @@ mod tests {
             key: vec![0.5; n],
             value: vec![-0.5; n],
         });
+        assert_eq!(l.codec.norm, NormMode::Exact);
         let p = KvPolicy {
             key_mode: KeyMode::Prod,
+            norm: NormMode::Corrected,
             centers: Some(centers.clone()),
             ..Default::default()
         };
         p.apply(&mut l).unwrap();
         assert_eq!(l.codec.key_mode, KeyMode::Prod);
+        assert_eq!(l.codec.norm, NormMode::Corrected);
         assert_eq!(l.centers.as_deref(), Some(&*centers));
         assert_eq!(l.centers.as_ref().unwrap().key(3, 1).unwrap().len(), 64);
     }

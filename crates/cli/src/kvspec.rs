@@ -1,10 +1,11 @@
 //! KV cache specs of the CLI: a dtype, a named preset, or a dtype with a full-precision
-//! window (`k4v3@w16s1`), each optionally with a key mode (`tq4/prod`), centering (`+c`) and
-//! per-layer dtype overrides (`k4v2@w15s1[1:k4v4]`); and the checks and calibration that turn
-//! a spec into a cache policy for a model.
+//! window (`k4v3@w16s1`), each optionally with a key mode (`tq4/prod`), flags (`+c`
+//! centering, `+n` corrected norms) and per-layer dtype overrides (`k4v2@w15s1[1:k4v4]`);
+//! and the checks and calibration that turn a spec into a cache policy for a model.
 //!
-//! Grammar: `BASE[/MODE][@WINDOW][+c][OVERRIDE]...` where BASE is a dtype or a preset, MODE
-//! is `mse` or `prod`, WINDOW is `w<recent>s<sinks>` and each OVERRIDE is `[LAYER:DTYPE]` or
+//! Grammar: `BASE[/MODE][@WINDOW][+FLAGS][OVERRIDE]...` where BASE is a dtype or a preset,
+//! MODE is `mse` or `prod`, WINDOW is `w<recent>s<sinks>`, FLAGS is `c`, `n` or `cn` (they
+//! may also follow the overrides) and each OVERRIDE is `[LAYER:DTYPE]` or
 //! `[FIRST-LAST:DTYPE]` (a negative LAYER counts from the end). `<recent>` is a token count
 //! or a share of the context (`w1.2%`: 1.2% of the tokens a sequence may hold, fixed when the
 //! cache is made, so the window costs the same bits per element at every context). A
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use turbokv_backend::Backend;
 use turbokv_cache::{KvCenters, KvLayout, KvPolicy, KvWindow};
-use turbokv_codec::{CodecOptions, KeyMode, KvDtype, LayerCodec};
+use turbokv_codec::{CodecOptions, KeyMode, KvDtype, LayerCodec, NormMode};
 use turbokv_model::KvCalibration;
 use turbokv_model::Transformer;
 use turbokv_model::tokenizer::Tokenizer;
@@ -96,6 +97,8 @@ pub struct KvSpec {
     pub key_mode: KeyMode,
     /// Subtract calibrated per-head means before encoding.
     pub center: bool,
+    /// What TurboQuant's stored norms mean (`+n`: [`NormMode::Corrected`]).
+    pub norm: NormMode,
     /// `(layer, dtype)` overrides of the spec itself (a preset's, then its own `[…]`); a
     /// negative layer counts from the end.
     pub layers: Vec<(i64, KvDtype)>,
@@ -126,9 +129,9 @@ impl KvDefaults {
 
 /// Presets, chosen by `eval ppl` measurements on the worst domain of the evaluation set
 /// (BENCHMARKS.md, issue 19): name → spec. A trailing `+c` centers the preset (its
-/// calibration pass runs at load); `[L:DTYPE]` gives layer L another dtype. Their windows are
-/// shares of the context (45, 12 and 10 tokens at 1024), so they cost the same bits per
-/// element at every context and hold their quality at longer ones.
+/// calibration pass runs at load), `+n` corrects its norms; `[L:DTYPE]` gives layer L another
+/// dtype. Their windows are shares of the context (45, 12 and 10 tokens at 1024), so they
+/// cost the same bits per element at every context and hold their quality at longer ones.
 pub const PRESETS: &[(&str, &str)] = &[
     ("balanced", "k4v3@w4.4%s1[1:k4v4]"),
     ("compact", "k4v2@w1.2%s1[1:k4v4]"),
@@ -140,8 +143,9 @@ pub const PRESETS: &[(&str, &str)] = &[
 
 const GRAMMAR: &str = "a spec is DTYPE or PRESET, then optionally /mse or /prod, \
                        @w<recent>s<sinks> (recent: tokens, or a share of the context as w1.2%), \
-                       +c and [LAYER:DTYPE] overrides, e.g. tq3, tq4/prod, k4v3@w32s1+c, \
-                       balanced+c, k4v2@w1.2%s1[1:k4v4]";
+                       +c (center), +n (corrected norms) or +cn, and [LAYER:DTYPE] overrides, \
+                       e.g. tq3, tq4/prod, k4v3@w32s1+c, tq2+cn, balanced+c, \
+                       k4v2@w1.2%s1[1:k4v4]";
 
 /// Why a `--kv` spec does not parse.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -173,6 +177,17 @@ pub enum KvSpecError {
         /// The dtype parser's message (it lists the accepted dtypes).
         why: String,
     },
+    /// A `+…` flag is neither `c` nor `n`.
+    #[error(
+        "--kv {spec}: unknown flags `+{flags}` (accepted: +c centers the cache, +n corrects the \
+         norms, +cn both); {GRAMMAR}"
+    )]
+    Flags {
+        /// The whole spec.
+        spec: String,
+        /// The text after `+`.
+        flags: String,
+    },
     /// A `[…]` override is malformed or not closed.
     #[error("--kv {spec}: {why}; {GRAMMAR}")]
     Override {
@@ -187,15 +202,15 @@ impl KvSpec {
     /// Parses `spec`; `defaults` fill in what it does not say.
     pub fn parse(spec: &str, defaults: KvDefaults) -> Result<Self, KvSpecError> {
         let spec = spec.trim();
-        // `+c` may follow the overrides too.
-        let (with_layers, late_c) = match spec.strip_suffix("+c") {
-            Some(s) if s.ends_with(']') => (s, true),
-            _ => (spec, false),
+        // Flags may follow the overrides too.
+        let (with_layers, late) = match spec.rsplit_once('+') {
+            Some((s, f)) if s.ends_with(']') => (s, Flags::parse(spec, f)?),
+            _ => (spec, Flags::default()),
         };
         let (head, own_layers) = split_overrides(with_layers)?;
-        let (body, center) = match head.strip_suffix("+c") {
-            Some(b) => (b, true),
-            None => (head, defaults.center || late_c),
+        let (body, early) = match head.rsplit_once('+') {
+            Some((b, f)) => (b, Flags::parse(spec, f)?),
+            None => (head, Flags::default()),
         };
         // A preset's own window, unless the spec gives one.
         let (head, window) = match body.split_once('@') {
@@ -212,18 +227,26 @@ impl KvSpec {
             ),
             None => (head, defaults.key_mode),
         };
-        let (dtype_text, preset_window, preset_center, mut layers) =
+        let (dtype_text, preset_window, preset_flags, mut layers) =
             match PRESETS.iter().find(|(n, _)| *n == base.trim()) {
                 Some((_, p)) => {
                     let (p, preset_layers) = split_overrides(p)?;
-                    let (p, c) = p.strip_suffix("+c").map_or((p, false), |p| (p, true));
+                    let (p, f) = match p.rsplit_once('+') {
+                        Some((p, f)) => (p, Flags::parse(spec, f)?),
+                        None => (p, Flags::default()),
+                    };
                     let (d, w) = p.split_once('@').unwrap_or((p, ""));
-                    (d, Some(parse_window(spec, w)?), c, preset_layers)
+                    (d, Some(parse_window(spec, w)?), f, preset_layers)
                 }
-                None => (base, None, false, Vec::new()),
+                None => (base, None, Flags::default(), Vec::new()),
             };
         layers.extend(own_layers);
-        let center = center || preset_center;
+        let center = defaults.center || early.center || late.center || preset_flags.center;
+        let norm = if early.corrected || late.corrected || preset_flags.corrected {
+            NormMode::Corrected
+        } else {
+            NormMode::Exact
+        };
         let dtype: KvDtype = dtype_text.parse().map_err(|e| KvSpecError::Base {
             spec: spec.into(),
             why: format!("{e}"),
@@ -248,6 +271,7 @@ impl KvSpec {
             window,
             key_mode,
             center,
+            norm,
             layers,
         })
     }
@@ -258,8 +282,8 @@ impl KvSpec {
     }
 
     /// The name printed in tables: the preset or dtype, `/prod` for prod keys, the window
-    /// when it has one, `+c` when centered, then the overrides (`tq4/prod`, `tq3+c`,
-    /// `balanced(k4v3@w4.4%s1[1:tq4])+c`, `k4v2@w15s1[1:tq4]`).
+    /// when it has one, the flags (`+c` centered, `+n` corrected norms), then the overrides
+    /// (`tq4/prod`, `tq3+c`, `balanced(k4v3@w4.4%s1[1:tq4])+c`, `k4v2@w15s1[1:tq4]`).
     pub fn label(&self, spec: &str) -> String {
         let mut inner = self.dtype.to_string();
         if self.key_mode == KeyMode::Prod {
@@ -275,16 +299,18 @@ impl KvSpec {
             .map(|(l, d)| format!("[{l}:{d}]"))
             .collect();
         let base = spec.trim().split('[').next().unwrap_or("");
-        let base = base.trim_end_matches("+c");
+        let base = base.split('+').next().unwrap_or(base);
         let base = base.split(['/', '@']).next().unwrap_or(base).trim();
         let mut out = if PRESETS.iter().any(|(n, _)| *n == base) {
             format!("{base}({inner}{overrides})")
         } else {
             inner
         };
-        if self.center {
-            out.push_str("+c");
-        }
+        let flags = Flags {
+            center: self.center,
+            corrected: self.norm == NormMode::Corrected,
+        };
+        out.push_str(&flags.text());
         if !PRESETS.iter().any(|(n, _)| *n == base) {
             out.push_str(&overrides);
         }
@@ -343,6 +369,7 @@ impl KvSpec {
             window: self.window_at(ctx),
             layers: self.all_layers(extra),
             key_mode: self.key_mode,
+            norm: self.norm,
             centers: if self.center { centers } else { None },
             outliers: None,
         }
@@ -351,6 +378,49 @@ impl KvSpec {
     /// The spec's own overrides followed by `extra`.
     pub fn all_layers(&self, extra: &[(i64, KvDtype)]) -> Vec<(i64, KvDtype)> {
         self.layers.iter().chain(extra).copied().collect()
+    }
+}
+
+/// The flags of a spec (`+c`, `+n`, `+cn`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Flags {
+    center: bool,
+    corrected: bool,
+}
+
+impl Flags {
+    /// The letters after a `+` of `spec`.
+    fn parse(spec: &str, letters: &str) -> Result<Self, KvSpecError> {
+        let mut out = Self::default();
+        for c in letters.chars() {
+            match c {
+                'c' => out.center = true,
+                'n' => out.corrected = true,
+                _ => {
+                    return Err(KvSpecError::Flags {
+                        spec: spec.into(),
+                        flags: letters.into(),
+                    });
+                }
+            }
+        }
+        if letters.is_empty() {
+            return Err(KvSpecError::Flags {
+                spec: spec.into(),
+                flags: letters.into(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// `+c`, `+n`, `+cn`, or nothing.
+    fn text(self) -> String {
+        match (self.center, self.corrected) {
+            (false, false) => String::new(),
+            (true, false) => "+c".into(),
+            (false, true) => "+n".into(),
+            (true, true) => "+cn".into(),
+        }
     }
 }
 
@@ -723,6 +793,36 @@ mod tests {
         );
         assert!(p.policy(1024, &[], Some(centers.clone())).centers.is_none());
         assert!(c.policy(1024, &[], Some(centers)).centers.is_some());
+    }
+
+    #[test]
+    fn corrected_norms_from_the_n_flag_reach_the_label_and_the_policy() {
+        let none = KvDefaults::default();
+        for (text, center, label) in [
+            ("tq2+n", false, "tq2+n"),
+            ("tq2+cn", true, "tq2@w0s1+cn"),
+            ("tq2@w8s1+nc", true, "tq2@w8s1+cn"),
+            ("tq2[0:tq3]+n", false, "tq2+n[0:tq3]"),
+            ("tq2+c[0:tq3]+n", true, "tq2@w0s1+cn[0:tq3]"),
+        ] {
+            let s = KvSpec::parse(text, none).unwrap();
+            assert_eq!((s.norm, s.center), (NormMode::Corrected, center), "{text}");
+            assert_eq!(s.label(text), label, "{text}");
+            assert_eq!(KvSpec::parse(&s.label(text), none).unwrap(), s, "{text}");
+            assert_eq!(s.policy(1024, &[], None).norm, NormMode::Corrected);
+        }
+        let plain = KvSpec::parse("tq2+c", none).unwrap();
+        assert_eq!(plain.norm, NormMode::Exact);
+        assert_eq!(plain.policy(1024, &[], None).norm, NormMode::Exact);
+        // A preset's flags hold under a spec's own, and add to them.
+        let compact = KvSpec::parse("compact+n", none).unwrap();
+        assert_eq!(compact.norm, NormMode::Corrected);
+        assert!(compact.label("compact+n").ends_with("+n"));
+        for bad in ["tq2+x", "tq2+", "tq2+cz[0:tq3]", "tq2[0:tq3]+q"] {
+            let err = KvSpec::parse(bad, none).unwrap_err();
+            assert!(matches!(err, KvSpecError::Flags { .. }), "{bad}: {err}");
+            assert!(err.to_string().contains("+n corrects the norms"), "{err}");
+        }
     }
 
     #[test]
