@@ -130,15 +130,12 @@ impl KvDefaults {
 /// Presets, chosen by `eval ppl` measurements on the worst domain of the evaluation set
 /// (BENCHMARKS.md, issue 19): name → spec. A trailing `+c` centers the preset (its
 /// calibration pass runs at load), `+n` corrects its norms; `[L:DTYPE]` gives layer L another
-/// dtype. Their windows are shares of the context (45, 12 and 10 tokens at 1024), so they
+/// dtype. Their windows are shares of the context (45, 12 and 15 tokens at 1024), so they
 /// cost the same bits per element at every context and hold their quality at longer ones.
 pub const PRESETS: &[(&str, &str)] = &[
     ("balanced", "k4v3@w4.4%s1[1:k4v4]"),
     ("compact", "k4v2@w1.2%s1[1:k4v4]"),
-    (
-        "tiny",
-        "tq2@w1%s1+c[1:k3v2][5:k3v2][8:k3v2][13:k3v2][17-18:k3v2][23-24:k3v2]",
-    ),
+    ("tiny", "tq2@w1.5%s1+cn[17-18:k3v2][23-24:k3v2]"),
 ];
 
 const GRAMMAR: &str = "a spec is DTYPE or PRESET, then optionally /mse or /prod, \
@@ -610,7 +607,7 @@ mod tests {
         for (name, budget, reported) in [
             ("balanced", 4.5, 4.485),
             ("compact", 3.5, 3.486),
-            ("tiny", 2.6, 2.586),
+            ("tiny", 2.6, 2.598),
         ] {
             let spec = KvSpec::parse(name, KvDefaults::default()).unwrap();
             let bits = spec.bits_per_element(64, 1024, 30, &[]);
@@ -625,7 +622,10 @@ mod tests {
         }
         let tiny = KvSpec::parse("tiny", KvDefaults::default()).unwrap();
         assert!(tiny.center && tiny.dtype == "tq2".parse().unwrap());
-        assert!(tiny.label("tiny").starts_with("tiny(tq2@w") && tiny.label("tiny").ends_with("+c"));
+        assert_eq!(tiny.norm, NormMode::Corrected);
+        assert!(
+            tiny.label("tiny").starts_with("tiny(tq2@w") && tiny.label("tiny").ends_with("+cn")
+        );
         // A preset's own centering cannot be switched off by an uncentered default.
         assert!(
             KvSpec::parse("tiny@w8s1", KvDefaults::default())
