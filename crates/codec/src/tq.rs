@@ -538,8 +538,8 @@ pub fn stored_f16(v: f32) -> f16 {
 
 /// The fused path (MSE, Hadamard, SIMD): `g` is the part's gathered input; `cbuf` and `idx`
 /// are scratch of the part's length for corrected norms (unused, and may be empty, for exact
-/// ones). Returns false where it does not apply (having written
-/// nothing that the caller's fallback does not overwrite). Same bytes as [`encode_part`].
+/// ones). Returns false where it does not apply, having written nothing that the caller's
+/// fallback does not overwrite. Same bytes as [`encode_part`].
 fn encode_part_fast(
     part: &Part,
     g: &[f32],
