@@ -532,6 +532,11 @@ pub fn build_policy<B: Backend>(
             "--kv {label}: centering has no effect on a cache without compressed layers"
         );
     }
+    if spec.norm == NormMode::Corrected && !dtypes.iter().any(|d| matches!(d, KvDtype::Tq { .. })) {
+        tracing::warn!(
+            "--kv {label}: corrected norms (+n) have no effect without TurboQuant layers"
+        );
+    }
     let fractional = dtypes.iter().any(|&d| has_fractional_width(d));
     if !center && !fractional {
         return Ok(spec.policy(ctx, layers, None));
