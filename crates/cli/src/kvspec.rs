@@ -205,10 +205,7 @@ impl KvSpec {
             _ => (spec, Flags::default()),
         };
         let (head, own_layers) = split_overrides(with_layers)?;
-        let (body, early) = match head.rsplit_once('+') {
-            Some((b, f)) => (b, Flags::parse(spec, f)?),
-            None => (head, Flags::default()),
-        };
+        let (body, early) = Flags::split(spec, head)?;
         // A preset's own window, unless the spec gives one.
         let (head, window) = match body.split_once('@') {
             Some((h, w)) => (h, Some(parse_window(spec, w)?)),
@@ -228,18 +225,16 @@ impl KvSpec {
             match PRESETS.iter().find(|(n, _)| *n == base.trim()) {
                 Some((_, p)) => {
                     let (p, preset_layers) = split_overrides(p)?;
-                    let (p, f) = match p.rsplit_once('+') {
-                        Some((p, f)) => (p, Flags::parse(spec, f)?),
-                        None => (p, Flags::default()),
-                    };
+                    let (p, f) = Flags::split(spec, p)?;
                     let (d, w) = p.split_once('@').unwrap_or((p, ""));
                     (d, Some(parse_window(spec, w)?), f, preset_layers)
                 }
                 None => (base, None, Flags::default(), Vec::new()),
             };
         layers.extend(own_layers);
-        let center = defaults.center || early.center || late.center || preset_flags.center;
-        let norm = if early.corrected || late.corrected || preset_flags.corrected {
+        let flags = early.or(late).or(preset_flags);
+        let center = defaults.center || flags.center;
+        let norm = if flags.corrected {
             NormMode::Corrected
         } else {
             NormMode::Exact
@@ -388,26 +383,38 @@ struct Flags {
 impl Flags {
     /// The letters after a `+` of `spec`.
     fn parse(spec: &str, letters: &str) -> Result<Self, KvSpecError> {
+        let bad = || KvSpecError::Flags {
+            spec: spec.into(),
+            flags: letters.into(),
+        };
+        if letters.is_empty() {
+            return Err(bad());
+        }
         let mut out = Self::default();
         for c in letters.chars() {
             match c {
                 'c' => out.center = true,
                 'n' => out.corrected = true,
-                _ => {
-                    return Err(KvSpecError::Flags {
-                        spec: spec.into(),
-                        flags: letters.into(),
-                    });
-                }
+                _ => return Err(bad()),
             }
         }
-        if letters.is_empty() {
-            return Err(KvSpecError::Flags {
-                spec: spec.into(),
-                flags: letters.into(),
-            });
-        }
         Ok(out)
+    }
+
+    /// `text` without its trailing `+FLAGS` (a part of `spec`), and those flags.
+    fn split<'a>(spec: &str, text: &'a str) -> Result<(&'a str, Self), KvSpecError> {
+        match text.rsplit_once('+') {
+            Some((rest, f)) => Ok((rest, Self::parse(spec, f)?)),
+            None => Ok((text, Self::default())),
+        }
+    }
+
+    /// The flags of either.
+    fn or(self, other: Self) -> Self {
+        Self {
+            center: self.center || other.center,
+            corrected: self.corrected || other.corrected,
+        }
     }
 
     /// `+c`, `+n`, `+cn`, or nothing.
