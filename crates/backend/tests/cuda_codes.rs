@@ -655,7 +655,19 @@ fn coded_pools_match_the_cpu_codec_and_attention() {
     let mut seed = 7;
     for d in [64, 128, 256] {
         for dtype in [
-            "int8", "fp8", "tq4", "tq3", "tq2", "k4v3", "k4v2", "k3v2", "k2v4",
+            "int8",
+            "fp8",
+            "tq4",
+            "tq3",
+            "tq2",
+            "k4v3",
+            "k4v2",
+            "k3v2",
+            "k2v4",
+            // Corrected norms: only the write kernel's scale differs.
+            "tq3/corrected",
+            "k4v2/corrected",
+            "tq2/corrected",
         ] {
             // Groups up to 8 take the keys-as-M kernels, 16 the template's (head_dim 256
             // has only the former).
@@ -680,7 +692,7 @@ fn coded_pools_match_the_cpu_codec_and_attention() {
     );
 }
 
-/// Fractional widths, prod keys, 1-bit codes and corrected norms (the parts kernels: prefill
+/// Fractional widths (with corrected norms too), prod keys and 1-bit codes (the parts kernels: prefill
 /// dequantized for the tile kernel at head_dim 64 and 128, decode on the codes) at head_dim 64
 /// and 128 with GQA 1/4/8/16 and at 256 with GQA 1/4/8, centered or not, with a preset's window
 /// and with a sliding window.
@@ -699,7 +711,7 @@ fn parts_pools_match_the_cpu_codec_and_attention() {
             "tq3/prod",
             "k4v2/prod",
             "tq3.5/prod",
-            "tq3/corrected",
+            "tq3.5/corrected",
             "tq2.5/calibrated",
         ] {
             for (group, centered) in [(1, false), (4, true), (8, false), (16, true)] {

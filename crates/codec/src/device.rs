@@ -35,11 +35,14 @@ pub struct HadamardMse {
     pub sigma: f32,
     /// `1/σ`: `R·x = scale · FWHT(D·x)` and `Rᵀ·y = D · (scale · FWHT(y))`.
     pub scale: f32,
+    /// Whether the stored scale is `n / ‖c[idx]‖` ([`NormMode::Corrected`]) instead of `n`;
+    /// only the encoder differs, decoding is the same.
+    pub corrected: bool,
 }
 
 impl VectorCodec {
     /// The device description of this codec, or `None` for formats a device kernel does not
-    /// read directly (16-bit, outlier splits, QJL keys, corrected norms, dense rotations).
+    /// read directly (16-bit, outlier splits, QJL keys, 0-bit codes, dense rotations).
     pub fn device_format(&self) -> Option<DeviceFormat> {
         match &self.format {
             Format::Plain(Plain::Int8) => Some(DeviceFormat::Int8),
@@ -52,7 +55,6 @@ impl VectorCodec {
                 let (sign_masks, sigma) = part.rotation.hadamard_parts()?;
                 let plain = part.channels.is_none()
                     && part.qjl.is_none()
-                    && part.norm == NormMode::Exact
                     && (1..=4).contains(&part.mse_bits)
                     && part.code_offset == 0
                     && part.scalar_index == 0;
@@ -64,6 +66,7 @@ impl VectorCodec {
                         sign_masks: sign_masks.to_vec(),
                         sigma,
                         scale: 1.0 / sigma,
+                        corrected: part.norm == NormMode::Corrected,
                     })
                 })
             }
@@ -226,22 +229,42 @@ mod tests {
                 .device_format()
                 .is_some()
         );
+        // Corrected norms change only the encoder's scale: still a direct format.
+        let corrected = CodecOptions {
+            norm: NormMode::Corrected,
+            ..Default::default()
+        };
+        let Some(DeviceFormat::HadamardMse(h)) =
+            codec("tq2", KvRole::Key, 64, &corrected).device_format()
+        else {
+            panic!("corrected tq2 has a device format");
+        };
+        assert!(h.corrected);
         // Head dims that are not powers of two use a dense rotation.
         assert!(codec("tq3", KvRole::Key, 96, &o).device_format().is_none());
         let _ = TqBits::B3;
     }
 
     /// The description reproduces the codec: encoding with its numbers in the documented
-    /// order gives the codec's own codes (what a device encoder implements).
+    /// order gives the codec's own codes and scale (what a device encoder implements), with
+    /// exact and with corrected norms.
     #[test]
     fn the_description_reproduces_the_encoder() {
-        let o = CodecOptions::default();
         let mut rng = crate::prng::Xoshiro256::new(7);
-        for (dtype, d) in [("tq3", 64), ("tq4", 128), ("tq2", 128)] {
+        let cases = [("tq3", 64), ("tq4", 128), ("tq2", 128), ("tq2", 64)];
+        for ((dtype, d), norm) in cases
+            .into_iter()
+            .flat_map(|c| [(c, NormMode::Exact), (c, NormMode::Corrected)])
+        {
+            let o = CodecOptions {
+                norm,
+                ..Default::default()
+            };
             let c = codec(dtype, KvRole::Key, d, &o);
             let Some(DeviceFormat::HadamardMse(h)) = c.device_format() else {
-                panic!("{dtype}");
+                panic!("{dtype} {norm:?}");
             };
+            assert_eq!(h.corrected, norm == NormMode::Corrected);
             for _ in 0..50 {
                 let x: Vec<f32> = (0..d).map(|_| rng.gaussian() as f32).collect();
                 let mut y: Vec<f32> = x
@@ -266,7 +289,15 @@ mod tests {
                 let (mut codes, mut sc) = (vec![0u8; sizes.code_bytes], vec![crate::f16::ZERO; 1]);
                 c.encode(&x, &mut codes, &mut sc).unwrap();
                 assert_eq!(codes, want, "{dtype}");
-                assert_eq!(sc[0], crate::tq::stored_f16(n));
+                // Corrected: n / ‖c[idx]‖, the centroids' squares summed in the codec's order.
+                let scale = if h.corrected {
+                    let cents: Vec<f32> =
+                        idx.iter().map(|&k| h.centroids[usize::from(k)]).collect();
+                    n / crate::kernels::sum_squares(&cents).sqrt()
+                } else {
+                    n
+                };
+                assert_eq!(sc[0], crate::tq::stored_f16(scale), "{dtype} {norm:?}");
             }
         }
     }

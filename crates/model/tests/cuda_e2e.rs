@@ -19,7 +19,7 @@ use std::path::Path;
 use turbokv_backend::cpu::{CpuBackend, WeightMode};
 use turbokv_backend::cuda::CudaBackend;
 use turbokv_backend::{Backend, Error, TopK};
-use turbokv_codec::KvDtype;
+use turbokv_codec::{KeyMode, KvDtype, NormMode};
 use turbokv_model::{LoadOptions, LogitsFor, Model, SeqInput, Session, StepOutput, StepTokens};
 
 fn gpu() -> Option<CudaBackend> {
@@ -348,8 +348,9 @@ fn windowed_codes_match<C: Backend, G: Backend>(
     s: &Shape,
     prompt: &[u32],
 ) {
-    // The plain format first, as the baseline of the windowed ones; then the parts pools
-    // (fractional widths, prod keys) at their head dims.
+    // The plain format first, as the baseline of the windowed ones (`/corrected`: corrected
+    // norms, as the tiny preset has); then the parts pools (fractional widths, prod keys) at their
+    // head dims.
     // (Prod keys not at head_dim 256: 256 sign bits per key flip more under the backends'
     // bf16 differences than the bounds below hold; cuda_codes checks them on equal inputs.)
     let parts = [("tq3.5", 0, 0), ("tq2.5", 15, 1), ("tq3/prod", 0, 0)];
@@ -362,6 +363,7 @@ fn windowed_codes_match<C: Backend, G: Backend>(
         ("tq3", 0, 0),
         ("tq3", 15, 1),
         ("k4v2", 40, 4),
+        ("tq3/corrected", 15, 1),
         ("fp8", 0, 0),
     ]
     .iter()
@@ -370,7 +372,16 @@ fn windowed_codes_match<C: Backend, G: Backend>(
         let (dtype, mode) = dtype.split_once('/').unwrap_or((dtype, "mse"));
         let policy = turbokv_cache::KvPolicy {
             window: turbokv_cache::KvWindow { recent, sinks },
-            key_mode: mode.parse().unwrap(),
+            key_mode: if mode == "prod" {
+                KeyMode::Prod
+            } else {
+                KeyMode::Mse
+            },
+            norm: if mode == "corrected" {
+                NormMode::Corrected
+            } else {
+                NormMode::Exact
+            },
             ..Default::default()
         };
         let dtype: KvDtype = dtype.parse().unwrap();

@@ -19,8 +19,12 @@ use super::cuda_err;
 use super::parts;
 use crate::Error;
 
-/// u32 words of one role's format descriptor (write_kv.cu `CODE_DESC_WORDS`).
-pub(crate) const DESC_WORDS: usize = 300;
+/// u32 words of one role's format descriptor (write_kv.cu `CODE_DESC_WORDS`; a multiple of
+/// four, so that both roles' descriptors stay 16-byte aligned).
+pub(crate) const DESC_WORDS: usize = 320;
+/// The descriptor word that is 1 when a TurboQuant role stores corrected norms (write_kv.cu
+/// `CODE_CORRECTED_WORD`); its f32 centroids follow it.
+pub(crate) const CORRECTED_WORD: usize = 300;
 /// Keys per staged tile of the coded decode kernels (attention.cu `ATTN_CODES`).
 pub(crate) const CODE_TILE: usize = 128;
 /// Shared memory of one int8-value kernel block with four per SM (attention.cu
@@ -405,6 +409,14 @@ pub(crate) fn descriptor(
                 w[INT8_VALUE_WORD..INT8_VALUE_WORD + 2].copy_from_slice(&tables);
                 w[INT8_VALUE_WORD + 2] = step.to_bits();
             }
+            // The encoder's exact centroids for `n / ‖c[idx]‖` (the f16 tables above are the
+            // attention's).
+            if h.corrected {
+                w[CORRECTED_WORD] = 1;
+                for (j, c) in h.centroids.iter().enumerate() {
+                    w[CORRECTED_WORD + 1 + j] = c.to_bits();
+                }
+            }
         }
     }
     Ok(w)
@@ -475,10 +487,11 @@ pub(crate) fn int8_table(centroids: &[f32], max_byte: u8) -> ([u8; 8], f32) {
 
 /// How a layer's codec is read on the GPU.
 enum Route {
-    /// Decode kernels on the codes (int8, fp8, whole widths 2-4 with MSE keys).
+    /// Decode kernels on the codes (int8, fp8, whole widths 2-4 with MSE keys, exact or
+    /// corrected norms).
     Direct(DeviceFormat, DeviceFormat),
     /// The parts kernels ([`super::parts`]): any other TurboQuant format with Hadamard
-    /// rotations (fractional widths, prod keys, 1-bit codes, corrected norms).
+    /// rotations (fractional widths, prod keys, 1-bit codes; corrected norms with them).
     Parts(DeviceParts, DeviceParts),
 }
 
@@ -823,6 +836,22 @@ mod tests {
             assert_eq!(f16::from_bits((lo | hi << 8) as u16), f16::from_f32(*c));
         }
         assert_eq!(&w[32..160], &h.sign_masks[..]);
+        assert_eq!(w[CORRECTED_WORD], 0, "exact norms");
+        // Corrected norms: the flag and the encoder's f32 centroids, in code order (not the
+        // sign-magnitude table's), and a direct route.
+        let opts = turbokv_codec::CodecOptions {
+            norm: turbokv_codec::NormMode::Corrected,
+            ..Default::default()
+        };
+        let corrected = LayerCodec::new("k4v2".parse().unwrap(), 128, 1, &opts).unwrap();
+        assert!(matches!(route(&corrected, 128), Ok(Route::Direct(..))));
+        let cf = corrected.key.device_format().unwrap();
+        let cw = descriptor(&cf, &kl, 32).unwrap();
+        assert_eq!(cw[CORRECTED_WORD], 1);
+        for (j, c) in h.centroids.iter().enumerate() {
+            assert_eq!(f32::from_bits(cw[CORRECTED_WORD + 1 + j]), *c);
+        }
+        assert_eq!(&cw[..CORRECTED_WORD], &w[..CORRECTED_WORD]);
         assert!(unsupported_reason("tq3".parse().unwrap(), 128).is_none());
         assert!(unsupported_reason("int8".parse().unwrap(), 64).is_none());
         assert!(unsupported_reason("fp8".parse().unwrap(), 128).is_none());

@@ -68,4 +68,7 @@ __device__ __forceinline__ int exact_slot(const u32* xtbl, u32 seq, int j) {
 
 // u32 words of one role's coded-pool format descriptor (cuda/codes.rs `DESC_WORDS`; write_kv.cu
 // lists them): the key descriptor, then the value one at this offset.
-#define CODE_DESC_WORDS 300
+#define CODE_DESC_WORDS 320
+// 1 when a TurboQuant role stores corrected norms (cuda/codes.rs `CORRECTED_WORD`); its 2^bits
+// f32 centroids follow.
+#define CODE_CORRECTED_WORD 300

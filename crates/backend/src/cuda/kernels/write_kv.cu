@@ -47,7 +47,8 @@ extern "C" __global__ void write_kv(
 // positive centroids for sign-magnitude records), [32..32+d) the
 // rotation's sign masks, [288..293) the int8 key codebook (attention.cu `INT8_TABLE_WORD`),
 // [293..296) the int8 value codebook (`INT8_VALUE_WORD`), [296..300) 4-bit records' one-sided
-// key tables (`INT8_PAIR_WORD`). Every f32 operation below is the codec's (crates/codec/src/tq.rs,
+// key tables (`INT8_PAIR_WORD`), [300] 1 for corrected norms (`CODE_CORRECTED_WORD`) and
+// [301..317) the f32 centroids then. Every f32 operation below is the codec's (crates/codec/src/tq.rs,
 // plain.rs, kernels/mod.rs), in its order and without FMA contraction, so the codes equal
 // the CPU's.
 
@@ -105,7 +106,8 @@ __device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, un
         if (lane == 0) *scale = s16;
         return;
     }
-    // TurboQuant-MSE: n = ‖g‖; y = FWHT(D·g); idx_i = #{k : y_i > b_k·(n·σ)}; scale n.
+    // TurboQuant-MSE: n = ‖g‖; y = FWHT(D·g); idx_i = #{k : y_i > b_k·(n·σ)}; scale n, or
+    // n / ‖c[idx]‖ for corrected norms.
     const float nsq = warp_sum_squares(v);
 #pragma unroll
     for (int m = 0; m < E; m++) v[m] = __uint_as_float(__float_as_uint(v[m]) ^ desc[32 + lane + 32 * m]);
@@ -120,10 +122,13 @@ __device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, un
     // The record layout (desc[5], cuda/code_layout.rs): 0 the codec's, 1 | run << 8 3-bit
     // nibble units, 2 sign-magnitude 4-bit values (codes 8-15 stored reversed).
     const u32 lay = desc[5];
+    const bool corrected = desc[CODE_CORRECTED_WORD] != 0u;
+    float cv[E];   // the chosen centroids (corrected norms)
 #pragma unroll
     for (int m = 0; m < E; m++) {
         int c = 0;
         for (int k = 0; k < nb; k++) c += v[m] > __fmul_rn(__uint_as_float(desc[8 + k]), t);
+        cv[m] = corrected ? __uint_as_float(desc[CODE_CORRECTED_WORD + 1 + c]) : 0.0f;
         if (lay == 2 && c >= 8) c = 23 - c;
         idx[lane + 32 * m] = (unsigned char)c;
     }
@@ -150,7 +155,12 @@ __device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, un
         }
         codes[b] = (unsigned char)byte;
     }
-    if (lane == 0) *scale = stored_f16(n);
+    float s = n;
+    if (corrected) {
+        const float cn = __fsqrt_rn(warp_sum_squares(cv));
+        if (cn > 0.0f) s = __fdiv_rn(n, cn);
+    }
+    if (lane == 0) *scale = stored_f16(s);
 }
 
 // write_kv for coded pools: q/k norm and RoPE as write_kv (q and k rows of qkv rewritten);
