@@ -134,7 +134,7 @@ impl KvDefaults {
 /// cost the same bits per element at every context and hold their quality at longer ones.
 pub const PRESETS: &[(&str, &str)] = &[
     ("balanced", "k4v3@w4.4%s1[1:k4v4]"),
-    ("compact", "k4v2@w1.2%s1[1:k4v4]"),
+    ("compact", "k4v2@w1.2%s1+n[1:k4v4]"),
     ("tiny", "tq2@w1.5%s1+cn[17-18:k3v2][23-24:k3v2]"),
 ];
 
@@ -827,9 +827,12 @@ mod tests {
         assert_eq!(plain.norm, NormMode::Exact);
         assert_eq!(plain.policy(1024, &[], None).norm, NormMode::Exact);
         // A preset's flags hold under a spec's own, and add to them.
-        let compact = KvSpec::parse("compact+n", none).unwrap();
-        assert_eq!(compact.norm, NormMode::Corrected);
-        assert!(compact.label("compact+n").ends_with("+n"));
+        let balanced = KvSpec::parse("balanced+n", none).unwrap();
+        assert_eq!(balanced.norm, NormMode::Corrected);
+        assert!(balanced.label("balanced+n").ends_with("+n"));
+        let compact = KvSpec::parse("compact", none).unwrap();
+        assert_eq!((compact.norm, compact.center), (NormMode::Corrected, false));
+        assert!(compact.label("compact").ends_with("+n"));
         for bad in ["tq2+x", "tq2+", "tq2+cz[0:tq3]", "tq2[0:tq3]+q"] {
             let err = KvSpec::parse(bad, none).unwrap_err();
             assert!(matches!(err, KvSpecError::Flags { .. }), "{bad}: {err}");
