@@ -3027,6 +3027,8 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
     u32* vbuf = vstage + warp * PARTS_VSTAGE_WORDS(D);   // [2][32][VR]
     u32* kbuf = vbuf + 2 * 32 * VR;                       // [2][32][KR]
     int vword[E], vat[E], vpart[E];
+    u32 vmask[E];
+    const float* vcent[E];
 #pragma unroll
     for (int e = 0; e < E; e++) {
         vpart[e] = V.n > 1 && 32 * e >= V.p[1].first ? 1 : 0;
@@ -3034,6 +3036,8 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
         const int bit = (lane + 32 * e - pp.first) * pp.bits;
         vword[e] = pp.coff / 4 + (bit >> 5);
         vat[e] = bit & 31;
+        vmask[e] = (1u << pp.bits) - 1;
+        vcent[e] = pp.cent;
     }
     // The key scalars (scales, γ) and value scales of this lane's key in the chunk being
     // staged, loaded into registers a chunk ahead.
@@ -3122,7 +3126,11 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
             pwarp[lane * G + h] = p;
         }
         __syncwarp();
+        // Unrolled so that the loads of several keys' codes and centroids are in flight at
+        // once: each key's chain (record word, centroid, products) is a few dependent
+        // shared-memory loads long.
         const int nk = min(32, k1 - c0);
+#pragma unroll 4
         for (int j = 0; j < nk; j++) {
             const u32* rw = vbuf + (buf * 32 + j) * VR;
             float pj[G];
@@ -3131,13 +3139,12 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
                 const float4 q = *(const float4*)(pwarp + j * G + h);
                 pj[h] = q.x; pj[h + 1] = q.y; pj[h + 2] = q.z; pj[h + 3] = q.w;
             }
+            const float vs0 = __uint_as_float(rw[VW]), vs1 = __uint_as_float(rw[VW + 1]);
 #pragma unroll
             for (int e = 0; e < E; e++) {
-                const PartLite& pp = V.p[vpart[e]];
                 // (The word after a record's last is its first scale: read, never used.)
                 const u32 code = __funnelshift_r(rw[vword[e]], rw[vword[e] + 1], vat[e]);
-                const float v = __uint_as_float(rw[VW + vpart[e]]) *
-                                pp.cent[code & ((1u << pp.bits) - 1)];
+                const float v = (vpart[e] ? vs1 : vs0) * vcent[e][code & vmask[e]];
 #pragma unroll
                 for (int h = 0; h < G; h++) acc[h][e] = fmaf(pj[h], v, acc[h][e]);
             }
