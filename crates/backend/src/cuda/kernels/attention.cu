@@ -3130,7 +3130,7 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
         // once: each key's chain (record word, centroid, products) is a few dependent
         // shared-memory loads long.
         const int nk = min(32, k1 - c0);
-#pragma unroll 4
+#pragma unroll (D > 128 ? 1 : 4)
         for (int j = 0; j < nk; j++) {
             const u32* rw = vbuf + (buf * 32 + j) * VR;
             float pj[G];
