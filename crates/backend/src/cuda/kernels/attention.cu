@@ -3126,9 +3126,10 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
             pwarp[lane * G + h] = p;
         }
         __syncwarp();
-        // Unrolled so that the loads of several keys' codes and centroids are in flight at
-        // once: each key's chain (record word, centroid, products) is a few dependent
-        // shared-memory loads long.
+        // Four keys per iteration at head_dim 64/128, so that the loads of several keys' codes
+        // and centroids are in flight at once: each key's chain (record word, centroid,
+        // products) is a few dependent shared-memory loads long. At 256 a key's eight dim
+        // groups already overlap, and unrolling there spilled registers.
         const int nk = min(32, k1 - c0);
 #pragma unroll (D > 128 ? 1 : 4)
         for (int j = 0; j < nk; j++) {
