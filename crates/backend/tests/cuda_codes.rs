@@ -788,9 +788,9 @@ fn parts_pools_match_the_cpu_codec_and_attention() {
             );
         }
     }
-    // head_dim 256 (Gemma 3): every row on the decode kernel, groups up to 8.
+    // head_dim 256 (Gemma 3): every row on the decode kernel, groups 1, 2, 4 and 8.
     for dtype in ["tq3.5", "k2.5v3", "tq3/prod"] {
-        for (group, centered) in [(1, true), (4, false), (8, true)] {
+        for (group, centered) in [(1, true), (2, false), (4, false), (8, true)] {
             seed += 1;
             let (s, t) = run_case(g, &Case::plain(dtype, 256, group, centered), seed);
             same += s;

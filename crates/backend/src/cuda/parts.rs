@@ -37,14 +37,16 @@ const MAX_PART: usize = 256;
 /// The decode kernels `attn_parts_{D}_{G}` (attention.cu `ATTN_PARTS`) as (head_dim, group)
 /// pairs, in [`kernels`](super::kernels) order: groups (query heads per kv head, rounded up)
 /// up to 16, and up to 8 at head_dim 256 (the coded pools' limit there,
-/// `codes::coded_max_group`).
-pub(crate) const DECODE_KERNELS: [(usize, usize); 8] = [
+/// `codes::coded_max_group`). Head_dim 256 also has a group of 2, the Gemma models' shape:
+/// there the group-4 kernel spent half its multiply-adds on padding heads.
+pub(crate) const DECODE_KERNELS: [(usize, usize); 9] = [
     (64, 4),
     (64, 8),
     (64, 16),
     (128, 4),
     (128, 8),
     (128, 16),
+    (256, 2),
     (256, 4),
     (256, 8),
 ];
@@ -203,6 +205,8 @@ mod tests {
         assert_eq!(DECODE_KERNELS[decode_index(64, 5).unwrap()], (64, 8));
         assert_eq!(DECODE_KERNELS[decode_index(128, 16).unwrap()], (128, 16));
         assert_eq!(DECODE_KERNELS[decode_index(256, 8).unwrap()], (256, 8));
+        assert_eq!(DECODE_KERNELS[decode_index(256, 1).unwrap()], (256, 2));
+        assert_eq!(DECODE_KERNELS[decode_index(256, 3).unwrap()], (256, 4));
         assert!(decode_index(128, 17).is_none() && decode_index(256, 16).is_none());
         // Every head dim has kernels up to the coded pools' largest group there, none above.
         for d in PARTS_HEAD_DIMS {

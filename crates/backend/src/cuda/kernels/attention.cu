@@ -2910,11 +2910,16 @@ __device__ __forceinline__ void score_codes(float (&a)[G], const u32* codes, con
             u32 code = w[bit >> 5] >> at;
             if (at + B > 32) code |= w[(bit >> 5) + 1] << (32 - at);
             const float cv = p.cent[code & MASK];
+            if constexpr (G == 2) {
+                const float2 q = *(const float2*)(qc + t * 2);
+                a[0] = fmaf(q.x, cv, a[0]); a[1] = fmaf(q.y, cv, a[1]);
+            } else {
 #pragma unroll
-            for (int h = 0; h < G; h += 4) {
-                const float4 q = *(const float4*)(qc + t * G + h);
-                a[h] = fmaf(q.x, cv, a[h]); a[h + 1] = fmaf(q.y, cv, a[h + 1]);
-                a[h + 2] = fmaf(q.z, cv, a[h + 2]); a[h + 3] = fmaf(q.w, cv, a[h + 3]);
+                for (int h = 0; h < G; h += 4) {
+                    const float4 q = *(const float4*)(qc + t * G + h);
+                    a[h] = fmaf(q.x, cv, a[h]); a[h + 1] = fmaf(q.y, cv, a[h + 1]);
+                    a[h + 2] = fmaf(q.z, cv, a[h + 2]); a[h + 3] = fmaf(q.w, cv, a[h + 3]);
+                }
             }
         }
     }
@@ -2931,11 +2936,16 @@ __device__ __forceinline__ void score_signs(float (&b)[G], const u32* signs, con
 #pragma unroll
         for (int t = 0; t < 32; t++) {
             const bool on = (w >> t) & 1u;
+            if constexpr (G == 2) {
+                const float2 q = *(const float2*)(qc + t * 2);
+                b[0] += on ? q.x : -q.x; b[1] += on ? q.y : -q.y;
+            } else {
 #pragma unroll
-            for (int h = 0; h < G; h += 4) {
-                const float4 q = *(const float4*)(qc + t * G + h);
-                b[h] += on ? q.x : -q.x; b[h + 1] += on ? q.y : -q.y;
-                b[h + 2] += on ? q.z : -q.z; b[h + 3] += on ? q.w : -q.w;
+                for (int h = 0; h < G; h += 4) {
+                    const float4 q = *(const float4*)(qc + t * G + h);
+                    b[h] += on ? q.x : -q.x; b[h + 1] += on ? q.y : -q.y;
+                    b[h + 2] += on ? q.z : -q.z; b[h + 3] += on ? q.w : -q.w;
+                }
             }
         }
     }
@@ -3026,19 +3036,16 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
     constexpr int VR = PARTS_VROW(D), KR = PARTS_KROW(D);
     u32* vbuf = vstage + warp * PARTS_VSTAGE_WORDS(D);   // [2][32][VR]
     u32* kbuf = vbuf + 2 * 32 * VR;                       // [2][32][KR]
-    int vword[E], vat[E], vpart[E];
-    u32 vmask[E];
-    const float* vcent[E];
-#pragma unroll
-    for (int e = 0; e < E; e++) {
-        vpart[e] = V.n > 1 && 32 * e >= V.p[1].first ? 1 : 0;
-        const PartLite& pp = V.p[vpart[e]];
-        const int bit = (lane + 32 * e - pp.first) * pp.bits;
-        vword[e] = pp.coff / 4 + (bit >> 5);
-        vat[e] = bit & 31;
-        vmask[e] = (1u << pp.bits) - 1;
-        vcent[e] = pp.cent;
-    }
+    // This lane accumulates the E contiguous value dims lane·E … lane·E + E − 1. Parts are
+    // whole multiples of 32 dims, so the E dims share one part, and their codes are E · bits ≤
+    // 32 contiguous bits of a record: two word reads per key fetch all of them, where dims
+    // strided by 32 took two reads each.
+    const int vpart = V.n > 1 && lane * E >= V.p[1].first ? 1 : 0;
+    const PartLite& vpp = V.p[vpart];
+    const int vbit = (lane * E - vpp.first) * vpp.bits;
+    const int vword = vpp.coff / 4 + (vbit >> 5), vat = vbit & 31, vbits = vpp.bits;
+    const u32 vmask = (1u << vbits) - 1;
+    const float* vcent = vpp.cent;
     // The key scalars (scales, γ) and value scales of this lane's key in the chunk being
     // staged, loaded into registers a chunk ahead.
     u16 nks[4] = {0, 0, 0, 0}, nvs[2] = {0, 0};
@@ -3126,26 +3133,31 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
             pwarp[lane * G + h] = p;
         }
         __syncwarp();
-        // Four keys per iteration at head_dim 64/128, so that the loads of several keys' codes
-        // and centroids are in flight at once: each key's chain (record word, centroid,
-        // products) is a few dependent shared-memory loads long. At 256 a key's eight dim
-        // groups already overlap, and unrolling there spilled registers.
+        // Four keys per iteration, so that the loads of several keys' codes and centroids are
+        // in flight at once: each key's chain (record words, centroid, products) is a few
+        // dependent shared-memory loads long. At 256 with groups of 4 or 8 a key's eight dims
+        // already overlap, and unrolling there spilled registers.
         const int nk = min(32, k1 - c0);
-#pragma unroll (D > 128 ? 1 : 4)
+#pragma unroll (D > 128 && G > 2 ? 1 : 4)
         for (int j = 0; j < nk; j++) {
             const u32* rw = vbuf + (buf * 32 + j) * VR;
             float pj[G];
+            const float vs = __uint_as_float(rw[VW + vpart]);
+            if constexpr (G == 2) {   // the part scale on the two weights, not on E centroids
+                const float2 q = *(const float2*)(pwarp + j * 2);
+                pj[0] = q.x * vs; pj[1] = q.y * vs;
+            } else {
 #pragma unroll
-            for (int h = 0; h < G; h += 4) {
-                const float4 q = *(const float4*)(pwarp + j * G + h);
-                pj[h] = q.x; pj[h + 1] = q.y; pj[h + 2] = q.z; pj[h + 3] = q.w;
+                for (int h = 0; h < G; h += 4) {
+                    const float4 q = *(const float4*)(pwarp + j * G + h);
+                    pj[h] = q.x; pj[h + 1] = q.y; pj[h + 2] = q.z; pj[h + 3] = q.w;
+                }
             }
-            const float vs0 = __uint_as_float(rw[VW]), vs1 = __uint_as_float(rw[VW + 1]);
+            // (The word after a record's last is its first scale: read, never used.)
+            u32 codes = __funnelshift_r(rw[vword], rw[vword + 1], vat);
 #pragma unroll
-            for (int e = 0; e < E; e++) {
-                // (The word after a record's last is its first scale: read, never used.)
-                const u32 code = __funnelshift_r(rw[vword[e]], rw[vword[e] + 1], vat[e]);
-                const float v = (vpart[e] ? vs1 : vs0) * vcent[e][code & vmask[e]];
+            for (int e = 0; e < E; e++, codes >>= vbits) {
+                const float v = G == 2 ? vcent[codes & vmask] : vs * vcent[codes & vmask];
 #pragma unroll
                 for (int h = 0; h < G; h++) acc[h][e] = fmaf(pj[h], v, acc[h][e]);
             }
@@ -3162,7 +3174,7 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
 #pragma unroll
     for (int h = 0; h < G; h++)
 #pragma unroll
-        for (int e = 0; e < E; e++) ws[2 * G + h * D + lane + 32 * e] = acc[h][e];
+        for (int e = 0; e < E; e++) ws[2 * G + h * D + lane * E + e] = acc[h][e];
     __syncthreads();
     store_split_partial<D, NW>(sh, G, g, r, kh, sp, n_heads, n_splits, part_ml, part_acc, tid, 32 * NW);
     attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
@@ -3183,5 +3195,6 @@ ATTN_PARTS(64, 16)
 ATTN_PARTS(128, 4)
 ATTN_PARTS(128, 8)
 ATTN_PARTS(128, 16)
+ATTN_PARTS(256, 2)
 ATTN_PARTS(256, 4)
 ATTN_PARTS(256, 8)
