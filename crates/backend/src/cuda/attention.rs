@@ -274,6 +274,19 @@ impl CudaBackend {
             }
             _ => None,
         };
+        // Its shared memory follows the pool's record sizes (parts::decode_smem_bytes).
+        let parts_smem = match (parts_kernel, coded) {
+            (Some(i), Some(c)) => {
+                let (d, group) = parts::DECODE_KERNELS[i];
+                parts::decode_smem_bytes(
+                    d,
+                    group,
+                    c.k_layout.code_bytes_per_token,
+                    c.v_layout.code_bytes_per_token,
+                )
+            }
+            _ => 0,
+        };
         let variant = coded.and_then(|c| c.variant);
         let coded_max_group = variant.map(|v| v.max_group());
         if let Some(most) = coded_max_group.filter(|&most| grp > most) {
@@ -345,7 +358,8 @@ impl CudaBackend {
         });
         let splits = match (code_kernel, dec) {
             _ if let Some(i) = parts_kernel => {
-                wave_splits(pairs, max_ctx, self.parts_slots[i], parts::DECODE_TILE) + exact_splits
+                let slots = self.parts_slots(i, parts_smem)?;
+                wave_splits(pairs, max_ctx, slots, parts::DECODE_TILE) + exact_splits
             }
             (Some(i), _) => {
                 let slots = if int8_values.is_some() {
@@ -439,10 +453,7 @@ impl CudaBackend {
             && spans.iter().all(|s| s.n_tokens == 1);
         let prefetch_i = i32::from(prefetch);
         let kernel_smem = match (dec_kernel, rows_kernel) {
-            _ if let Some(i) = parts_kernel => {
-                let (d, group) = parts::DECODE_KERNELS[i];
-                parts::decode_smem_bytes(d, group)
-            }
+            _ if parts_kernel.is_some() => parts_smem,
             _ if int8_values.is_some() => variant.map_or(0, |v| v.int8_values_smem_bytes()),
             _ if code_kernel.is_some() => variant.map_or(0, |v| v.smem_bytes()),
             // The pipeline's stages of a 64-key K tile and V tile (rows padded by 8 halves),

@@ -55,6 +55,7 @@ pub use graph::GraphStats;
 pub use kernels::{DECODE_SETS, DECODE_VARIANTS, DecodeSet, DecodeVariant, MANY_PAIRS};
 pub use picks::CudaPicks;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -334,8 +335,10 @@ pub struct CudaBackend {
     code_k8_slots: Vec<usize>,
     /// The same for the kernels with int8 value products.
     code_k8v_slots: Vec<usize>,
-    /// The same for the decode kernels on parts pools (`parts::DECODE_KERNELS` order).
-    parts_slots: Vec<usize>,
+    /// The same for the decode kernels on parts pools, by (index in `parts::DECODE_KERNELS`,
+    /// dynamic shared memory): a pool's record sizes set the latter, so these are found at
+    /// the first launch over each and kept.
+    parts_slots: Mutex<HashMap<(usize, usize), usize>>,
     state: Mutex<State>,
     /// cuBLAS workspace set on the handle (so that captured GEMMs allocate nothing).
     _blas_workspace: CudaSlice<u8>,
@@ -524,11 +527,6 @@ impl CudaBackend {
             &k.attn_codes_k8v,
             codes::CodeVariant::int8_values_smem_bytes,
         )?;
-        let parts_slots = parts::DECODE_KERNELS
-            .iter()
-            .zip(&k.attn_parts)
-            .map(|(&(d, g), f)| resident(f, 128, parts::decode_smem_bytes(d, g)))
-            .collect::<Result<Vec<_>, _>>()?;
         if let Some(v) = opts.decode_variant
             && !DECODE_VARIANTS.contains(&v)
         {
@@ -574,7 +572,7 @@ impl CudaBackend {
             code_m_slots,
             code_k8_slots,
             code_k8v_slots,
-            parts_slots,
+            parts_slots: Mutex::new(HashMap::new()),
             state: Mutex::new(State::default()),
             _blas_workspace: blas_workspace,
         })
@@ -586,6 +584,24 @@ impl CudaBackend {
             op,
             detail: "backend state poisoned".into(),
         })
+    }
+
+    /// Blocks of the parts decode kernel `kernel` (index in `parts::DECODE_KERNELS`) resident
+    /// on the whole GPU at once with `smem` bytes of dynamic shared memory.
+    pub(crate) fn parts_slots(&self, kernel: usize, smem: usize) -> Result<usize, Error> {
+        let mut slots = self.parts_slots.lock().map_err(|_| Error::Cuda {
+            op: "attention",
+            detail: "parts occupancy cache poisoned".into(),
+        })?;
+        if let Some(&n) = slots.get(&(kernel, smem)) {
+            return Ok(n);
+        }
+        let n = self.k.attn_parts[kernel]
+            .occupancy_max_active_blocks_per_multiprocessor(128, smem, None)
+            .map(|n| n.max(1) as usize * self.sms)
+            .map_err(cuda_err("occupancy"))?;
+        slots.insert((kernel, smem), n);
+        Ok(n)
     }
 
     /// Free and total device memory in bytes.

@@ -63,18 +63,29 @@ pub(crate) fn decode_index(head_dim: usize, group: usize) -> Option<usize> {
         .position(|&(d, g)| d == head_dim && g >= group)
 }
 
-/// Dynamic shared memory of `attn_parts_{head_dim}_{group}`: the query and its QJL sketch
-/// (`[D][G]` floats each), the warps' chunk weights and two chunks of staged key and value
-/// records, the two roles' part tables, or the
-/// warps' final states, or a windowed pool's exact split, whichever is largest (the launch
-/// takes the larger of this and the merge's).
-pub(crate) fn decode_smem_bytes(head_dim: usize, group: usize) -> usize {
+/// Dynamic shared memory of `attn_parts_{head_dim}_{group}` over a pool whose key and value
+/// records are `key_code_bytes` and `value_code_bytes` long (multiples of 4): the query and
+/// its QJL sketch (`[D][G]` floats each), the warps' chunk weights, the two roles' part
+/// tables and each warp's two chunks of 32 staged value rows (record and two scales) and key
+/// rows (record padded to an odd number of words); or the warps' final states, or a windowed
+/// pool's exact split, whichever is largest (the launch takes the larger of this and the
+/// merge's). Below head_dim 256 the rows are those of the widest records, whatever the pool's
+/// (attention.cu `attn_parts_impl` says why).
+pub(crate) fn decode_smem_bytes(
+    head_dim: usize,
+    group: usize,
+    key_code_bytes: usize,
+    value_code_bytes: usize,
+) -> usize {
     const ROLE_BYTES: usize = 4 * (5 + 2 * (7 + 16));
-    // attention.cu PARTS_VSTAGE_WORDS: a warp's two buffers of 32 staged value records with
-    // their scales, and key records.
-    let vstage_words = 2 * 32 * ((head_dim / 8 + 2) + (head_dim / 8 + head_dim / 32 + 1));
+    let (key_words, value_words) = if head_dim > 128 {
+        (key_code_bytes / 4, value_code_bytes / 4)
+    } else {
+        (head_dim / 8 + head_dim / 32, head_dim / 8)
+    };
+    let stage_words = 2 * 32 * ((value_words + 2) + (key_words | 1));
     let loop_bytes =
-        4 * (2 * head_dim * group + DECODE_WARPS * (32 * group + vstage_words)) + 2 * ROLE_BYTES;
+        4 * (2 * head_dim * group + DECODE_WARPS * (32 * group + stage_words)) + 2 * ROLE_BYTES;
     let states = 4 * DECODE_WARPS * group * (head_dim + 2);
     let exact = 4 * head_dim * 16 + 2 * 32 * head_dim * 2;
     loop_bytes.max(states).max(exact)
@@ -218,9 +229,19 @@ mod tests {
                 .collect();
             assert_eq!(groups.last(), Some(&most), "head_dim {d}");
         }
-        // Two blocks fit an SM's 227 KiB at each head dim's largest group.
-        assert!(2 * decode_smem_bytes(128, 16) <= 227 * 1024);
-        assert!(2 * decode_smem_bytes(256, 8) <= 227 * 1024);
+        // Two blocks fit an SM's 227 KiB at each head dim's largest group with the widest
+        // records (4-bit codes and a sign bit per dim).
+        let widest = |d: usize| d / 2 + d / 8;
+        assert!(2 * decode_smem_bytes(128, 16, widest(128), widest(128)) <= 227 * 1024);
+        assert!(2 * decode_smem_bytes(256, 8, widest(256), widest(256)) <= 227 * 1024);
+        // Narrower records take less: tq2.5 at head_dim 256 (80-byte records) fits four blocks
+        // of the group-2 kernel an SM, where rows sized for the widest fitted two.
+        assert!(4 * (decode_smem_bytes(256, 2, 80, 80) + 1024) <= 228 * 1024);
+        assert!(decode_smem_bytes(256, 2, 80, 80) < decode_smem_bytes(256, 2, 160, 128));
+        assert_eq!(
+            decode_smem_bytes(128, 4, 40, 40),
+            decode_smem_bytes(128, 4, widest(128), widest(128))
+        );
         // Whole head vectors of 256 channels (prod keys) fit a part.
         let c256 = LayerCodec::new("tq3".parse().unwrap(), 256, 0, &opts).unwrap();
         let p256 = c256.key.device_parts().unwrap();

@@ -2857,14 +2857,6 @@ ATTN_DEC16_M(256, 32, 2, 2)
 // through shared memory into the split's partial. G: the group rounded up to 4, 8 or 16.
 // dynamic smem: parts::decode_smem_bytes (cuda/parts.rs).
 
-// Words of one warp's staged records, two chunks (double-buffered through cp.async) of 32 keys
-// × (a value record of at most D·4/8 bytes + two scales, then a key record of at most D·4/8
-// bytes of codes + D/8 of sign bits, padded to an odd row so lanes reading their own rows hit
-// distinct banks).
-#define PARTS_VROW(D) ((D) / 8 + 2)
-#define PARTS_KROW(D) ((D) / 8 + (D) / 32 + 1)
-#define PARTS_VSTAGE_WORDS(D) (2 * 32 * (PARTS_VROW(D) + PARTS_KROW(D)))
-
 __device__ __forceinline__ void cp_async4(u32 dst, const void* src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
 }
@@ -2998,9 +2990,10 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
     float* qs = sh;                              // [D][G], pre-scaled
     float* qj = qs + D * G;                      // [D][G], κ·S·q of prod key parts
     float* pw = qj + D * G;                      // [NW][32][G] a chunk's weights
-    // [NW][32 × (VW + 1) + 1] a chunk's value records (as words) and part scales
-    u32* vstage = (u32*)(pw + NW * 32 * G);
-    RoleLite* roles = (RoleLite*)(vstage + NW * PARTS_VSTAGE_WORDS(D));
+    RoleLite* roles = (RoleLite*)(pw + NW * 32 * G);
+    // Per warp, two chunks (double-buffered through cp.async) of 32 staged value records, then
+    // two of key records, rows sized to this pool's records (parts::decode_smem_bytes).
+    u32* vstage = (u32*)(roles + 2);
     for (int e = tid; e < G * D; e += 32 * NW) {
         const int h = e / D, i = e - h * D;
         qs[i * G + h] = h < g ? qrow[h * D + i] * qscale : 0.f;
@@ -3029,13 +3022,18 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
     }
     float* pwarp = pw + warp * 32 * G;
     // A chunk's records staged per warp: row `lane` of a buffer holds that key's value record
-    // as VW words then its parts' scales as f32 (the scales through registers), the key
-    // record's rows follow. Where each of this lane's dims (lane + 32e) sits in a value record
-    // is the same for every key.
+    // as VW words then its parts' two scales as f32 (through registers); the key rows follow,
+    // each a record padded to an odd number of words so that lanes reading their own rows hit
+    // distinct banks. At head_dim 256 the rows are sized to the pool's records: narrower
+    // than the widest, they let a third or fourth block onto an SM. At 64 and 128 they are
+    // sized for the widest (4-bit codes and a sign bit per dim): shared memory does not
+    // limit those blocks as much, and strides known at compile time there spare registers
+    // the loop otherwise spilled.
     const int VW = V.code_bytes / 4, KW = K.code_bytes / 4;
-    constexpr int VR = PARTS_VROW(D), KR = PARTS_KROW(D);
-    u32* vbuf = vstage + warp * PARTS_VSTAGE_WORDS(D);   // [2][32][VR]
-    u32* kbuf = vbuf + 2 * 32 * VR;                       // [2][32][KR]
+    const int VR = D > 128 ? VW + 2 : D / 8 + 2;
+    const int KR = D > 128 ? (KW | 1) : (D / 8 + D / 32) | 1;
+    u32* vbuf = vstage + warp * 2 * 32 * (VR + KR);   // [2][32][VR]
+    u32* kbuf = vbuf + 2 * 32 * VR;                    // [2][32][KR]
     // This lane accumulates the E contiguous value dims lane·E … lane·E + E − 1. Parts are
     // whole multiples of 32 dims, so the E dims share one part, and their codes are E · bits ≤
     // 32 contiguous bits of a record: two word reads per key fetch all of them, where dims
