@@ -747,7 +747,7 @@ fn parts_pools_match_the_cpu_codec_and_attention() {
             "tq3.5/corrected",
             "tq2.5/calibrated",
         ] {
-            for (group, centered) in [(1, false), (4, true), (8, false), (16, true)] {
+            for (group, centered) in [(1, false), (2, true), (4, true), (8, false), (16, true)] {
                 seed += 1;
                 let (s, t) = run_case(g, &Case::plain(dtype, d, group, centered), seed);
                 same += s;

@@ -37,12 +37,15 @@ const MAX_PART: usize = 256;
 /// The decode kernels `attn_parts_{D}_{G}` (attention.cu `ATTN_PARTS`) as (head_dim, group)
 /// pairs, in [`kernels`](super::kernels) order: groups (query heads per kv head, rounded up)
 /// up to 16, and up to 8 at head_dim 256 (the coded pools' limit there,
-/// `codes::coded_max_group`). Head_dim 256 also has a group of 2, the Gemma models' shape:
-/// there the group-4 kernel spent half its multiply-adds on padding heads.
-pub(crate) const DECODE_KERNELS: [(usize, usize); 9] = [
+/// `codes::coded_max_group`), with groups of 2 beside them for one or two query heads per kv
+/// head (multi-head attention, Gemma at head_dim 256), where the group-4 kernel spent half
+/// or more of its multiply-adds on padding heads.
+pub(crate) const DECODE_KERNELS: [(usize, usize); 11] = [
+    (64, 2),
     (64, 4),
     (64, 8),
     (64, 16),
+    (128, 2),
     (128, 4),
     (128, 8),
     (128, 16),
@@ -217,6 +220,8 @@ mod tests {
         assert_eq!(DECODE_KERNELS[decode_index(128, 16).unwrap()], (128, 16));
         assert_eq!(DECODE_KERNELS[decode_index(256, 8).unwrap()], (256, 8));
         assert_eq!(DECODE_KERNELS[decode_index(256, 1).unwrap()], (256, 2));
+        assert_eq!(DECODE_KERNELS[decode_index(128, 1).unwrap()], (128, 2));
+        assert_eq!(DECODE_KERNELS[decode_index(64, 2).unwrap()], (64, 2));
         assert_eq!(DECODE_KERNELS[decode_index(256, 3).unwrap()], (256, 4));
         assert!(decode_index(128, 17).is_none() && decode_index(256, 16).is_none());
         // Every head dim has kernels up to the coded pools' largest group there, none above.

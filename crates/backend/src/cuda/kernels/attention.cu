@@ -2850,11 +2850,12 @@ ATTN_DEC16_M(256, 32, 2, 2)
 // w, w + 4, … of the split: lane j scores key j (its record unpacked 32 codes per B words,
 // each code's centroid times the G query heads, which sit in shared memory as [dim][G] so one
 // 16-byte load serves 4 heads; per part s·Σ q·c[idx], plus γ·Σ ±(κ·S·q) over the sign bits of
-// prod keys), the warp's online softmax per head, then every lane adds its dims (lane + 32e)
-// of the chunk's values, decoded from the record all lanes read. Each lane requests its key's
+// prod keys), the warp's online softmax per head, then every lane adds its D/32 contiguous
+// dims of the chunk's values, decoded from the record all lanes read. Each lane requests its key's
 // key and value records for the next chunk (cp.async into the warp's other buffer) before
 // the current chunk computes. The warps' states merge
-// through shared memory into the split's partial. G: the group rounded up to 4, 8 or 16.
+// through shared memory into the split's partial. G: the group rounded up to 2, 4, 8 or 16
+// (8 at most at head_dim 256).
 // dynamic smem: parts::decode_smem_bytes (cuda/parts.rs).
 
 __device__ __forceinline__ void cp_async4(u32 dst, const void* src) {
@@ -3187,9 +3188,11 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
         const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
         attn_parts_impl<D, G>(sh, ATTN_ARGS, fmt, xa, window); \
     }
+ATTN_PARTS(64, 2)
 ATTN_PARTS(64, 4)
 ATTN_PARTS(64, 8)
 ATTN_PARTS(64, 16)
+ATTN_PARTS(128, 2)
 ATTN_PARTS(128, 4)
 ATTN_PARTS(128, 8)
 ATTN_PARTS(128, 16)
