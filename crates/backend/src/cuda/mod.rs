@@ -380,6 +380,19 @@ pub fn probe() -> Result<(), Error> {
     Ok(())
 }
 
+/// Blocks of kernel `f` resident on the whole GPU (`sms` multiprocessors) at once, launched
+/// with `threads` threads and `smem` bytes of dynamic shared memory (occupancy calculator).
+fn resident_blocks(
+    f: &cudarc::driver::CudaFunction,
+    threads: usize,
+    smem: usize,
+    sms: usize,
+) -> Result<usize, Error> {
+    f.occupancy_max_active_blocks_per_multiprocessor(threads as u32, smem, None)
+        .map(|n| n.max(1) as usize * sms)
+        .map_err(cuda_err("occupancy"))
+}
+
 impl CudaBackend {
     /// The backend on GPU `ordinal`, PTX cached in the temp directory.
     pub fn new(ordinal: usize) -> Result<Self, Error> {
@@ -486,11 +499,8 @@ impl CudaBackend {
             )
             .map_err(cuda_err("function attribute"))?;
         }
-        // Blocks of a kernel resident on the whole GPU at once (occupancy calculator).
         let resident = |f: &cudarc::driver::CudaFunction, threads: usize, smem: usize| {
-            f.occupancy_max_active_blocks_per_multiprocessor(threads as u32, smem, None)
-                .map(|n| n.max(1) as usize * sms)
-                .map_err(cuda_err("occupancy"))
+            resident_blocks(f, threads, smem, sms)
         };
         let decode_slots = DECODE_VARIANTS
             .iter()
@@ -596,10 +606,7 @@ impl CudaBackend {
         if let Some(&n) = slots.get(&(kernel, smem)) {
             return Ok(n);
         }
-        let n = self.k.attn_parts[kernel]
-            .occupancy_max_active_blocks_per_multiprocessor(128, smem, None)
-            .map(|n| n.max(1) as usize * self.sms)
-            .map_err(cuda_err("occupancy"))?;
+        let n = resident_blocks(&self.k.attn_parts[kernel], 128, smem, self.sms)?;
         slots.insert((kernel, smem), n);
         Ok(n)
     }
