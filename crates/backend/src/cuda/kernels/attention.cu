@@ -1572,44 +1572,47 @@ template <int R> struct Codes<2, R> {   // 4 centroids; a word's even codes, the
     }
 };
 
-// Requests the code records and scales of the G runs of 16 keys from t0 (< k1) into a tile:
-// codes of run j at 16·j·ROW, the scales from G·16·ROW (2 bytes per key); runs from k1 on
-// are zeros. Threads scale0 .. scale0 + 2G - 1 copy the scales (keys and values use
-// different warps). Branch-free with a compile-time trip count, so each thread's block-table
-// reads and copies issue back to back (a runtime loop with 64-bit index math here cost a
-// third of the kernel's instructions); a dead run copies zero bytes from a live address.
-template <int G, int ROW, int NTH>
-__device__ __forceinline__ void stage_codes(unsigned char* tile, int t0, int k1, const PagedKv& kv,
-    const unsigned char* pool, int total, int soff, int tid, int scale0)
-{
-    // Coded pools have power-of-two block sizes of 16 or more (checked by the host), so a run
-    // of 16 keys from a multiple of 16 lies in one block, at slot p & (block_size - 1).
-    // Byte offsets within a pool fit 32 bits per block index (the host checks the total).
-    const int mask = kv.block_size - 1;
-    const u32 stride = (u32)(kv.n_kv * total), head = (u32)(kv.kh * total);
-    auto at = [&](int p, u32 off) {   // byte `off` of position p's (block, kv head) block
-        return pool + (u64)kv.tbl[p >> kv.bs_log] * stride + (head + off);
-    };
-    constexpr int CH = G * ROW, N = (CH + NTH - 1) / NTH;   // 16-byte code chunks
+// The 16-byte chunks of one run of 16 keys' records (ROW bytes each, so ROW chunks, contiguous
+// in the pool and in the tile) split among TPR threads: thread u copies chunks u, u + TPR, ...,
+// each at a fixed offset from `dst` / `src`, which the copies take as immediates.
+template <int ROW, int TPR>
+__device__ __forceinline__ void copy_run(u32 dst, const unsigned char* src, int u, int bytes) {
 #pragma unroll
-    for (int n = 0; n < N; n++) {
-        const int i = tid + n * NTH;
-        if (CH % NTH == 0 || i < CH) {
-            const int j = i / ROW, p = t0 + 16 * j;
-            const bool live = p < k1;
-            const int pc = live ? p : t0;
-            const unsigned char* src = at(pc, (u32)((pc & mask) * ROW + (i - j * ROW) * 16));
-            cp_async16(smem_addr(tile + 16 * i), src, live ? 16 : 0);
-        }
-    }
-    const int si = tid - scale0;   // 32 bytes of scales per run
-    if (si >= 0 && si < 2 * G) {
-        const int p = t0 + 16 * (si >> 1);
-        const bool live = p < k1;
-        const int pc = live ? p : t0;
-        const unsigned char* src = at(pc, (u32)(soff + (pc & mask) * 2 + (si & 1) * 16));
-        cp_async16(smem_addr(tile + G * 16 * ROW + 16 * si), src, live ? 16 : 0);
-    }
+    for (int m = 0; m < (ROW + TPR - 1) / TPR; m++)
+        if (ROW % TPR == 0 || u + m * TPR < ROW) cp_async16(dst + 16 * TPR * m, src + 16 * TPR * m, bytes);
+}
+
+// Requests a tile's K and V code records and scales, the G runs of 16 keys from t0 (< k1), into
+// ks and vs: codes of run j at 16·j·ROW, the scales from G·16·ROW (2 bytes per key); runs from
+// k1 on are zeros (a dead run copies zero bytes from a live address). Each run has NTH / G
+// threads, so a thread reads one block-table entry per tile for both pools and issues its
+// copies at immediate offsets: splitting the tile chunk by chunk instead paid a division, a
+// table read and 64-bit address math for every copy (a sixth of the int8-value kernels' loop).
+template <int G, int KROW, int VROW, int NTH>
+__device__ __forceinline__ void stage_code_runs(unsigned char* ks, unsigned char* vs, int t0, int k1,
+    const PagedKv& kv, const unsigned char* kpool, int ktotal, int ksoff, const unsigned char* vpool,
+    int vtotal, int vsoff, int tid)
+{
+    static_assert(NTH % G == 0 && NTH / G >= 4, "whole threads per run, two for each pool's scales");
+    constexpr int TPR = NTH / G;
+    const int j = tid / TPR, u = tid % TPR;
+    const int p = t0 + 16 * j;
+    const bool live = p < k1;
+    const int pc = live ? p : t0, bytes = live ? 16 : 0;
+    // Coded pools have power-of-two block sizes of 16 or more (checked by the host), so a run
+    // of 16 keys from a multiple of 16 lies in one block, at slot pc & (block_size - 1). Byte
+    // offsets within a pool fit 32 bits per block index (the host checks the total).
+    const u64 blk = kv.tbl[pc >> kv.bs_log];
+    const u32 slot = (u32)(pc & (kv.block_size - 1));
+    const unsigned char* kb = kpool + blk * (u64)(kv.n_kv * ktotal) + (u32)(kv.kh * ktotal);
+    const unsigned char* vb = vpool + blk * (u64)(kv.n_kv * vtotal) + (u32)(kv.kh * vtotal);
+    const u32 kd = smem_addr(ks), vd = smem_addr(vs);
+    copy_run<KROW, TPR>(kd + 16 * (j * KROW + u), kb + slot * KROW + 16 * u, u, bytes);
+    copy_run<VROW, TPR>(vd + 16 * (j * VROW + u), vb + slot * VROW + 16 * u, u, bytes);
+    if (u < 2)   // 32 bytes of scales per run and pool
+        cp_async16(kd + G * 16 * KROW + 32 * j + 16 * u, kb + ksoff + slot * 2 + 16 * u, bytes);
+    else if (u < 4)
+        cp_async16(vd + G * 16 * VROW + 32 * j + 16 * (u - 2), vb + vsoff + slot * 2 + 16 * (u - 2), bytes);
 }
 
 template <int D, int KB, int VB>
@@ -1643,9 +1646,8 @@ struct KvCodes {
     template <int TK, int NTH>
     __device__ __forceinline__ void stage(unsigned char* ks, unsigned char* vs, int t0, int k1,
         int, const PagedKv& kv, const void* kc, const void* vc, int tid) const {
-        stage_codes<TK / 16, KROW, NTH>(ks, t0, k1, kv, (const unsigned char*)kc, ktot, ksoff, tid, 0);
-        stage_codes<TK / 16, VROW, NTH>(vs, t0, k1, kv, (const unsigned char*)vc, vtot, vsoff, tid,
-                                        NTH > 32 ? 32 : 0);
+        stage_code_runs<TK / 16, KROW, VROW, NTH>(ks, vs, t0, k1, kv, (const unsigned char*)kc, ktot,
+                                                  ksoff, (const unsigned char*)vc, vtot, vsoff, tid);
     }
     template <int NTH>
     __device__ __forceinline__ void fill_row(unsigned char*, unsigned char*, int, int,
@@ -2416,9 +2418,13 @@ ATTN_CODES_TQ_FORMS(ATTN_CODES_K8, 128)
 // attn_codes_k8v_{D}_{KB}_{VB}: the same with the value products in int8 too, for 2- and
 // 3-bit value codes, in tiles of 256 keys (64 per warp: keys_as_m_values_s8's per-tile work is
 // paid once per 64 keys) where two stages of them fit with four blocks per SM, else 128 (see
-// v8_tile, v8_stages). The list must match CodeVariant::has_int8_values in cuda/codes.rs.
+// v8_tile, v8_stages). Registers are capped for three blocks per SM, not four: under 128 the
+// compiler copied the centroid tables out of uniform registers before most lookups (about
+// 100 moves per tile). At head_dim 128 all forms but k4v3 now take 133-158 registers and run
+// three blocks; measured faster or equal at long contexts (BENCHMARKS.md). The list must match
+// CodeVariant::has_int8_values in cuda/codes.rs.
 #define ATTN_CODES_K8V(D, KB, VB) \
-    extern "C" __global__ void __launch_bounds__(128, 4) attn_codes_k8v_##D##_##KB##_##VB(ATTN_PARAMS, \
+    extern "C" __global__ void __launch_bounds__(128, 3) attn_codes_k8v_##D##_##KB##_##VB(ATTN_PARAMS, \
         const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
         extern __shared__ float sh[]; \
         const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
