@@ -1586,8 +1586,8 @@ __device__ __forceinline__ void copy_run(u32 dst, const unsigned char* src, int 
 // ks and vs: codes of run j at 16·j·ROW, the scales from G·16·ROW (2 bytes per key); runs from
 // k1 on are zeros (a dead run copies zero bytes from a live address). Each run has NTH / G
 // threads, so a thread reads one block-table entry per tile for both pools and issues its
-// copies at immediate offsets: splitting the tile chunk by chunk instead paid a division, a
-// table read and 64-bit address math for every copy (a sixth of the int8-value kernels' loop).
+// copies at immediate offsets, where splitting the tile chunk by chunk paid a division, a
+// table read and 64-bit address math for every copy (BENCHMARKS.md, session 36).
 template <int G, int KROW, int VROW, int NTH>
 __device__ __forceinline__ void stage_code_runs(unsigned char* ks, unsigned char* vs, int t0, int k1,
     const PagedKv& kv, const unsigned char* kpool, int ktotal, int ksoff, const unsigned char* vpool,
@@ -2421,7 +2421,7 @@ ATTN_CODES_TQ_FORMS(ATTN_CODES_K8, 128)
 // v8_tile, v8_stages). Registers are capped for three blocks per SM, not four: under 128 the
 // compiler copied the centroid tables out of uniform registers before most lookups (about
 // 100 moves per tile). At head_dim 128 all forms but k4v3 now take 133-158 registers and run
-// three blocks; measured faster or equal at long contexts (BENCHMARKS.md). The list must match
+// three blocks (BENCHMARKS.md, session 36). The list must match
 // CodeVariant::has_int8_values in cuda/codes.rs.
 #define ATTN_CODES_K8V(D, KB, VB) \
     extern "C" __global__ void __launch_bounds__(128, 3) attn_codes_k8v_##D##_##KB##_##VB(ATTN_PARAMS, \
