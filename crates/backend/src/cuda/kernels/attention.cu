@@ -1582,30 +1582,43 @@ __device__ __forceinline__ void copy_run(u32 dst, const unsigned char* src, int 
         if (ROW % TPR == 0 || u + m * TPR < ROW) cp_async16(dst + 16 * TPR * m, src + 16 * TPR * m, bytes);
 }
 
+// The run of 16 keys thread `tid` stages in a tile of G runs from t0 (NTH / G threads a run),
+// and the position whose block it is read from: the run's first key, or t0 where the run
+// starts at or past k1 (a dead run copies zero bytes from a live address).
+template <int G, int NTH>
+struct CodeRun {
+    static_assert(NTH % G == 0 && NTH / G >= 4, "whole threads per run, two for each pool's scales");
+    static constexpr int TPR = NTH / G;
+    int j, u, pc;
+    bool live;
+    __device__ __forceinline__ CodeRun(int t0, int k1, int tid)
+        : j(tid / TPR), u(tid % TPR), pc(t0 + 16 * (tid / TPR)), live(t0 + 16 * (tid / TPR) < k1) {
+        if (!live) pc = t0;
+    }
+    // The physical block of the run's keys (both pools share the block table).
+    __device__ __forceinline__ u32 block(const PagedKv& kv) const { return kv.tbl[pc >> kv.bs_log]; }
+};
+
 // Requests a tile's K and V code records and scales, the G runs of 16 keys from t0 (< k1), into
 // ks and vs: codes of run j at 16·j·ROW, the scales from G·16·ROW (2 bytes per key); runs from
-// k1 on are zeros (a dead run copies zero bytes from a live address). Each run has NTH / G
-// threads, so a thread reads one block-table entry per tile for both pools and issues its
-// copies at immediate offsets, where splitting the tile chunk by chunk paid a division, a
+// k1 on are zeros. Each run has NTH / G threads, so a thread reads one block-table entry per
+// tile for both pools (`blk`, CodeRun::block: a caller may read it a tile ahead) and issues
+// its copies at immediate offsets, where splitting the tile chunk by chunk paid a division, a
 // table read and 64-bit address math for every copy (BENCHMARKS.md, session 36).
 template <int G, int KROW, int VROW, int NTH>
 __device__ __forceinline__ void stage_code_runs(unsigned char* ks, unsigned char* vs, int t0, int k1,
-    const PagedKv& kv, const unsigned char* kpool, int ktotal, int ksoff, const unsigned char* vpool,
-    int vtotal, int vsoff, int tid)
+    u32 blk, const PagedKv& kv, const unsigned char* kpool, int ktotal, int ksoff,
+    const unsigned char* vpool, int vtotal, int vsoff, int tid)
 {
-    static_assert(NTH % G == 0 && NTH / G >= 4, "whole threads per run, two for each pool's scales");
-    constexpr int TPR = NTH / G;
-    const int j = tid / TPR, u = tid % TPR;
-    const int p = t0 + 16 * j;
-    const bool live = p < k1;
-    const int pc = live ? p : t0, bytes = live ? 16 : 0;
+    const CodeRun<G, NTH> r(t0, k1, tid);
+    constexpr int TPR = CodeRun<G, NTH>::TPR;
+    const int j = r.j, u = r.u, bytes = r.live ? 16 : 0;
     // Coded pools have power-of-two block sizes of 16 or more (checked by the host), so a run
     // of 16 keys from a multiple of 16 lies in one block, at slot pc & (block_size - 1). Byte
     // offsets within a pool fit 32 bits per block index (the host checks the total).
-    const u64 blk = kv.tbl[pc >> kv.bs_log];
-    const u32 slot = (u32)(pc & (kv.block_size - 1));
-    const unsigned char* kb = kpool + blk * (u64)(kv.n_kv * ktotal) + (u32)(kv.kh * ktotal);
-    const unsigned char* vb = vpool + blk * (u64)(kv.n_kv * vtotal) + (u32)(kv.kh * vtotal);
+    const u32 slot = (u32)(r.pc & (kv.block_size - 1));
+    const unsigned char* kb = kpool + (u64)blk * (u64)(kv.n_kv * ktotal) + (u32)(kv.kh * ktotal);
+    const unsigned char* vb = vpool + (u64)blk * (u64)(kv.n_kv * vtotal) + (u32)(kv.kh * vtotal);
     const u32 kd = smem_addr(ks), vd = smem_addr(vs);
     copy_run<KROW, TPR>(kd + 16 * (j * KROW + u), kb + slot * KROW + 16 * u, u, bytes);
     copy_run<VROW, TPR>(vd + 16 * (j * VROW + u), vb + slot * VROW + 16 * u, u, bytes);
@@ -1646,8 +1659,14 @@ struct KvCodes {
     template <int TK, int NTH>
     __device__ __forceinline__ void stage(unsigned char* ks, unsigned char* vs, int t0, int k1,
         int, const PagedKv& kv, const void* kc, const void* vc, int tid) const {
-        stage_code_runs<TK / 16, KROW, VROW, NTH>(ks, vs, t0, k1, kv, (const unsigned char*)kc, ktot,
-                                                  ksoff, (const unsigned char*)vc, vtot, vsoff, tid);
+        stage_with<TK, NTH>(ks, vs, t0, k1, CodeRun<TK / 16, NTH>(t0, k1, tid).block(kv), kv, kc, vc, tid);
+    }
+    // `stage` with this thread's block-table entry read already (CodeRun::block).
+    template <int TK, int NTH>
+    __device__ __forceinline__ void stage_with(unsigned char* ks, unsigned char* vs, int t0, int k1,
+        u32 blk, const PagedKv& kv, const void* kc, const void* vc, int tid) const {
+        stage_code_runs<TK / 16, KROW, VROW, NTH>(ks, vs, t0, k1, blk, kv, (const unsigned char*)kc,
+                                                  ktot, ksoff, (const unsigned char*)vc, vtot, vsoff, tid);
     }
     template <int NTH>
     __device__ __forceinline__ void fill_row(unsigned char*, unsigned char*, int, int,
@@ -1963,16 +1982,26 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
     const PagedKv kv(tables + seq_tbl[tok_seq[r]], n_kv, kh, block_size);
     const KC f(fmt);
     unsigned char* stage = (unsigned char*)sh;   // [STAGES][K tile, V tile]
+    // This thread's block-table entry for the next tile to stage is read a tile ahead: read
+    // just before the copies that need its address, its latency stalled every warp once a tile.
+    u32 blk = 0;
+    auto lookup = [&](int t) {
+        if (t < ntiles) blk = CodeRun<TK / 16, NTH>(k0 + t * TK, k1, tid).block(kv);
+    };
     auto issue = [&](int t) {
         if (t < ntiles) {
             unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
-            f.template stage<TK, NTH>(ks, ks + KT, k0 + t * TK, k1, -1, kv, k_cache, v_cache, tid);
+            f.template stage_with<TK, NTH>(ks, ks + KT, k0 + t * TK, k1, blk, kv, k_cache, v_cache, tid);
         }
         cp_async_commit();
     };
     pdl_wait();
 #pragma unroll
-    for (int t = 0; t < STAGES - 1; t++) issue(t);
+    for (int t = 0; t < STAGES - 1; t++) {
+        lookup(t);
+        issue(t);
+    }
+    lookup(STAGES - 1);
 
     // Head q's query at run c's dims, as B fragments (zero for heads past g).
     u32 qb[D / 16][2];
@@ -1997,6 +2026,7 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
         cp_async_wait<STAGES - 2>();
         __syncthreads();          // tile t landed for all; tile t-1's stage is free
         issue(t + STAGES - 1);
+        lookup(t + STAGES);
         const unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
         const unsigned char* vs = ks + KT;
         const int kw = warp * KPW;                 // the warp's first key in the tile
@@ -2222,16 +2252,26 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
     const u32 vtab[2] = {fmt[CODE_DESC_WORDS + INT8_VALUE_WORD], fmt[CODE_DESC_WORDS + INT8_VALUE_WORD + 1]};
     const float vstep = __uint_as_float(fmt[CODE_DESC_WORDS + INT8_VALUE_WORD + 2]);
     unsigned char* stage = (unsigned char*)sh;   // [STAGES][K tile, V tile]
+    // This thread's block-table entry for the next tile to stage is read a tile ahead: read
+    // just before the copies that need its address, its latency stalled every warp once a tile.
+    u32 blk = 0;
+    auto lookup = [&](int t) {
+        if (t < ntiles) blk = CodeRun<TK / 16, NTH>(k0 + t * TK, k1, tid).block(kv);
+    };
     auto issue = [&](int t) {
         if (t < ntiles) {
             unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
-            f.template stage<TK, NTH>(ks, ks + KT, k0 + t * TK, k1, -1, kv, k_cache, v_cache, tid);
+            f.template stage_with<TK, NTH>(ks, ks + KT, k0 + t * TK, k1, blk, kv, k_cache, v_cache, tid);
         }
         cp_async_commit();
     };
     pdl_wait();
 #pragma unroll
-    for (int t = 0; t < STAGES - 1; t++) issue(t);
+    for (int t = 0; t < STAGES - 1; t++) {
+        lookup(t);
+        issue(t);
+    }
+    lookup(STAGES - 1);
 
     // Head q's query at run c's dims × `up` (largest |element| near 2^15) as hi·256 + lo with
     // hi, lo in [-128, 127], as B fragments (zero past g), kept in shared memory after the
@@ -2281,6 +2321,7 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
         cp_async_wait<STAGES - 2>();
         __syncthreads();          // tile t landed for all; tile t-1's stage is free
         issue(t + STAGES - 1);
+        lookup(t + STAGES);
         const unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
         const unsigned char* vs = ks + KT;
         const int kw = warp * KPW;                 // the warp's first key in the tile
@@ -3052,12 +3093,18 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
     const u32 vmask = (1u << vbits) - 1;
     const float* vcent = vpp.cent;
     // The key scalars (scales, γ) and value scales of this lane's key in the chunk being
-    // staged, loaded into registers a chunk ahead.
+    // staged, loaded into registers a chunk ahead; the block-table entry of its key in the
+    // chunk after that, read a chunk ahead of the copies that need it (read just before them,
+    // its latency stalled the warp once a chunk).
     u16 nks[4] = {0, 0, 0, 0}, nvs[2] = {0, 0};
+    u32 nblk = 0;
+    auto lookup = [&](int c0n) {
+        if (c0n + lane < k1) nblk = tbl[(c0n + lane) / block_size];
+    };
     auto issue = [&](int c0n, int buf) {
         const int keyn = c0n + lane;
         if (keyn < k1) {
-            const u32 blk = tbl[keyn / block_size];
+            const u32 blk = nblk;
             const int slot = keyn % block_size;
             const unsigned char* vb = vpool + ((u64)blk * n_kv + kh) * V.total;
             const u32* vr = (const u32*)(vb + (u64)slot * V.code_bytes);
@@ -3077,7 +3124,9 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
         cp_async_commit();
     };
     int buf = 0;
+    lookup(k0 + warp * 32);
     issue(k0 + warp * 32, 0);
+    lookup(k0 + warp * 32 + TK);
     for (int c0 = k0 + warp * 32; c0 < k1; c0 += TK, buf ^= 1) {
         const int key = c0 + lane;
         const bool live = key < k1 && key >= klo;
@@ -3088,6 +3137,7 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
         vrow[VW] = __float_as_uint(f16_to_f32(nvs[0]));
         vrow[VW + 1] = __float_as_uint(f16_to_f32(nvs[1]));
         issue(c0 + TK, buf ^ 1);
+        lookup(c0 + 2 * TK);
         cp_async_wait<1>();
         __syncwarp();   // every lane's records of this chunk have landed
         float s[G];
