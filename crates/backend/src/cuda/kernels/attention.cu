@@ -1756,6 +1756,48 @@ struct KvCodes {
     }
 };
 
+// The cp.async pipeline of a keys-as-M coded kernel (KC = KvCodes): tile t of `ntiles` (TK keys
+// from k0) into stage t % STAGES (K tile at its start, V tile kt bytes in), one commit group
+// per tile. Each thread's block-table entry is read a tile ahead of its copies: read just
+// before them, its latency stalled every warp once a tile.
+template <class KC, int TK, int STAGES, int NTH>
+struct CodeTiles {
+    const KC& f;
+    unsigned char* stage;
+    int kt, stage_bytes, k0, k1, ntiles;
+    const PagedKv& kv;
+    const void* kc;
+    const void* vc;
+    int tid;
+    u32 blk = 0;   // the entry of the next tile to request
+
+    __device__ __forceinline__ void lookup(int t) {
+        if (t < ntiles) blk = CodeRun<TK / 16, NTH>(k0 + t * TK, k1, tid).block(kv);
+    }
+    __device__ __forceinline__ void issue(int t) {
+        if (t < ntiles) {
+            unsigned char* ks = stage + (u64)(t % STAGES) * stage_bytes;
+            f.template stage_with<TK, NTH>(ks, ks + kt, k0 + t * TK, k1, blk, kv, kc, vc, tid);
+        }
+        cp_async_commit();
+    }
+    // Tiles 0 .. STAGES - 2 requested, the next one's entry read.
+    __device__ __forceinline__ void start() {
+#pragma unroll
+        for (int t = 0; t < STAGES - 1; t++) {
+            lookup(t);
+            issue(t);
+        }
+        lookup(STAGES - 1);
+    }
+    // After the barrier that frees tile t - 1's stage: tile t + STAGES - 1 requested, the
+    // entry of the one after it read.
+    __device__ __forceinline__ void advance(int t) {
+        issue(t + STAGES - 1);
+        lookup(t + STAGES);
+    }
+};
+
 // 2^x in one MUFU instruction (exp2f adds a range check and two multiplies for results
 // below 2^-126, which here are softmax weights that round away in f16 anyway).
 __device__ __forceinline__ float exp2_ftz(float x) {
@@ -1982,26 +2024,9 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
     const PagedKv kv(tables + seq_tbl[tok_seq[r]], n_kv, kh, block_size);
     const KC f(fmt);
     unsigned char* stage = (unsigned char*)sh;   // [STAGES][K tile, V tile]
-    // This thread's block-table entry for the next tile to stage is read a tile ahead: read
-    // just before the copies that need its address, its latency stalled every warp once a tile.
-    u32 blk = 0;
-    auto lookup = [&](int t) {
-        if (t < ntiles) blk = CodeRun<TK / 16, NTH>(k0 + t * TK, k1, tid).block(kv);
-    };
-    auto issue = [&](int t) {
-        if (t < ntiles) {
-            unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
-            f.template stage_with<TK, NTH>(ks, ks + KT, k0 + t * TK, k1, blk, kv, k_cache, v_cache, tid);
-        }
-        cp_async_commit();
-    };
+    CodeTiles<KC, TK, STAGES, NTH> tiles{f, stage, KT, STAGE_BYTES, k0, k1, ntiles, kv, k_cache, v_cache, tid};
     pdl_wait();
-#pragma unroll
-    for (int t = 0; t < STAGES - 1; t++) {
-        lookup(t);
-        issue(t);
-    }
-    lookup(STAGES - 1);
+    tiles.start();
 
     // Head q's query at run c's dims, as B fragments (zero for heads past g).
     u32 qb[D / 16][2];
@@ -2025,8 +2050,7 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
     for (int t = 0; t < ntiles; t++) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();          // tile t landed for all; tile t-1's stage is free
-        issue(t + STAGES - 1);
-        lookup(t + STAGES);
+        tiles.advance(t);
         const unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
         const unsigned char* vs = ks + KT;
         const int kw = warp * KPW;                 // the warp's first key in the tile
@@ -2252,26 +2276,9 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
     const u32 vtab[2] = {fmt[CODE_DESC_WORDS + INT8_VALUE_WORD], fmt[CODE_DESC_WORDS + INT8_VALUE_WORD + 1]};
     const float vstep = __uint_as_float(fmt[CODE_DESC_WORDS + INT8_VALUE_WORD + 2]);
     unsigned char* stage = (unsigned char*)sh;   // [STAGES][K tile, V tile]
-    // This thread's block-table entry for the next tile to stage is read a tile ahead: read
-    // just before the copies that need its address, its latency stalled every warp once a tile.
-    u32 blk = 0;
-    auto lookup = [&](int t) {
-        if (t < ntiles) blk = CodeRun<TK / 16, NTH>(k0 + t * TK, k1, tid).block(kv);
-    };
-    auto issue = [&](int t) {
-        if (t < ntiles) {
-            unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
-            f.template stage_with<TK, NTH>(ks, ks + KT, k0 + t * TK, k1, blk, kv, k_cache, v_cache, tid);
-        }
-        cp_async_commit();
-    };
+    CodeTiles<KC, TK, STAGES, NTH> tiles{f, stage, KT, STAGE_BYTES, k0, k1, ntiles, kv, k_cache, v_cache, tid};
     pdl_wait();
-#pragma unroll
-    for (int t = 0; t < STAGES - 1; t++) {
-        lookup(t);
-        issue(t);
-    }
-    lookup(STAGES - 1);
+    tiles.start();
 
     // Head q's query at run c's dims × `up` (largest |element| near 2^15) as hi·256 + lo with
     // hi, lo in [-128, 127], as B fragments (zero past g), kept in shared memory after the
@@ -2320,8 +2327,7 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
     for (int t = 0; t < ntiles; t++) {
         cp_async_wait<STAGES - 2>();
         __syncthreads();          // tile t landed for all; tile t-1's stage is free
-        issue(t + STAGES - 1);
-        lookup(t + STAGES);
+        tiles.advance(t);
         const unsigned char* ks = stage + (u64)(t % STAGES) * STAGE_BYTES;
         const unsigned char* vs = ks + KT;
         const int kw = warp * KPW;                 // the warp's first key in the tile
