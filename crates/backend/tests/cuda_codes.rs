@@ -121,6 +121,8 @@ struct Case {
     window: KvWindow,
     /// A sliding window (Gemma 3's and gpt-oss's local layers over a coded cache).
     sliding: Option<usize>,
+    /// Scores of keys from position `RISE_AT` on lifted by `RISE_LOG2` (`lift_late_scores`).
+    rising_keys: bool,
 }
 
 impl Case {
@@ -133,6 +135,40 @@ impl Case {
             centered,
             window: NO_WINDOW,
             sliding: None,
+            rising_keys: false,
+        }
+    }
+}
+
+/// Where `Case::rising_keys` lifts the scores (inside the 1,100-token history), and by how
+/// much: the running maxima of a split that spans it leap by far more than a kernel lets
+/// them lag, after a run of sums that must then be rescaled by 2^-12.
+const RISE_AT: usize = 550;
+const RISE_LOG2: f32 = 12.0;
+
+/// Every query and the keys from position `RISE_AT` on get the same large component in the
+/// lowest-frequency rotary pair, so those keys' scores rise by about `RISE_LOG2` (log2
+/// units) over the earlier ones' while their spread among themselves stays as it was: a
+/// leap in the running maxima without a peaked softmax (whose outputs would hang on the
+/// few keys at the top and on the GPU's int8 rounding of their centroids). The pair turns
+/// by under 0.15 rad over 1,100 positions, so the lift varies by about 1%.
+fn lift_late_scores(qkv: &mut [f32], geo: &AttnGeometry, spans: &[SeqSpan]) {
+    let (d, w) = (geo.head_dim, geo.qkv_width());
+    // Two coordinates of γ in both: γ²·2·scale·log2(e) = RISE_LOG2.
+    let gamma = (RISE_LOG2 * (d as f32).sqrt() / (2.0 * std::f32::consts::LOG2_E)).sqrt();
+    for s in spans {
+        for j in 0..s.n_tokens {
+            let row = &mut qkv[(s.first_row + j) * w..][..w];
+            let key = if s.first_pos + j >= RISE_AT {
+                gamma
+            } else {
+                0.0
+            };
+            for h in 0..geo.n_heads + geo.n_kv_heads {
+                let x = if h < geo.n_heads { gamma } else { key };
+                row[h * d + d / 2 - 1] = x;
+                row[h * d + d - 1] = x;
+            }
         }
     }
 }
@@ -463,7 +499,10 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
             }
         }
         let w = geo.qkv_width();
-        let qkv = r.vec(row * w, 1.5);
+        let mut qkv = r.vec(row * w, 1.5);
+        if case.rising_keys {
+            lift_late_scores(&mut qkv, &geo, &spans);
+        }
         let (cq, gq) = write_both(
             (&c, g),
             &qkv,
@@ -783,6 +822,7 @@ fn parts_pools_match_the_cpu_codec_and_attention() {
                     centered: false,
                     window,
                     sliding,
+                    rising_keys: false,
                 },
                 seed,
             );
@@ -810,6 +850,7 @@ fn parts_pools_match_the_cpu_codec_and_attention() {
                 sinks: 1,
             },
             sliding: Some(200),
+            rising_keys: false,
         },
         seed,
     );
@@ -856,6 +897,7 @@ fn value_sums_match_the_cpu_backend(g: &CudaBackend, mut seed: u64) {
                     centered: false,
                     window: KvWindow { recent, sinks: 1 },
                     sliding: None,
+                    rising_keys: false,
                 },
                 seed,
             );
@@ -888,6 +930,32 @@ fn f16_value_sums_match_the_cpu_backend() {
 /// to u8, where a negative one would wrap: a 32-key tile holding one takes the f16 sums, as
 /// the CPU backend's spans take its f32 pass. Blocks written on the CPU, some value scales
 /// negated, imported into both backends: the attention of the next token matches.
+/// Scores that leap past the running maxima mid-context (`lift_late_scores`) on the
+/// keys-as-M kernels: the lazily moved maxima rescale what was summed before, for f16 and
+/// int8 value sums, 8-, 4- and 3-bit keys, groups 1 to 8 and head dims 64 to 256.
+#[test]
+fn rising_scores_rescale_the_sums_as_the_cpu_backend() {
+    let Some(g) = gpu() else { return };
+    let mut seed = 900;
+    for (dtype, d, group) in [
+        ("int8", 128, 4),
+        ("tq4", 128, 8),
+        ("tq3", 128, 4),
+        ("k4v2", 64, 1),
+        ("k4v3", 256, 8),
+    ] {
+        seed += 1;
+        run_case(
+            g,
+            &Case {
+                rising_keys: true,
+                ..Case::plain(dtype, d, group, false)
+            },
+            seed,
+        );
+    }
+}
+
 #[test]
 fn negative_value_scales_match_the_cpu_backend() {
     let Some(g) = gpu() else { return };
@@ -903,6 +971,7 @@ fn negative_value_scales_match_the_cpu_backend() {
             centered: false,
             window: NO_WINDOW,
             sliding: None,
+            rising_keys: false,
         };
         let layout = layout(&case, kv_heads, &mut r);
         let codec =
@@ -1021,6 +1090,7 @@ fn windowed_coded_pools_match_the_cpu_backend() {
                         centered,
                         window: windows[(i + j) % windows.len()],
                         sliding: None,
+                        rising_keys: false,
                     },
                     seed,
                 );
@@ -1072,6 +1142,7 @@ fn sliding_windows_over_coded_pools_match_the_cpu_backend() {
                         centered: (i + j) % 2 == 0,
                         window: exact[(i + 2 * j) % exact.len()],
                         sliding: Some(sliding),
+                        rising_keys: false,
                     },
                     seed,
                 );
@@ -1119,6 +1190,7 @@ fn coded_prefill_on_the_decode_kernels_matches_the_cpu_backend() {
                     centered: true,
                     window,
                     sliding,
+                    rising_keys: false,
                 },
                 seed,
             );
@@ -1165,6 +1237,7 @@ fn coded_prefill_tiles_take_groups_that_do_not_divide_64() {
                 centered: seed % 2 == 0,
                 window,
                 sliding: None,
+                rising_keys: false,
             },
             601 + seed as u64,
         );

@@ -1899,25 +1899,30 @@ __device__ __forceinline__ bool exact_split_block(float* sh, ATTN_PARAMS, const 
 
 
 // The online softmax of a keys-as-M tile's scores s (Sᵀ fragments of the warp's NS steps of
-// 16 keys, heads 2c, 2c + 1; masked keys -inf, log2 units): the running maxima m cover the
-// tile (l and the accumulators o rescaled only when one moves, which after the first tiles is
-// rare), then s holds the weights exp2(s − m), added into l.
-template <int D, int NS>
+// 16 keys, heads 2c, 2c + 1; masked keys -inf, log2 units), then s holds the weights
+// exp2(s − m), added into l. The running maxima m move only when a score passes them by more
+// than LAZY: the test is one vote on each lane's own scores, and the cross-lane reduction and
+// the rescale of l and o run only then (after the first tiles, rarely). A weight is therefore
+// at most 2^LAZY, which the sums in f32 and the weights' f16 or u8 forms take as they take 1
+// (f16 holds a weight × value scale for scales up to 65504 / 2^LAZY).
+template <int D, int NS, int LAZY>
 __device__ __forceinline__ void keys_as_m_softmax(float (&o)[D / 16][4], float (&s)[NS][4], float& m0,
     float& m1, float& l0, float& l1)
 {
-    float mx0 = m0, mx1 = m1;
+    float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int st = 0; st < NS; st++) {
         mx0 = fmaxf(mx0, fmaxf(s[st][0], s[st][2]));
         mx1 = fmaxf(mx1, fmaxf(s[st][1], s[st][3]));
     }
+    if (__any_sync(0xffffffffu, mx0 > m0 + LAZY || mx1 > m1 + LAZY)) {
 #pragma unroll
-    for (int x = 4; x < 32; x <<= 1) {
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-    }
-    if (__any_sync(0xffffffffu, mx0 > m0 || mx1 > m1)) {
+        for (int x = 4; x < 32; x <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+        }
+        mx0 = fmaxf(mx0, m0);
+        mx1 = fmaxf(mx1, m1);
         const float c0 = exp2_ftz(m0 - mx0), c1 = exp2_ftz(m1 - mx1);
         m0 = mx0; m1 = mx1;
         l0 *= c0; l1 *= c1;
@@ -1998,7 +2003,7 @@ __device__ __forceinline__ void keys_as_m_values(float (&o)[D / 16][4], float (&
     float& m1, float& l0, float& l1, const unsigned char* vs, int vsc_at, const u32* vlo, const u32* vhi,
     int kw, int lane)
 {
-    keys_as_m_softmax<D, NS>(o, s, m0, m1, l0, l1);
+    keys_as_m_softmax<D, NS, 4>(o, s, m0, m1, l0, l1);
     float w[NS][4];
     scaled_weights<NS>(w, s, (const u16*)(vs + vsc_at), code_scale(VB), kw, lane);
     values_f16<D, VB, NS>(o, w, vs, vlo, vhi, kw, lane);
@@ -2159,7 +2164,7 @@ __device__ __forceinline__ void keys_as_m_values_s8(float (&o)[D / 16][4], float
     static_assert((NS == 2 || NS == 4) && (VB == 2 || VB == 3), "32- or 64-key tiles of 2- or 3-bit value codes");
     constexpr int VROW = D * VB / 8, VR = D / 8, VRB = VR * VB / 8;
     const int c = lane & 3, q = lane >> 2;
-    keys_as_m_softmax<D, NS>(o, s, m0, m1, l0, l1);
+    keys_as_m_softmax<D, NS, 8>(o, s, m0, m1, l0, l1);
     float w[NS][4];
     scaled_weights<NS>(w, s, (const u16*)(vs + vsc_at), 1.f, kw, lane);
     // Scales are norms, so weights × scales are finite and non-negative in any cache the
