@@ -1582,6 +1582,54 @@ __device__ __forceinline__ void copy_run(u32 dst, const unsigned char* src, int 
         if (ROW % TPR == 0 || u + m * TPR < ROW) cp_async16(dst + 16 * TPR * m, src + 16 * TPR * m, bytes);
 }
 
+// The keys-as-M kernels' staged code records of 128 bytes a key (int8 and fp8 at head_dim 128,
+// 4-bit codes at 256), K (VALUES false) or V: the 16-byte chunks of each 128-byte unit are
+// permuted (an XOR of the chunk's slot with bits of the unit's index), so that the lanes of
+// one 16-byte shared-memory load meet distinct banks. Unpermuted, the four lanes c = 0..3 of
+// a value load's phase (run q of keys 2c) all meet the same banks, and the two keys of a key
+// load's phase (lanes q = 2p, 2p + 1, run c) meet the same banks. Permuted: K, odd keys swap
+// chunk pairs; V, slot ^ 2·((key / 2) mod 4), which puts keys 2c of c = 0..3 on four
+// different chunk pairs. Narrower records are stored as they are: the same permutation of
+// 32- and 64-byte value records (two- and four-way conflicts, 8-byte loads) made k4v2, tq2 and
+// k2v4 0–6% slower and tq4 no faster (BENCHMARKS.md, session 37).
+// `o`: a byte offset from the start of a tile's K or V records; the result is where it lies.
+template <int ROW, bool VALUES>
+__device__ __forceinline__ int swizzled(int o) {
+    if constexpr (ROW != 128) return o;
+    else if constexpr (VALUES) return o ^ (((o >> 8) & 3) << 5);
+    else return o ^ (((o >> 7) & 1) << 4);
+}
+
+// A lane's run of RB bytes at offset `o` of a tile's K or V records staged by
+// stage_code_runs<..., true>: 16-byte chunks found through `swizzled` one by one (a run's
+// chunks may be permuted).
+template <int ROW, int RB, bool VALUES>
+__device__ __forceinline__ void load_code_run(const unsigned char* tile, int o, u32 (&w)[(RB + 3) / 4]) {
+    if constexpr (ROW == 128 && RB % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < RB / 16; i++) {
+            const uint4 v = *(const uint4*)(tile + swizzled<ROW, VALUES>(o + 16 * i));
+            w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+        }
+    } else {
+        load_run<RB>(tile + swizzled<ROW, VALUES>(o), w);
+    }
+}
+
+// copy_run with the destination chunks permuted as `swizzled` says, at 128-byte records:
+// chunk u + TPR·m of run j's records.
+template <int ROW, int TPR, bool VALUES>
+__device__ __forceinline__ void copy_run_swizzled(u32 region, int j, const unsigned char* src, int u, int bytes) {
+    if constexpr (ROW != 128) {
+        copy_run<ROW, TPR>(region + 16 * (j * ROW + u), src, u, bytes);
+    } else {
+#pragma unroll
+        for (int m = 0; m < (ROW + TPR - 1) / TPR; m++)
+            if (ROW % TPR == 0 || u + m * TPR < ROW)
+                cp_async16(region + swizzled<ROW, VALUES>(16 * (j * ROW + u + TPR * m)), src + 16 * TPR * m, bytes);
+    }
+}
+
 // The run of 16 keys thread `tid` stages in a tile of G runs from t0 (NTH / G threads a run),
 // and the position whose block it is read from: the run's first key, or t0 where the run
 // starts at or past k1 (a dead run copies zero bytes from a live address).
@@ -1605,7 +1653,7 @@ struct CodeRun {
 // tile for both pools (`blk`, CodeRun::block: a caller may read it a tile ahead) and issues
 // its copies at immediate offsets, where splitting the tile chunk by chunk paid a division, a
 // table read and 64-bit address math for every copy (BENCHMARKS.md, session 36).
-template <int G, int KROW, int VROW, int NTH>
+template <int G, int KROW, int VROW, int NTH, bool SWZ = false>
 __device__ __forceinline__ void stage_code_runs(unsigned char* ks, unsigned char* vs, int t0, int k1,
     u32 blk, const PagedKv& kv, const unsigned char* kpool, int ktotal, int ksoff,
     const unsigned char* vpool, int vtotal, int vsoff, int tid)
@@ -1620,8 +1668,13 @@ __device__ __forceinline__ void stage_code_runs(unsigned char* ks, unsigned char
     const unsigned char* kb = kpool + (u64)blk * (u64)(kv.n_kv * ktotal) + (u32)(kv.kh * ktotal);
     const unsigned char* vb = vpool + (u64)blk * (u64)(kv.n_kv * vtotal) + (u32)(kv.kh * vtotal);
     const u32 kd = smem_addr(ks), vd = smem_addr(vs);
-    copy_run<KROW, TPR>(kd + 16 * (j * KROW + u), kb + slot * KROW + 16 * u, u, bytes);
-    copy_run<VROW, TPR>(vd + 16 * (j * VROW + u), vb + slot * VROW + 16 * u, u, bytes);
+    if constexpr (SWZ) {
+        copy_run_swizzled<KROW, TPR, false>(kd, j, kb + slot * KROW + 16 * u, u, bytes);
+        copy_run_swizzled<VROW, TPR, true>(vd, j, vb + slot * VROW + 16 * u, u, bytes);
+    } else {
+        copy_run<KROW, TPR>(kd + 16 * (j * KROW + u), kb + slot * KROW + 16 * u, u, bytes);
+        copy_run<VROW, TPR>(vd + 16 * (j * VROW + u), vb + slot * VROW + 16 * u, u, bytes);
+    }
     if (u < 2)   // 32 bytes of scales per run and pool
         cp_async16(kd + G * 16 * KROW + 32 * j + 16 * u, kb + ksoff + slot * 2 + 16 * u, bytes);
     else if (u < 4)
@@ -1661,11 +1714,12 @@ struct KvCodes {
         int, const PagedKv& kv, const void* kc, const void* vc, int tid) const {
         stage_with<TK, NTH>(ks, vs, t0, k1, CodeRun<TK / 16, NTH>(t0, k1, tid).block(kv), kv, kc, vc, tid);
     }
-    // `stage` with this thread's block-table entry read already (CodeRun::block).
-    template <int TK, int NTH>
+    // `stage` with this thread's block-table entry read already (CodeRun::block); SWZ: the
+    // records' chunks permuted for the keys-as-M kernels (`swizzled`).
+    template <int TK, int NTH, bool SWZ = false>
     __device__ __forceinline__ void stage_with(unsigned char* ks, unsigned char* vs, int t0, int k1,
         u32 blk, const PagedKv& kv, const void* kc, const void* vc, int tid) const {
-        stage_code_runs<TK / 16, KROW, VROW, NTH>(ks, vs, t0, k1, blk, kv, (const unsigned char*)kc,
+        stage_code_runs<TK / 16, KROW, VROW, NTH, SWZ>(ks, vs, t0, k1, blk, kv, (const unsigned char*)kc,
                                                   ktot, ksoff, (const unsigned char*)vc, vtot, vsoff, tid);
     }
     template <int NTH>
@@ -1777,7 +1831,7 @@ struct CodeTiles {
     __device__ __forceinline__ void issue(int t) {
         if (t < ntiles) {
             unsigned char* ks = stage + (u64)(t % STAGES) * stage_bytes;
-            f.template stage_with<TK, NTH>(ks, ks + kt, k0 + t * TK, k1, blk, kv, kc, vc, tid);
+            f.template stage_with<TK, NTH, true>(ks, ks + kt, k0 + t * TK, k1, blk, kv, kc, vc, tid);
         }
         cp_async_commit();
     }
@@ -1976,7 +2030,7 @@ __device__ __forceinline__ void values_f16(float (&o)[D / 16][4], const float (&
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int key = kw + 16 * st + 2 * c + (i & 1) + 8 * (i >> 1);
-            load_run<VRB>(vs + key * VROW + q * VRB, vw[i]);
+            load_code_run<VROW, VRB, true>(vs, key * VROW + q * VRB, vw[i]);
         }
 #pragma unroll
         for (int vg = 0; vg < VR / 4; vg++) {
@@ -2066,8 +2120,8 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
         for (int st = 0; st < NS; st++) {
             const int ka = kw + 16 * st + q, kb = ka + 8;   // this lane's two keys (tile rows)
             u32 wa[(KRB + 3) / 4], wb[(KRB + 3) / 4];
-            load_run<KRB>(ks + ka * KROW + c * KRB, wa);
-            load_run<KRB>(ks + kb * KROW + c * KRB, wb);
+            load_code_run<KROW, KRB, false>(ks, ka * KROW + c * KRB, wa);
+            load_code_run<KROW, KRB, false>(ks, kb * KROW + c * KRB, wb);
             s[st][0] = 0.f; s[st][1] = 0.f; s[st][2] = 0.f; s[st][3] = 0.f;
 #pragma unroll
             for (int kk = 0; kk < D / 16; kk++) {
@@ -2212,7 +2266,7 @@ __device__ __forceinline__ void keys_as_m_values_s8(float (&o)[D / 16][4], float
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int key = kw + 16 * st + 2 * c + (i & 1) + 8 * (i >> 1);
-            load_run<VRB>(vs + key * VROW + q * VRB, vw[st][i]);
+            load_code_run<VROW, VRB, true>(vs, key * VROW + q * VRB, vw[st][i]);
         }
     const int magic = __float_as_int(MAGIC);
 #pragma unroll
@@ -2343,8 +2397,8 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
         for (int st = 0; st < NS; st++) {
             const int ka = kw + 16 * st + q, kb = ka + 8;   // this lane's two keys (tile rows)
             u32 wa[(KRB + 3) / 4], wb[(KRB + 3) / 4];
-            load_run<KRB>(ks + ka * KROW + c * KRB, wa);
-            load_run<KRB>(ks + kb * KROW + c * KRB, wb);
+            load_code_run<KROW, KRB, false>(ks, ka * KROW + c * KRB, wa);
+            load_code_run<KROW, KRB, false>(ks, kb * KROW + c * KRB, wb);
             // The high and low query terms' sums in separate chains.
             int acc[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
 #pragma unroll
