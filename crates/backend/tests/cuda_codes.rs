@@ -925,11 +925,6 @@ fn f16_value_sums_match_the_cpu_backend() {
     value_sums_match_the_cpu_backend(g, 201);
 }
 
-/// Value scales are norms, so no encoder writes a negative one, but a block from outside (a
-/// corrupt or hand-made snapshot) may hold some. The int8 value sums round weights × scales
-/// to u8, where a negative one would wrap: a 32-key tile holding one takes the f16 sums, as
-/// the CPU backend's spans take its f32 pass. Blocks written on the CPU, some value scales
-/// negated, imported into both backends: the attention of the next token matches.
 /// Scores that leap past the running maxima mid-context (`lift_late_scores`) on the
 /// keys-as-M kernels: the lazily moved maxima rescale what was summed before, for f16 and
 /// int8 value sums, 8-, 4- and 3-bit keys, groups 1 to 8 and head dims 64 to 256.
@@ -956,6 +951,11 @@ fn rising_scores_rescale_the_sums_as_the_cpu_backend() {
     }
 }
 
+/// Value scales are norms, so no encoder writes a negative one, but a block from outside (a
+/// corrupt or hand-made snapshot) may hold some. The int8 value sums round weights × scales
+/// to u8, where a negative one would wrap: a 32-key tile holding one takes the f16 sums, as
+/// the CPU backend's spans take its f32 pass. Blocks written on the CPU, some value scales
+/// negated, imported into both backends: the attention of the next token matches.
 #[test]
 fn negative_value_scales_match_the_cpu_backend() {
     let Some(g) = gpu() else { return };
