@@ -1616,11 +1616,11 @@ __device__ __forceinline__ void load_code_run(const unsigned char* tile, int o, 
     }
 }
 
-// copy_run with the destination chunks permuted as `swizzled` says, at 128-byte records:
-// chunk u + TPR·m of run j's records.
-template <int ROW, int TPR, bool VALUES>
-__device__ __forceinline__ void copy_run_swizzled(u32 region, int j, const unsigned char* src, int u, int bytes) {
-    if constexpr (ROW != 128) {
+// copy_run of chunk u + TPR·m of run j's records into a tile's K or V region, with the
+// destination chunks permuted as `swizzled` says where SWZ asks for it (the keys-as-M kernels).
+template <int ROW, int TPR, bool VALUES, bool SWZ>
+__device__ __forceinline__ void copy_records(u32 region, int j, const unsigned char* src, int u, int bytes) {
+    if constexpr (!SWZ || ROW != 128) {
         copy_run<ROW, TPR>(region + 16 * (j * ROW + u), src, u, bytes);
     } else {
 #pragma unroll
@@ -1668,13 +1668,8 @@ __device__ __forceinline__ void stage_code_runs(unsigned char* ks, unsigned char
     const unsigned char* kb = kpool + (u64)blk * (u64)(kv.n_kv * ktotal) + (u32)(kv.kh * ktotal);
     const unsigned char* vb = vpool + (u64)blk * (u64)(kv.n_kv * vtotal) + (u32)(kv.kh * vtotal);
     const u32 kd = smem_addr(ks), vd = smem_addr(vs);
-    if constexpr (SWZ) {
-        copy_run_swizzled<KROW, TPR, false>(kd, j, kb + slot * KROW + 16 * u, u, bytes);
-        copy_run_swizzled<VROW, TPR, true>(vd, j, vb + slot * VROW + 16 * u, u, bytes);
-    } else {
-        copy_run<KROW, TPR>(kd + 16 * (j * KROW + u), kb + slot * KROW + 16 * u, u, bytes);
-        copy_run<VROW, TPR>(vd + 16 * (j * VROW + u), vb + slot * VROW + 16 * u, u, bytes);
-    }
+    copy_records<KROW, TPR, false, SWZ>(kd, j, kb + slot * KROW + 16 * u, u, bytes);
+    copy_records<VROW, TPR, true, SWZ>(vd, j, vb + slot * VROW + 16 * u, u, bytes);
     if (u < 2)   // 32 bytes of scales per run and pool
         cp_async16(kd + G * 16 * KROW + 32 * j + 16 * u, kb + ksoff + slot * 2 + 16 * u, bytes);
     else if (u < 4)
