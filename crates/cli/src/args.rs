@@ -430,6 +430,10 @@ pub struct BenchDecodeArgs {
     /// many GB (10⁹ bytes) for the shape, per KV format and preset.
     #[arg(long)]
     pub kv_budget: Option<f64>,
+    /// After the timings, run one more eager decode step between the CUDA profiler's start
+    /// and stop, for `ncu --profile-from-start off` (one step's kernels, nothing else).
+    #[arg(long)]
+    pub profile_step: bool,
 }
 
 /// `turbokv bench attention`.

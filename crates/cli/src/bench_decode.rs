@@ -135,6 +135,11 @@ pub trait BenchBackend: Backend + Sized {
     fn graph_gpu_s(&self, _reps: usize) -> Result<f64> {
         Ok(0.0)
     }
+    /// Starts or stops the device profiler's collection (`--profile-step`); a no-op where
+    /// there is none.
+    fn profiler_range(&self, _on: bool) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// splitmix64.
@@ -232,6 +237,10 @@ impl BenchBackend for CudaBackend {
 
     fn graph_gpu_s(&self, reps: usize) -> Result<f64> {
         Ok(self.graph_gpu_time(reps)?)
+    }
+
+    fn profiler_range(&self, on: bool) -> Result<()> {
+        Ok(CudaBackend::profiler_range(self, on)?)
     }
 }
 
@@ -545,7 +554,8 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
     };
     let cfg = tm.config().clone();
     let steps = args.steps.max(1);
-    // Eager, two graph and one pipelined decode pass, each with warm-up, plus spare steps.
+    // Eager, two graph and one pipelined decode pass, each with warm-up, plus spare steps
+    // (one of them for `--profile-step`).
     let per_seq = args.ctx + 4 * (steps + WARMUP) + 8;
     let blocks = args.batch * per_seq.div_ceil(BLOCK) + per_seq.div_ceil(BLOCK);
     let mut cache = tm
@@ -625,6 +635,18 @@ pub fn measure<B: BenchBackend>(b: B, args: &BenchDecodeArgs) -> Result<DecodeRe
     } else {
         0.0
     };
+    if args.profile_step {
+        tm.set_step_graphs(false);
+        tm.backend().profiler_range(true)?;
+        decode(
+            &tm,
+            &mut cache,
+            &mut scratch,
+            &next,
+            StepOutput::Logits(&mut logits),
+        )?;
+        tm.backend().profiler_range(false)?;
+    }
     let gs = tm.backend().graph_stats().unwrap_or_default();
     let replays = gs.replayed;
     let per_replay = |s: f64| 1e6 * s / replays.max(1) as f64;

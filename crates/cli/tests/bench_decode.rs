@@ -1,5 +1,6 @@
 //! `turbokv bench decode` end to end on the CPU: a random-weight smollm2-135m-shaped model,
-//! tiny context; every reported rate must be positive and finite.
+//! tiny context; every reported rate must be positive and finite, and the extra step of
+//! `--profile-step` (a no-op bracket on the CPU) must fit the cache the bench sized.
 
 use std::process::Command;
 
@@ -24,6 +25,7 @@ fn bench_decode_writes_positive_finite_json() {
             "16",
             "--steps",
             "2",
+            "--profile-step",
             "--json",
         ])
         .arg(&json)

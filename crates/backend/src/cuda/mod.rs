@@ -688,6 +688,23 @@ impl CudaBackend {
         Ok((k, v))
     }
 
+    /// Starts (`on`) or stops the CUDA profiler's collection (`cuProfilerStart`/`Stop`), after
+    /// draining the stream, so that `ncu --profile-from-start off` measures exactly the
+    /// launches between the two calls. Outside a profiler both calls do nothing.
+    pub fn profiler_range(&self, on: bool) -> Result<(), Error> {
+        self.synchronize()?;
+        // SAFETY: both calls take no arguments and act on the current context, which this
+        // backend's stream made current; the stream is drained, so no launch straddles them.
+        let r = unsafe {
+            if on {
+                cudarc::driver::sys::cuProfilerStart()
+            } else {
+                cudarc::driver::sys::cuProfilerStop()
+            }
+        };
+        r.result().map_err(cuda_err("profiler range"))
+    }
+
     /// Device-to-device copy bandwidth in bytes/s (read + write) over a `bytes` buffer, the
     /// median of `reps` copies: the roofline that benchmarks compare against.
     pub fn copy_bandwidth(&self, bytes: usize, reps: usize) -> Result<f64, Error> {
