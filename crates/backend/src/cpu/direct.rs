@@ -184,8 +184,9 @@ const MAX_ROWS: usize = 4;
 ///
 /// Table codes are scored through int8 products where the CPU has AVX-512 VBMI and VNNI
 /// (`direct_vnni`: the query rows and the codebook rounded to 8 bits, within a bound the tests
-/// check) when `products` is `Int8`; everything else through AVX2 FMAs on decoded f32
-/// coordinates (or the scalar reference).
+/// check) when `products` is `Int8`; 16-bit records of a width that is a multiple of 16
+/// through AVX-512 FMAs where the CPU has them (`direct_avx512`); everything else through
+/// AVX2 FMAs on decoded f32 coordinates (or the scalar reference).
 pub(crate) fn scores(
     pages: Pages<'_>,
     q: &[f32],
@@ -224,20 +225,22 @@ pub(crate) fn scores(
     }
     #[cfg(target_arch = "x86_64")]
     if has_simd() && simd {
+        // 16-bit records 16 lanes wide where the CPU has AVX-512, else the AVX2 passes.
+        let wide = super::direct_avx512::takes(pages.fmt, w);
         for r0 in (0..rows).step_by(MAX_ROWS) {
             let rr = (rows - r0).min(MAX_ROWS);
-            // SAFETY: AVX2/FMA/F16C detected; w is a positive multiple of 8, every chunk of
-            // every page's records and every scale is readable (`check`); the q rows
-            // r0..r0 + rr hold rr·w floats; `out[r0·os..]` holds (rr − 1)·os + end floats
-            // (asserted above).
+            let (qr, or) = (&q[r0 * w..(r0 + rr) * w], &mut out[r0 * os..]);
+            // SAFETY: AVX2/FMA/F16C detected (and, for the AVX-512 pass, `takes` checked the
+            // CPU, the format and that w is a multiple of 16); w is a positive multiple of 8,
+            // every chunk of every page's records and every scale is readable (`check`); the
+            // q rows r0..r0 + rr hold rr·w floats; `out[r0·os..]` holds (rr − 1)·os + end
+            // floats (asserted above).
             unsafe {
-                super::direct_avx2::scores(
-                    pages,
-                    &q[r0 * w..(r0 + rr) * w],
-                    rr,
-                    &mut out[r0 * os..],
-                    os,
-                )
+                if wide {
+                    super::direct_avx512::scores(pages, qr, rr, or, os)
+                } else {
+                    super::direct_avx2::scores(pages, qr, rr, or, os)
+                }
             };
         }
         return;

@@ -1,8 +1,9 @@
-//! The value pass of decode (`acc_r += Σ_j w_rj · s_j · x_j`) through AVX-512 for 16-bit
-//! records (bf16 and f16 pools, a preset window's f16 copies) whose width is a multiple of 16:
-//! the same f32 products and sums as `direct_avx2`, 16 lanes per instruction. One pass covers
-//! 64 coordinates of a token where the AVX2 loop makes four passes of 16, each converting its
-//! coordinates and broadcasting every row's weight again.
+//! The score and value passes of decode (`⟨q_r, x_j⟩ · s_j` and `acc_r += Σ_j w_rj · s_j ·
+//! x_j`) through AVX-512 for 16-bit records (bf16 and f16 pools, a preset window's f16 copies)
+//! whose width is a multiple of 16: the same f32 products as `direct_avx2`, 16 lanes per
+//! instruction. One value pass covers 64 coordinates of a token where the AVX2 loop makes four
+//! passes of 16, each converting its coordinates and broadcasting every row's weight again.
+//! A score is summed in 16 lanes and reduced once, where the AVX2 pass sums 8.
 //!
 //! Table codes are not taken here: expanded as the integer score pass expands them and looked
 //! up 16 at a time with `vpermps`, they measured slower than the AVX2 loop on Zen 4, whose
@@ -186,5 +187,169 @@ pub(super) unsafe fn accumulate(
         Fmt::Bf16 => rows!(Bf16),
         Fmt::F16 => rows!(F16),
         f => unreachable!("the AVX-512 value pass does not take {f:?}"),
+    }
+}
+
+/// Tokens scored per pass of [`scores_run`]: the `R·T` accumulators, the four loaded chunks and
+/// the query chunk stay within the 32 registers.
+const SCORE_TOKENS: usize = 4;
+
+/// Adds `⟨q_r[64c + 16s ..][..16], x_(j+k)[64c + 16s ..][..16]⟩` for `s < S` into `acc[r][k]`.
+///
+/// # Safety
+/// [`takes`]; `64c + 16S <= w`; the q rows hold `w` floats; records `j .. j + T` are readable.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn score_chunks<L: Load64, const R: usize, const T: usize, const S: usize>(
+    ld: L,
+    q: *const f32,
+    w: usize,
+    rec: *const u8,
+    stride: usize,
+    j: usize,
+    c: usize,
+    acc: &mut [[__m512; T]; R],
+) {
+    for k in 0..T {
+        // SAFETY: token j + k is readable and chunk c's S parts lie inside w (caller).
+        let x = unsafe { ld.load::<S>(rec.add((j + k) * stride), c) };
+        for (r, ar) in acc.iter_mut().enumerate() {
+            for (s, xs) in x.iter().enumerate() {
+                // SAFETY: coordinate 64c + 16s + 16 <= w of row r < R (caller).
+                let qv = unsafe { _mm512_loadu_ps(q.add(r * w + 64 * c + 16 * s)) };
+                ar[k] = _mm512_fmadd_ps(qv, *xs, ar[k]);
+            }
+        }
+    }
+}
+
+/// `out[r·os + j + k] = scales[j + k] · ⟨q_r, x_(j+k)⟩` for `k < T`, one pass over `T` tokens.
+///
+/// # Safety
+/// As [`scores_run`], and `j + T <= scales.len()`.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn score_pass<L: Load64, const R: usize, const T: usize>(
+    ld: L,
+    q: *const f32,
+    w: usize,
+    rec: *const u8,
+    stride: usize,
+    scales: &[f32],
+    out: *mut f32,
+    os: usize,
+    j: usize,
+) {
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    // SAFETY: every chunk lies inside w (the match follows it); the rest is the caller's.
+    unsafe {
+        for c in 0..w / 64 {
+            score_chunks::<L, R, T, 4>(ld, q, w, rec, stride, j, c, &mut acc);
+        }
+        let c = w / 64;
+        match (w % 64) / 16 {
+            1 => score_chunks::<L, R, T, 1>(ld, q, w, rec, stride, j, c, &mut acc),
+            2 => score_chunks::<L, R, T, 2>(ld, q, w, rec, stride, j, c, &mut acc),
+            3 => score_chunks::<L, R, T, 3>(ld, q, w, rec, stride, j, c, &mut acc),
+            _ => {}
+        }
+    }
+    for (r, ar) in acc.iter().enumerate() {
+        for (k, a) in ar.iter().enumerate() {
+            // SAFETY: r·os + j + k < (R − 1)·os + n (caller).
+            unsafe { *out.add(r * os + j + k) = _mm512_reduce_add_ps(*a) * scales[j + k] };
+        }
+    }
+}
+
+/// `out[r·os + j] = scales[j] · ⟨q_r, x_j⟩` for the `n = scales.len()` records at `rec`,
+/// [`SCORE_TOKENS`] per pass and the rest one at a time.
+///
+/// # Safety
+/// [`takes`] with `w = q.len() / R`; `q` holds `R·w` floats; the `n` records are readable;
+/// `out` holds `(R − 1)·os + n` floats.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn scores_run<L: Load64, const R: usize>(
+    ld: L,
+    q: *const f32,
+    w: usize,
+    rec: *const u8,
+    stride: usize,
+    scales: &[f32],
+    out: *mut f32,
+    os: usize,
+) {
+    let n = scales.len();
+    let mut j = 0;
+    // SAFETY: each pass's tokens are below n; the rest is forwarded from the caller.
+    unsafe {
+        while j + SCORE_TOKENS <= n {
+            score_pass::<L, R, SCORE_TOKENS>(ld, q, w, rec, stride, scales, out, os, j);
+            j += SCORE_TOKENS;
+        }
+        while j < n {
+            score_pass::<L, R, 1>(ld, q, w, rec, stride, scales, out, os, j);
+            j += 1;
+        }
+    }
+}
+
+/// `out[r·os + off + j] = mul · s_j · ⟨q_r, x_j⟩` for record `j` of every page at `off`, for
+/// `rows` query rows (1–4) `q_r = q[r·w..][..w]`.
+///
+/// # Safety
+/// [`takes`]`(pages.fmt, w)` with `w = q.len() / rows`; every page's `n` records and its `n`
+/// scales (if any) are readable; `out` holds `(rows − 1)·os + off + n` floats for every page.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn scores(pages: Pages<'_>, q: &[f32], rows: usize, out: &mut [f32], os: usize) {
+    let (w, stride) = (q.len() / rows, pages.stride);
+    let (qp, op) = (q.as_ptr(), out.as_mut_ptr());
+    let mut buf = [0f32; SCALE_RUN];
+    macro_rules! go {
+        ($ld:expr, $r:literal) => {{
+            let ld = $ld;
+            for (i, pg) in pages.list.iter().enumerate() {
+                if let Some(next) = pages.list.get(i + PREFETCH_PAGES) {
+                    prefetch(next, &pages);
+                }
+                for j0 in (0..pg.n).step_by(SCALE_RUN) {
+                    let sc = &mut buf[..(pg.n - j0).min(SCALE_RUN)];
+                    // SAFETY: records j0..j0 + sc.len() of the page, their scales and their
+                    // outputs are in bounds (caller).
+                    unsafe {
+                        page_scales(&pages, pg, j0, sc);
+                        scores_run::<_, $r>(
+                            ld,
+                            qp,
+                            w,
+                            pg.bytes.as_ptr().add(j0 * stride),
+                            stride,
+                            sc,
+                            op.add(pg.off + j0),
+                            os,
+                        )
+                    }
+                }
+            }
+        }};
+    }
+    macro_rules! rows {
+        ($ld:expr) => {
+            match rows {
+                1 => go!($ld, 1),
+                2 => go!($ld, 2),
+                3 => go!($ld, 3),
+                _ => go!($ld, 4),
+            }
+        };
+    }
+    match pages.fmt {
+        Fmt::Bf16 => rows!(Bf16),
+        Fmt::F16 => rows!(F16),
+        f => unreachable!("the AVX-512 score pass does not take {f:?}"),
     }
 }
