@@ -448,26 +448,17 @@ pub(super) unsafe fn page_scales(pages: &Pages<'_>, page: &Page<'_>, j0: usize, 
 pub(super) unsafe fn scores(pages: Pages<'_>, q: &[f32], rows: usize, out: &mut [f32], os: usize) {
     let (w, stride) = (q.len() / rows, pages.stride);
     let (qp, op) = (q.as_ptr(), out.as_mut_ptr());
-    let mut buf = [0f32; SCALE_RUN];
     macro_rules! go {
         ($r:literal) => {
             with_loader!(pages.fmt, ld => {
-                for (i, pg) in pages.list.iter().enumerate() {
-                    if let Some(next) = pages.list.get(i + PREFETCH_PAGES) {
-                        prefetch(next, &pages);
-                    }
-                    for j0 in (0..pg.n).step_by(SCALE_RUN) {
-                        let sc = &mut buf[..(pg.n - j0).min(SCALE_RUN)];
-                        // SAFETY: records j0..j0 + sc.len() of the page, their scales and
-                        // their outputs are in bounds (caller).
-                        unsafe {
-                            page_scales(&pages, pg, j0, sc);
-                            scores_t::<_, $r, { tokens_per_pass($r) }>(
-                                ld, qp, w, pg.bytes.as_ptr().add(j0 * stride), stride, sc,
-                                op.add(pg.off + j0), os,
-                            )
-                        }
-                    }
+                // SAFETY: each run's records, their scales and their outputs are in bounds
+                // (caller).
+                unsafe {
+                    score_runs!(&pages, |rec, sc, at| {
+                        scores_t::<_, $r, { tokens_per_pass($r) }>(
+                            ld, qp, w, rec, stride, sc, op.add(at), os,
+                        )
+                    })
                 }
             })
         };
@@ -517,6 +508,33 @@ pub(super) unsafe fn accumulate(
         _ => go!(4),
     }
 }
+
+/// The score passes' walk over the pages `$pages`: for each run of at most [`SCALE_RUN`]
+/// records of a page, in order and prefetching ahead, `$body` with `$rec` the run's first
+/// record, `$sc` its records' scales times `mul` (`&[f32]`, one per record) and `$at` the
+/// output index of its first record (`off + j0`).
+///
+/// Safety (the caller's `unsafe` block): AVX2/F16C; every page's `n` scales (if any) are
+/// readable and its records lie in its bytes.
+macro_rules! score_runs {
+    ($pages:expr, |$rec:ident, $sc:ident, $at:ident| $body:expr) => {{
+        let pages = $pages;
+        let mut buf = [0f32; SCALE_RUN];
+        for (i, pg) in pages.list.iter().enumerate() {
+            if let Some(next) = pages.list.get(i + PREFETCH_PAGES) {
+                prefetch(next, pages);
+            }
+            for j0 in (0..pg.n).step_by(SCALE_RUN) {
+                let $sc = &mut buf[..(pg.n - j0).min(SCALE_RUN)];
+                page_scales(pages, pg, j0, $sc);
+                let $rec = pg.bytes.as_ptr().add(j0 * pages.stride);
+                let $at = pg.off + j0;
+                $body
+            }
+        }
+    }};
+}
+pub(super) use score_runs;
 
 /// The value passes' walk over the pages `$pages`: for each run of at most [`SCALE_RUN`]
 /// records of a page, in order and prefetching ahead, `$body` with `$rec` the run's first

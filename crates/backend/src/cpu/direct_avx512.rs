@@ -13,7 +13,9 @@
 use std::arch::x86_64::*;
 
 use super::direct::{Fmt, Pages};
-use super::direct_avx2::{PREFETCH_PAGES, SCALE_RUN, page_scales, prefetch, scaled_runs};
+use super::direct_avx2::{
+    PREFETCH_PAGES, SCALE_RUN, page_scales, prefetch, scaled_runs, score_runs,
+};
 
 /// Whether the pass takes records of `fmt` with `w` coordinates on this CPU: 16-bit values,
 /// `w` a positive multiple of 16, AVX-512 F/BW/VL and the AVX2 kernels' features.
@@ -28,6 +30,28 @@ pub(super) fn takes(fmt: Fmt, w: usize) -> bool {
                 && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("avx512vl")
         })
+}
+
+/// `$go!(loader, R)` for the 16-bit format `$fmt`'s loader and `R = $rows` (1–4; more take 4
+/// at a time); `$go` is the caller's macro.
+macro_rules! by_format_and_rows {
+    ($fmt:expr, $rows:expr, $go:ident, $what:literal) => {{
+        macro_rules! rows {
+            ($ld:expr) => {
+                match $rows {
+                    1 => $go!($ld, 1),
+                    2 => $go!($ld, 2),
+                    3 => $go!($ld, 3),
+                    _ => $go!($ld, 4),
+                }
+            };
+        }
+        match $fmt {
+            Fmt::Bf16 => rows!(Bf16),
+            Fmt::F16 => rows!(F16),
+            f => unreachable!("the AVX-512 {} does not take {f:?}", $what),
+        }
+    }};
 }
 
 /// Loads coordinates `64c + 16s .. 64c + 16s + 16` of a record for `s < S`.
@@ -173,21 +197,7 @@ pub(super) unsafe fn accumulate(
             }
         }};
     }
-    macro_rules! rows {
-        ($ld:expr) => {
-            match rows {
-                1 => go!($ld, 1),
-                2 => go!($ld, 2),
-                3 => go!($ld, 3),
-                _ => go!($ld, 4),
-            }
-        };
-    }
-    match pages.fmt {
-        Fmt::Bf16 => rows!(Bf16),
-        Fmt::F16 => rows!(F16),
-        f => unreachable!("the AVX-512 value pass does not take {f:?}"),
-    }
+    by_format_and_rows!(pages.fmt, rows, go, "value pass")
 }
 
 /// Tokens scored per pass of [`scores_run`]: the `R·T` accumulators, the four loaded chunks and
@@ -308,48 +318,17 @@ unsafe fn scores_run<L: Load64, const R: usize>(
 pub(super) unsafe fn scores(pages: Pages<'_>, q: &[f32], rows: usize, out: &mut [f32], os: usize) {
     let (w, stride) = (q.len() / rows, pages.stride);
     let (qp, op) = (q.as_ptr(), out.as_mut_ptr());
-    let mut buf = [0f32; SCALE_RUN];
     macro_rules! go {
         ($ld:expr, $r:literal) => {{
             let ld = $ld;
-            for (i, pg) in pages.list.iter().enumerate() {
-                if let Some(next) = pages.list.get(i + PREFETCH_PAGES) {
-                    prefetch(next, &pages);
-                }
-                for j0 in (0..pg.n).step_by(SCALE_RUN) {
-                    let sc = &mut buf[..(pg.n - j0).min(SCALE_RUN)];
-                    // SAFETY: records j0..j0 + sc.len() of the page, their scales and their
-                    // outputs are in bounds (caller).
-                    unsafe {
-                        page_scales(&pages, pg, j0, sc);
-                        scores_run::<_, $r>(
-                            ld,
-                            qp,
-                            w,
-                            pg.bytes.as_ptr().add(j0 * stride),
-                            stride,
-                            sc,
-                            op.add(pg.off + j0),
-                            os,
-                        )
-                    }
-                }
+            // SAFETY: each run's records, their scales and their outputs are in bounds
+            // (caller).
+            unsafe {
+                score_runs!(&pages, |rec, sc, at| {
+                    scores_run::<_, $r>(ld, qp, w, rec, stride, sc, op.add(at), os)
+                })
             }
         }};
     }
-    macro_rules! rows {
-        ($ld:expr) => {
-            match rows {
-                1 => go!($ld, 1),
-                2 => go!($ld, 2),
-                3 => go!($ld, 3),
-                _ => go!($ld, 4),
-            }
-        };
-    }
-    match pages.fmt {
-        Fmt::Bf16 => rows!(Bf16),
-        Fmt::F16 => rows!(F16),
-        f => unreachable!("the AVX-512 score pass does not take {f:?}"),
-    }
+    by_format_and_rows!(pages.fmt, rows, go, "score pass")
 }
