@@ -475,6 +475,11 @@ pub struct BenchAttentionArgs {
     /// with f16 value sums where the default takes int8 ones (`TURBOKV_CODED_INT8_VALUES=0`).
     #[arg(long)]
     pub compare_variants: bool,
+    /// Also time the whole-width coded kernels at each of these key-split counts instead of
+    /// the wave model's (comma-separated, e.g. `1,2,3,4,6`): a split's fixed cost against
+    /// its share of the keys.
+    #[arg(long, value_delimiter = ',')]
+    pub coded_splits: Vec<usize>,
     /// Skip the PyTorch SDPA peer.
     #[arg(long)]
     pub no_peer: bool,

@@ -190,6 +190,16 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
             Some(true),
         ));
     }
+    for &n in &args.coded_splits {
+        configs.push((
+            format!("splits={n}"),
+            CudaOptions {
+                coded_splits: Some(n.max(1)),
+                ..base.clone()
+            },
+            Some(true),
+        ));
+    }
     let mut rows = Vec::new();
     // The default configuration's output per point (it runs first), to check the variants on
     // the same inputs.

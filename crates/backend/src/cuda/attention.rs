@@ -375,7 +375,9 @@ impl CudaBackend {
                     (Some(_), Some(v)) => v.int8_values_tiling().0,
                     _ => CODE_TILE,
                 };
-                wave_splits(pairs, max_ctx, slots, tile) + exact_splits
+                self.coded_splits
+                    .unwrap_or_else(|| wave_splits(pairs, max_ctx, slots, tile))
+                    + exact_splits
             }
             (None, Some((_, s))) => s,
             (None, None) => self.split_count(rows, g.n_kv_heads, max_ctx),

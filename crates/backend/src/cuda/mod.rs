@@ -265,6 +265,10 @@ pub struct CudaOptions {
     /// takes the f16 sums). Default on: measured 5–16% faster than the f16 value sums from
     /// batch 8 × 32k up (BENCHMARKS.md); off sums every value as f16 (tests cover both).
     pub coded_int8_values: bool,
+    /// The number of key splits of the whole-width coded decode kernels (`attn_codes_*`),
+    /// instead of the wave model's choice (`wave_splits` in `cuda/attention.rs`); for measurements
+    /// (`turbokv bench attention --coded-splits`). `None`: the model's.
+    pub coded_splits: Option<usize>,
 }
 
 /// See [`CudaOptions::gemv_max_rows`]. On an H200 (llama3-8b shapes) the GEMV kernel beat
@@ -286,6 +290,7 @@ impl Default for CudaOptions {
             coded_prefill_tiles: true,
             coded_int8_keys: true,
             coded_int8_values: true,
+            coded_splits: None,
         }
     }
 }
@@ -324,6 +329,8 @@ pub struct CudaBackend {
     coded_int8_keys: bool,
     /// See [`CudaOptions::coded_int8_values`].
     coded_int8_values: bool,
+    /// See [`CudaOptions::coded_splits`].
+    coded_splits: Option<usize>,
     /// Blocks of each decode variant (index of [`DECODE_VARIANTS`]) resident on the whole GPU
     /// at once, from the occupancy calculator with its pipeline's shared memory.
     decode_slots: Vec<usize>,
@@ -577,6 +584,7 @@ impl CudaBackend {
             coded_prefill_tiles: opts.coded_prefill_tiles,
             coded_int8_keys: opts.coded_int8_keys,
             coded_int8_values: opts.coded_int8_values,
+            coded_splits: opts.coded_splits.map(|s| s.max(1)),
             decode_slots,
             code_slots,
             code_m_slots,
