@@ -190,6 +190,16 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
             Some(true),
         ));
     }
+    if args.sm_load_splits {
+        configs.push((
+            "sm-load-splits".into(),
+            CudaOptions {
+                sm_load_splits: true,
+                ..base.clone()
+            },
+            Some(true),
+        ));
+    }
     for &n in &args.coded_splits {
         configs.push((
             format!("splits={n}"),

@@ -36,6 +36,15 @@ const SHORT_SPLIT_TILES: usize = 2;
 /// The fixed cost of one decode split block (prologue, pipeline ramp, partial store and its
 /// share of the merge), in keys streamed: the wave-aware split rule charges it per block.
 const SPLIT_OVERHEAD_KEYS: usize = 128;
+/// The issue-bound TurboQuant decode kernels' cost of an SM's key, in hundredths of its
+/// cost with three blocks resident, for 1, 2 and 3 resident blocks: one block alone issues
+/// too little to hide its latencies, and a third adds little over two (H100, k4v2: 7.0, 5.7
+/// and 5.4 ns a key; BENCHMARKS.md, session 38). See [`sm_load_splits`] (opt-in:
+/// `CudaOptions::sm_load_splits`).
+const SM_KEY_COST: [usize; 3] = [130, 105, 100];
+/// The fixed cost of one such block (its setup, the last tile's wait, the partial's store
+/// and merge), in keys at three blocks an SM (about 3 µs on an H100).
+const SM_BLOCK_KEYS: usize = 555;
 /// Keys per K/V tile of the tensor-core kernel (see attention.cu).
 const MMA_TK: usize = 32;
 /// Fewest keys a decode split covers.
@@ -375,9 +384,14 @@ impl CudaBackend {
                     (Some(_), Some(v)) => v.int8_values_tiling().0,
                     _ => CODE_TILE,
                 };
-                self.coded_splits
-                    .unwrap_or_else(|| wave_splits(pairs, max_ctx, slots, tile))
-                    + exact_splits
+                // The int8-product kernels are bound by their issue rate, the others (int8,
+                // fp8 codes; f16 sums) closer to their bytes.
+                let model = if self.sm_load_splits && int8_keys.is_some() {
+                    sm_load_splits(pairs, max_ctx, self.sms, slots, tile)
+                } else {
+                    wave_splits(pairs, max_ctx, slots, tile)
+                };
+                self.coded_splits.unwrap_or(model) + exact_splits
             }
             (None, Some((_, s))) => s,
             (None, None) => self.split_count(rows, g.n_kv_heads, max_ctx),
@@ -890,6 +904,36 @@ pub(super) fn wave_splits(pairs: usize, max_ctx: usize, slots: usize, tile: usiz
     (1..=most).min_by_key(|&s| (cost(s), s)).unwrap_or(1)
 }
 
+/// The split count of a launch of an issue-bound coded decode kernel (the int8-product
+/// TurboQuant kernels) with `pairs` (row, kv head) pairs over at most `max_ctx` keys, on
+/// `sms` SMs holding `slots` blocks at once: the count whose busiest SM finishes first.
+/// That SM runs `⌈pairs·s / sms⌉` blocks, each paying [`SM_BLOCK_KEYS`] and its keys at the
+/// [`SM_KEY_COST`] of as many blocks as it holds at once. [`wave_splits`] counts each
+/// resident block as a whole block's throughput, which these kernels do not get: at b8 × 8k
+/// it chose 6 splits where 4 ran 15% faster. Key counts are rounded up to a power of two
+/// first, as there; ties go to fewer splits.
+pub(super) fn sm_load_splits(
+    pairs: usize,
+    max_ctx: usize,
+    sms: usize,
+    slots: usize,
+    tile: usize,
+) -> usize {
+    let (pairs, sms) = (pairs.max(1), sms.max(1));
+    let resident = (slots / sms).clamp(1, SM_KEY_COST.len());
+    let ctx = max_ctx.max(1).next_power_of_two();
+    let most = max_ctx
+        .div_ceil(MIN_SPLIT_KEYS)
+        .clamp(1, 4 * slots.max(1).div_ceil(pairs));
+    let cost = |s: usize| {
+        let blocks = (pairs * s).div_ceil(sms);
+        let keys = ctx.div_ceil(s).div_ceil(tile) * tile;
+        let key_cost = SM_KEY_COST[blocks.min(resident) - 1];
+        blocks * (keys * key_cost / 100 + SM_BLOCK_KEYS)
+    };
+    (1..=most).min_by_key(|&s| (cost(s), s)).unwrap_or(1)
+}
+
 /// The query tiles of a tensor-core prefill launch as `[first row, rows]` pairs: each span cut
 /// into tiles of `rows_per_tile` consecutive rows, the heaviest (most keys read, from the
 /// first row's first key to the last row) first: blocks start in grid order, so the last wave
@@ -934,7 +978,8 @@ fn rows_kernel_index(head_dim: usize, group: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::{
-        DECODE_SETS, DECODE_VARIANTS, decode_choice, keys_seen, wave_splits, window_param,
+        DECODE_SETS, DECODE_VARIANTS, MIN_SPLIT_KEYS, decode_choice, keys_seen, sm_load_splits,
+        wave_splits, window_param,
     };
 
     #[test]
@@ -987,6 +1032,28 @@ mod tests {
                 assert!(DECODE_VARIANTS.contains(&v), "{v:?}");
             }
         }
+    }
+
+    #[test]
+    fn sm_load_splits_match_the_measured_best_counts() {
+        // H100: 132 SMs, three blocks of the int8-value kernels each, 256-key tiles
+        // (BENCHMARKS.md, session 38: the fastest forced split counts of k4v2 and tq3).
+        let (sms, slots, tile) = (132, 396, 256);
+        assert_eq!(sm_load_splits(8 * 8, 8192, sms, slots, tile), 4);
+        assert_eq!(sm_load_splits(32 * 8, 8192, sms, slots, tile), 1);
+        assert_eq!(sm_load_splits(8 * 8, 32768, sms, slots, tile), 4);
+        // Every choice: at least one split, and no split shorter than MIN_SPLIT_KEYS keys.
+        for pairs in [1, 3, 8, 24, 64, 100, 256, 1024] {
+            for ctx in [1, 64, 1000, 4096, 65536, 131072] {
+                let s = sm_load_splits(pairs, ctx, sms, slots, tile);
+                assert!(s >= 1 && (s == 1 || ctx.div_ceil(s) >= MIN_SPLIT_KEYS));
+            }
+        }
+        // Stable while a sequence grows within a power of two.
+        assert_eq!(
+            sm_load_splits(64, 20_000, sms, slots, tile),
+            sm_load_splits(64, 32_000, sms, slots, tile)
+        );
     }
 
     #[test]

@@ -269,6 +269,11 @@ pub struct CudaOptions {
     /// instead of the wave model's choice (`wave_splits` in `cuda/attention.rs`); for measurements
     /// (`turbokv bench attention --coded-splits`). `None`: the model's.
     pub coded_splits: Option<usize>,
+    /// The int8-product TurboQuant decode kernels take their split count from the per-SM load
+    /// model (`sm_load_splits` in `cuda/attention.rs`) instead of the wave model. Default off
+    /// until measured at every batch: forced split counts ran 5–15% faster at b8 × 8k, b8 ×
+    /// 32k and b32 × 8k on an H100, but 3% slower at b32 × 32k (BENCHMARKS.md, session 38).
+    pub sm_load_splits: bool,
 }
 
 /// See [`CudaOptions::gemv_max_rows`]. On an H200 (llama3-8b shapes) the GEMV kernel beat
@@ -291,6 +296,7 @@ impl Default for CudaOptions {
             coded_int8_keys: true,
             coded_int8_values: true,
             coded_splits: None,
+            sm_load_splits: false,
         }
     }
 }
@@ -331,6 +337,8 @@ pub struct CudaBackend {
     coded_int8_values: bool,
     /// See [`CudaOptions::coded_splits`].
     coded_splits: Option<usize>,
+    /// See [`CudaOptions::sm_load_splits`].
+    sm_load_splits: bool,
     /// Blocks of each decode variant (index of [`DECODE_VARIANTS`]) resident on the whole GPU
     /// at once, from the occupancy calculator with its pipeline's shared memory.
     decode_slots: Vec<usize>,
@@ -585,6 +593,7 @@ impl CudaBackend {
             coded_int8_keys: opts.coded_int8_keys,
             coded_int8_values: opts.coded_int8_values,
             coded_splits: opts.coded_splits.map(|s| s.max(1)),
+            sm_load_splits: opts.sm_load_splits,
             decode_slots,
             code_slots,
             code_m_slots,
