@@ -204,7 +204,7 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
         configs.push((
             format!("splits={n}"),
             CudaOptions {
-                coded_splits: Some(n.max(1)),
+                coded_splits: Some(n),
                 ..base.clone()
             },
             Some(true),
