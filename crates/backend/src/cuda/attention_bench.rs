@@ -80,6 +80,10 @@ impl CudaBackend {
         let form = match case.dtype {
             KvDtype::Bf16 => 1i32,
             KvDtype::F16 => 0i32,
+            KvDtype::Fp8 => {
+                self.check_kv_dtype(KvDtype::Fp8, g.head_dim)?;
+                3i32
+            }
             other if other.is_compressed() => {
                 self.check_kv_dtype(other, g.head_dim)?;
                 2i32

@@ -144,11 +144,15 @@ extern "C" __global__ void upload_words(UploadRuns runs) {
 
 // out[i] = a random 16-bit KV value uniform in [-scale, scale] (`form` 1: bf16, 0: f16), or its
 // magnitude as f16 (`form` 2: a coded pool's bytes, whose scales are then norms as an
-// encoder's are): benchmark caches.
+// encoder's are). `form` 3 is form 2 with bit 6 of the low byte cleared, so that no byte is an
+// e4m3 NaN (0x7f, 0xff; with scale ≤ 1 the high byte is at most 0x3c): an fp8 pool whose outputs
+// stay finite and comparable. Benchmark caches.
 extern "C" __global__ void fill_random_kv(u16* out, u64 n, u64 seed, float scale, int form) {
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
         const float x = uniform_at(i, seed, scale);
-        out[i] = form == 2 ? kv_store(fabsf(x), 0) : kv_store(x, form);
+        out[i] = form == 3   ? (u16)(kv_store(fabsf(x), 0) & 0xffbf)
+                 : form == 2 ? kv_store(fabsf(x), 0)
+                             : kv_store(x, form);
     }
 }
 
