@@ -480,10 +480,10 @@ pub struct BenchAttentionArgs {
     /// its share of the keys.
     #[arg(long, value_delimiter = ',')]
     pub coded_splits: Vec<usize>,
-    /// Also time the int8-product TurboQuant kernels with their split count from the per-SM
-    /// load model (`TURBOKV_SM_LOAD_SPLITS=1`) beside the default wave model.
+    /// Also time the int8-product TurboQuant kernels with their split count from the wave
+    /// model alone (`TURBOKV_SM_LOAD_SPLITS=0`) beside the default per-SM model.
     #[arg(long)]
-    pub sm_load_splits: bool,
+    pub wave_splits: bool,
     /// Skip the PyTorch SDPA peer.
     #[arg(long)]
     pub no_peer: bool,

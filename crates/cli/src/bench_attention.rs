@@ -190,11 +190,11 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
             Some(true),
         ));
     }
-    if args.sm_load_splits {
+    if args.wave_splits {
         configs.push((
-            "sm-load-splits".into(),
+            "wave-splits".into(),
             CudaOptions {
-                sm_load_splits: true,
+                sm_load_splits: false,
                 ..base.clone()
             },
             Some(true),

@@ -39,12 +39,16 @@ const SPLIT_OVERHEAD_KEYS: usize = 128;
 /// The issue-bound TurboQuant decode kernels' cost of an SM's key, in hundredths of its
 /// cost with three blocks resident, for 1, 2 and 3 resident blocks: one block alone issues
 /// too little to hide its latencies, and a third adds little over two (H100, k4v2: 7.0, 5.7
-/// and 5.4 ns a key; BENCHMARKS.md, session 38). See [`sm_load_splits`] (opt-in:
-/// `CudaOptions::sm_load_splits`).
+/// and 5.4 ns a key; BENCHMARKS.md, session 38). See [`sm_load_splits`]
+/// (`CudaOptions::sm_load_splits`).
 const SM_KEY_COST: [usize; 3] = [130, 105, 100];
 /// The fixed cost of one such block (its setup, the last tile's wait, the partial's store
 /// and merge), in keys at three blocks an SM (about 3 µs on an H100).
 const SM_BLOCK_KEYS: usize = 555;
+/// Splits of the wave model at least this long keep its count in [`sm_load_splits`]: there a
+/// block's fixed cost is a small part of it, both models' counts ran within a few percent, and
+/// at b4–b8 × 128k the per-SM count was 1–2% slower for tq4 and k4v3 (H100, session 39).
+const SM_LOAD_MAX_SPLIT_KEYS: usize = 8192;
 /// Keys per K/V tile of the tensor-core kernel (see attention.cu).
 const MMA_TK: usize = 32;
 /// Fewest keys a decode split covers.
@@ -906,12 +910,14 @@ pub(super) fn wave_splits(pairs: usize, max_ctx: usize, slots: usize, tile: usiz
 
 /// The split count of a launch of an issue-bound coded decode kernel (the int8-product
 /// TurboQuant kernels) with `pairs` (row, kv head) pairs over at most `max_ctx` keys, on
-/// `sms` SMs holding `slots` blocks at once: the count whose busiest SM finishes first.
-/// That SM runs `⌈pairs·s / sms⌉` blocks, each paying [`SM_BLOCK_KEYS`] and its keys at the
-/// [`SM_KEY_COST`] of as many blocks as it holds at once. [`wave_splits`] counts each
-/// resident block as a whole block's throughput, which these kernels do not get: at b8 × 8k
-/// it chose 6 splits where 4 ran 15% faster. Key counts are rounded up to a power of two
-/// first, as there; ties go to fewer splits.
+/// `sms` SMs holding `slots` blocks at once. Where [`wave_splits`]' splits are long (at least
+/// [`SM_LOAD_MAX_SPLIT_KEYS`]) its count stands. Otherwise: the count whose busiest SM
+/// finishes first. That SM runs `n = ⌈pairs·s / sms⌉` blocks in waves of as many as stay
+/// resident, each block paying [`SM_BLOCK_KEYS`], and each wave's keys cost the
+/// [`SM_KEY_COST`] of its own number of blocks, so a last wave of one block is dear.
+/// [`wave_splits`] counts each resident block as a whole block's throughput, which these
+/// kernels do not get: at b8 × 8k it chose 6 splits where 4 ran 15% faster. Key counts are
+/// rounded up to a power of two first, as there; ties go to fewer splits.
 pub(super) fn sm_load_splits(
     pairs: usize,
     max_ctx: usize,
@@ -919,17 +925,25 @@ pub(super) fn sm_load_splits(
     slots: usize,
     tile: usize,
 ) -> usize {
+    let wave = wave_splits(pairs, max_ctx, slots, tile);
+    let ctx = max_ctx.max(1).next_power_of_two();
+    if ctx.div_ceil(wave) >= SM_LOAD_MAX_SPLIT_KEYS {
+        return wave;
+    }
     let (pairs, sms) = (pairs.max(1), sms.max(1));
     let resident = (slots / sms).clamp(1, SM_KEY_COST.len());
-    let ctx = max_ctx.max(1).next_power_of_two();
     let most = max_ctx
         .div_ceil(MIN_SPLIT_KEYS)
         .clamp(1, 4 * slots.max(1).div_ceil(pairs));
     let cost = |s: usize| {
         let blocks = (pairs * s).div_ceil(sms);
         let keys = ctx.div_ceil(s).div_ceil(tile) * tile;
-        let key_cost = SM_KEY_COST[blocks.min(resident) - 1];
-        blocks * (keys * key_cost / 100 + SM_BLOCK_KEYS)
+        let (waves, rest) = (blocks / resident, blocks % resident);
+        let mut key_cost = waves * resident * SM_KEY_COST[resident - 1];
+        if rest > 0 {
+            key_cost += rest * SM_KEY_COST[rest - 1];
+        }
+        keys * key_cost / 100 + blocks * SM_BLOCK_KEYS
     };
     (1..=most).min_by_key(|&s| (cost(s), s)).unwrap_or(1)
 }
@@ -1037,11 +1051,24 @@ mod tests {
     #[test]
     fn sm_load_splits_match_the_measured_best_counts() {
         // H100: 132 SMs, three blocks of the int8-value kernels each, 256-key tiles
-        // (BENCHMARKS.md, session 38: the fastest forced split counts of k4v2 and tq3).
+        // (BENCHMARKS.md, sessions 38–39: the fastest forced split counts of k4v2 and tq3).
         let (sms, slots, tile) = (132, 396, 256);
         assert_eq!(sm_load_splits(8 * 8, 8192, sms, slots, tile), 4);
         assert_eq!(sm_load_splits(32 * 8, 8192, sms, slots, tile), 1);
         assert_eq!(sm_load_splits(8 * 8, 32768, sms, slots, tile), 4);
+        // b32 × 32k: four blocks an SM in two splits end on a lone block; three splits fill
+        // two waves of three (the wave model's count, which ran 1–3% faster).
+        assert_eq!(sm_load_splits(32 * 8, 32768, sms, slots, tile), 3);
+        // Long splits keep the wave model's count.
+        for (pairs, ctx) in [(8 * 8, 131072), (32 * 8, 131072), (4 * 8, 131072)] {
+            assert_eq!(
+                sm_load_splits(pairs, ctx, sms, slots, tile),
+                wave_splits(pairs, ctx, slots, tile)
+            );
+        }
+        // One sequence (8 pairs) at 32k: fewer, longer splits than the wave model's 43.
+        assert_eq!(wave_splits(8, 32768, slots, tile), 43);
+        assert_eq!(sm_load_splits(8, 32768, sms, slots, tile), 16);
         // Every choice: at least one split, and no split shorter than MIN_SPLIT_KEYS keys.
         for pairs in [1, 3, 8, 24, 64, 100, 256, 1024] {
             for ctx in [1, 64, 1000, 4096, 65536, 131072] {

@@ -270,9 +270,10 @@ pub struct CudaOptions {
     /// (`turbokv bench attention --coded-splits`). `None`: the model's.
     pub coded_splits: Option<usize>,
     /// The int8-product TurboQuant decode kernels take their split count from the per-SM load
-    /// model (`sm_load_splits` in `cuda/attention.rs`) instead of the wave model. Default off
-    /// until measured at every batch: forced split counts ran 5–15% faster at b8 × 8k, b8 ×
-    /// 32k and b32 × 8k on an H100, but 3% slower at b32 × 32k (BENCHMARKS.md, session 38).
+    /// model (`sm_load_splits` in `cuda/attention.rs`) where the wave model's splits are
+    /// short. Default on: 5–26% faster attention at b1–b8 up to 32k on an H100, within 2% of
+    /// the wave model elsewhere but 3–5% slower for tq4 and k4v3 at b32 × 8k (BENCHMARKS.md,
+    /// session 39). Off: the wave model for every kernel.
     pub sm_load_splits: bool,
 }
 
@@ -296,7 +297,7 @@ impl Default for CudaOptions {
             coded_int8_keys: true,
             coded_int8_values: true,
             coded_splits: None,
-            sm_load_splits: false,
+            sm_load_splits: true,
         }
     }
 }
