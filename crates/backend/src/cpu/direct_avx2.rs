@@ -407,11 +407,25 @@ pub(super) const SCALE_RUN: usize = 64;
 pub(super) fn prefetch(page: &Page<'_>, pages: &Pages<'_>) {
     let records = &page.bytes[..(page.n * pages.stride).min(page.bytes.len())];
     let scales = &page.scales[..(page.n * pages.scale_step).min(page.scales.len())];
-    for bytes in [records, scales] {
-        for at in (0..bytes.len()).step_by(64) {
-            // SAFETY: a prefetch never faults; the address lies inside `bytes`.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(at).cast()) };
-        }
+    prefetch_lines(records);
+    prefetch_lines(scales);
+}
+
+/// Hints the caches to fetch every cache line that `bytes` touches, from the line of its
+/// first byte (which need not start a line: a page of a window's copies or a run's scales
+/// rarely does) to the line of its last.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn prefetch_lines(bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    let lead = bytes.as_ptr() as usize % 64;
+    let line = bytes.as_ptr().wrapping_sub(lead);
+    for i in 0..(lead + bytes.len()).div_ceil(64) {
+        // A prefetch never faults, whatever the address; this one is formed with wrapping
+        // arithmetic and never dereferenced.
+        _mm_prefetch::<_MM_HINT_T0>(line.wrapping_add(64 * i).cast());
     }
 }
 
