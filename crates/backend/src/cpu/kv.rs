@@ -11,7 +11,7 @@
 
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
-use std::collections::HashMap;
+use std::collections::VecDeque;
 
 use turbokv_cache::{KvLayout, KvWindow};
 use turbokv_codec::{BlockLayout, KvDtype, LayerCodec};
@@ -74,24 +74,123 @@ pub(crate) struct CodecStore {
     /// before encoding (see [`turbokv_cache::KvCenters`]); attention adds the value mean back.
     centers: Option<(Vec<f32>, Vec<f32>)>,
     /// The exact copies of K and V of blocks that may still hold sink or recent-window
-    /// tokens, keyed by physical block id. Blocks that fall wholly behind every future
-    /// query's window are dropped on write, so this holds at most about `sequences × (recent
-    /// / block_size + sink blocks + 2)` blocks after prefill.
-    shadow: HashMap<usize, Shadow>,
+    /// tokens. Blocks that fall wholly behind every future query's window are dropped on
+    /// write, so this holds at most about `sequences × (recent / block_size + sink blocks + 2)`
+    /// blocks after prefill.
+    shadow: Shadows,
 }
 
-/// One block's exact K and V: rounded to f16 (what the format keeps and counts) and then
+/// The blocks' exact K and V: rounded to f16 (what the format keeps and counts) and then
 /// brought into the codec's working basis once, when written — not at every read, where the
 /// rotation of each window token cost more than reading thousands of codes. The rotated
 /// vectors are kept as f16 bits again (native-endian, as the 16-bit pool's values; a second
 /// rounding, by at most 2⁻¹¹ of each working coordinate), so decode
 /// reads them as [`super::direct::Fmt::F16`] pages at 2 bytes a coordinate instead of 4: the
-/// window's bytes, not its arithmetic, set its cost beside the codes. `k` is
-/// `[kv_heads, block_size, key work_dim]`, `v` likewise with the value work dim.
+/// window's bytes, not its arithmetic, set its cost beside the codes.
+///
+/// A block's copies take a slot of each kv head's two slabs (`k[h]`: `[slots, block_size, key
+/// work dim]`, `v[h]` likewise with the value work dim), found through a table indexed by
+/// physical block: decode looks a block up once per (block, kv head) of the window, and a
+/// hash map's probe, cold after a step's weights went through the caches, cost more there than
+/// reading the copies. Freed slots are reused oldest first, so a decoding sequence's window
+/// blocks take the slots in turn, and one head's window lies mostly in order in memory, as
+/// the prefetchers like.
 #[derive(Debug)]
-struct Shadow {
-    k: Vec<u16>,
-    v: Vec<u16>,
+struct Shadows {
+    /// Slot + 1 of each physical block's copies, 0 for none.
+    slot_of: Vec<u32>,
+    k: Vec<Vec<u16>>,
+    v: Vec<Vec<u16>>,
+    /// u16 per slot of a head's `k` and `v`.
+    per: (usize, usize),
+    free: VecDeque<u32>,
+    /// Slots allocated, and those held by a block.
+    slots: usize,
+    held: usize,
+}
+
+impl Shadows {
+    fn new(num_blocks: usize, kv_heads: usize, per: (usize, usize)) -> Self {
+        Shadows {
+            slot_of: vec![0; num_blocks],
+            k: vec![Vec::new(); kv_heads],
+            v: vec![Vec::new(); kv_heads],
+            per,
+            free: VecDeque::new(),
+            slots: 0,
+            held: 0,
+        }
+    }
+
+    /// Blocks with copies.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.held
+    }
+
+    fn slot(&self, block: usize) -> Option<usize> {
+        match self.slot_of.get(block) {
+            Some(&s) if s > 0 => Some(s as usize - 1),
+            _ => None,
+        }
+    }
+
+    /// Head `head`'s copies of `block` (`[block_size, work dim]` each), if it has them.
+    fn get(&self, block: usize, head: usize) -> Option<(&[u16], &[u16])> {
+        let s = self.slot(block)?;
+        let (pk, pv) = self.per;
+        Some((&self.k[head][s * pk..][..pk], &self.v[head][s * pv..][..pv]))
+    }
+
+    /// The slot of `block`'s copies, taken (and zeroed) when it had none.
+    fn slot_or_insert(&mut self, block: usize) -> usize {
+        if let Some(s) = self.slot(block) {
+            return s;
+        }
+        let (pk, pv) = self.per;
+        let s = match self.free.pop_front() {
+            Some(s) => s as usize,
+            None => {
+                self.slots += 1;
+                self.slots - 1
+            }
+        };
+        for (slab, per) in self
+            .k
+            .iter_mut()
+            .map(|k| (k, pk))
+            .chain(self.v.iter_mut().map(|v| (v, pv)))
+        {
+            if slab.len() < (s + 1) * per {
+                slab.resize((s + 1) * per, 0);
+            } else {
+                slab[s * per..][..per].fill(0);
+            }
+        }
+        self.slot_of[block] = u32::try_from(s + 1).expect("fewer slots than blocks");
+        self.held += 1;
+        s
+    }
+
+    /// Head `head`'s copies of slot `s`.
+    fn slot_mut(&mut self, s: usize, head: usize) -> (&mut [u16], &mut [u16]) {
+        let (pk, pv) = self.per;
+        (
+            &mut self.k[head][s * pk..][..pk],
+            &mut self.v[head][s * pv..][..pv],
+        )
+    }
+
+    /// Drops `block`'s copies; false when it had none.
+    fn remove(&mut self, block: usize) -> bool {
+        let Some(s) = self.slot(block) else {
+            return false;
+        };
+        self.slot_of[block] = 0;
+        self.free.push_back(s as u32);
+        self.held -= 1;
+        true
+    }
 }
 
 #[derive(Debug)]
@@ -125,7 +224,7 @@ impl crate::KvPoolBlocks for CpuKvPool {
     fn release_blocks(&mut self, blocks: &[u32]) {
         if let Store::Codec(c) = &mut self.store {
             for b in blocks {
-                c.shadow.remove(&(*b as usize));
+                c.shadow.remove(*b as usize);
             }
         }
     }
@@ -180,6 +279,11 @@ impl CpuKvPool {
                             .map_err(|e| shape("kv centers", e.to_string()))?,
                     ),
                 };
+                // One slot of a head's copies: a block's tokens, in the working bases.
+                let shadow_per = (
+                    layout.block_size * codec.key.work_dim(),
+                    layout.block_size * codec.value.work_dim(),
+                );
                 Store::Codec(Box::new(CodecStore {
                     codec,
                     centers,
@@ -188,7 +292,7 @@ impl CpuKvPool {
                     k: vec![0; k_len],
                     v: vec![0; v_len],
                     window: layout.window,
-                    shadow: HashMap::new(),
+                    shadow: Shadows::new(layout.num_blocks, layout.kv_heads, shadow_per),
                 }))
             }
         };
@@ -310,23 +414,20 @@ impl CpuKvPool {
                             if c.window.is_active() {
                                 let cs = &mut **c;
                                 let (wk, wv) = (cs.codec.key.work_dim(), cs.codec.value.work_dim());
-                                let (heads, bs) = (self.kv_heads, self.block_size);
-                                let sh = cs.shadow.entry(block).or_insert_with(|| Shadow {
-                                    k: vec![0; heads * bs * wk],
-                                    v: vec![0; heads * bs * wv],
-                                });
+                                let at = cs.shadow.slot_or_insert(block);
+                                let (sk, sv) = cs.shadow.slot_mut(at, h);
                                 let mut rounded = [0f32; MAX_HEAD_DIM];
                                 let rounded = &mut rounded[..d];
-                                let (ak, av) = ((h * bs + slot) * wk, (h * bs + slot) * wv);
+                                let (ak, av) = (slot * wk, slot * wv);
                                 round_to_f16(k, rounded);
                                 work.resize(wk.max(wv), 0.0);
                                 cs.codec.key.exact_to_work(rounded, &mut work[..wk])?;
-                                sh.k[ak..ak + wk]
+                                sk[ak..ak + wk]
                                     .reinterpret_cast_mut::<f16>()
                                     .convert_from_f32_slice(&work[..wk]);
                                 round_to_f16(v, rounded);
                                 cs.codec.value.exact_to_work(rounded, &mut work[..wv])?;
-                                sh.v[av..av + wv]
+                                sv[av..av + wv]
                                     .reinterpret_cast_mut::<f16>()
                                     .convert_from_f32_slice(&work[..wv]);
                             }
@@ -435,11 +536,10 @@ impl CpuKvPool {
         let Store::Codec(c) = &self.store else {
             return None;
         };
-        let sh = c.shadow.get(&block)?;
+        let (k, v) = c.shadow.get(block, head)?;
         let (wk, wv) = (c.codec.key.work_dim(), c.codec.value.work_dim());
-        let at = head * self.block_size;
-        let (a, b) = (at + slots.start, at + slots.end);
-        Some((&sh.k[a * wk..b * wk], &sh.v[a * wv..b * wv]))
+        let (a, b) = (slots.start, slots.end);
+        Some((&k[a * wk..b * wk], &v[a * wv..b * wv]))
     }
 
     /// Decodes tokens `slots` of (block, head) of a 16-bit pool into `out`
@@ -565,7 +665,7 @@ impl CodecStore {
             .iter()
             .rev()
         {
-            if self.shadow.remove(&(b as usize)).is_none() {
+            if !self.shadow.remove(b as usize) {
                 break;
             }
         }
