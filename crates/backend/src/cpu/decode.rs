@@ -199,6 +199,7 @@ impl RunView {
             scale_step: self.scale.map_or(0, |(_, step)| step),
             mul: mul * self.mul * self.fmt.unit(),
             list,
+            next: &[],
         }
     }
 }
@@ -342,13 +343,19 @@ fn run_in(
         }
         p0 += n;
     }
-    let exact_pages = |stride, mul, list| Pages {
+    let exact_pages = |stride, mul, list, next| Pages {
         fmt: Fmt::F16,
         stride,
         scale_step: 0,
         mul,
         list,
+        next,
     };
+    for (run, list) in (views.k.runs.iter().zip(&kpages)).chain(views.v.runs.iter().zip(&vpages)) {
+        direct::prefetch_start(&run.pages(list, 1.0));
+    }
+    direct::prefetch_start(&exact_pages(2 * wk, 1.0, &ekpages, &[]));
+    direct::prefetch_start(&exact_pages(2 * wv, 1.0, &evpages, &[]));
     let Scratch {
         qw,
         p,
@@ -380,7 +387,10 @@ fn run_in(
             p.iter_mut().zip(part.iter()).for_each(|(a, b)| *a += b);
         }
     }
-    let ekp = exact_pages(2 * wk, g.scale, &ekpages);
+    // The copies' values are requested while their keys are scored: a task of window keys
+    // has no codes to compute with while they come, and its value pass would wait on them.
+    let evbytes: Vec<&[u8]> = evpages.iter().map(|p| p.bytes).collect();
+    let ekp = exact_pages(2 * wk, g.scale, &ekpages, &evbytes);
     direct::scores(ekp, qw, rows, p, nk, CodeProducts::F32);
 
     // Softmax numerators of the whole range, one max and one exp pass per row.
@@ -409,7 +419,7 @@ fn run_in(
                 .for_each(|(x, y)| *x += y);
         }
     }
-    let evp = exact_pages(2 * wv, 1.0, &evpages);
+    let evp = exact_pages(2 * wv, 1.0, &evpages, &[]);
     direct::accumulate(evp, p, nk, &mut acc, rows, CodeProducts::F32);
 
     // A task that saw every key of its query finishes its rows here, in parallel.

@@ -121,6 +121,10 @@ pub(crate) struct Pages<'a> {
     /// The factor every record shares (softmax scale, [`Fmt::unit`]).
     pub(crate) mul: f32,
     pub(crate) list: &'a [Page<'a>],
+    /// Bytes the task reads in a later pass (a window's values, beside its keys' pages), or
+    /// none: the 16-bit score passes request them over their first pages, so they arrive
+    /// while the scores are computed instead of stalling the value pass.
+    pub(crate) next: &'a [&'a [u8]],
 }
 
 impl Pages<'_> {
@@ -173,6 +177,20 @@ pub(crate) fn has_simd() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
+    }
+}
+
+/// Requests the first pages of `pages`, which the passes' own look-ahead never does (it runs
+/// a few pages ahead of the page being read, from the first page on): issued when a task's
+/// pages are known, they arrive before its passes start instead of one by one as each
+/// begins, which cost every task several round trips to memory.
+pub(crate) fn prefetch_start(pages: &Pages<'_>) {
+    #[cfg(target_arch = "x86_64")]
+    if has_simd() {
+        for page in pages.list.iter().take(super::direct_avx2::PREFETCH_PAGES) {
+            // SAFETY: AVX2/FMA/F16C detected.
+            unsafe { super::direct_avx2::prefetch(page, pages) };
+        }
     }
 }
 
@@ -513,6 +531,7 @@ mod tests {
                             scale_step,
                             mul: 0.75,
                             list: &list,
+                            next: &[],
                         };
                         let what = format!("{fmt:?} w {w} n {n} rows {rows} step {scale_step}");
                         // fp8 values are E4M3's over 2⁸: at most 1.75.
@@ -594,6 +613,7 @@ mod tests {
                         scale_step,
                         mul: 0.6,
                         list: &list,
+                        next: &[],
                     };
                     check(
                         rng,
@@ -780,6 +800,7 @@ mod tests {
             scale_step: 0,
             mul: 1.0,
             list: &list,
+            next: &[],
         };
         let mut acc = vec![0f32; 256];
         accumulate(pages, &[1.0], 1, &mut acc, 1, CodeProducts::F32);

@@ -411,6 +411,20 @@ pub(super) fn prefetch(page: &Page<'_>, pages: &Pages<'_>) {
     prefetch_lines(scales);
 }
 
+/// Hints the caches to fetch page `i`'s share of [`Pages::next`] while page `i` of `pages`
+/// is read: the slices dealt out over the first half of the pages, in order, so the last
+/// arrive well before the pass that reads them.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn prefetch_next(pages: &Pages<'_>, i: usize) {
+    let (n, over) = (pages.next.len(), pages.list.len().div_ceil(2));
+    if n > 0 && i < over {
+        for bytes in &pages.next[i * n / over..(i + 1) * n / over] {
+            prefetch_lines(bytes);
+        }
+    }
+}
+
 /// Hints the caches to fetch every cache line that `bytes` touches, from the line of its
 /// first byte (which need not start a line: a page of a window's copies or a run's scales
 /// rarely does) to the line of its last.
@@ -538,6 +552,7 @@ macro_rules! score_runs {
             if let Some(next) = pages.list.get(i + PREFETCH_PAGES) {
                 prefetch(next, pages);
             }
+            prefetch_next(pages, i);
             for j0 in (0..pg.n).step_by(SCALE_RUN) {
                 let $sc = &mut buf[..(pg.n - j0).min(SCALE_RUN)];
                 page_scales(pages, pg, j0, $sc);
