@@ -12,7 +12,7 @@
 //! | `TURBOKV_CODED_PREFILL_TILES=0\|1` | prefill over coded caches through tensor cores (default 1; 0: the decode kernels per row) |
 //! | `TURBOKV_CODED_INT8_KEYS=0\|1` | decode over TurboQuant caches with int8 key products (default 1; 0: the f16 kernel) |
 //! | `TURBOKV_CODED_INT8_VALUES=0\|1` | with int8 key products, 2- and 3-bit TurboQuant value sums through int8 products too (default 1; 0: as f16) |
-//! | `TURBOKV_SM_LOAD_SPLITS=0\|1` | the int8-product TurboQuant decode kernels' split count from the per-SM load model where the wave model's splits are short (default 1; 0: the wave model) |
+//! | `TURBOKV_SM_LOAD_SPLITS=0\|1` | the int8-product TurboQuant decode kernels' split count from the per-SM load model at small batches and short splits (default 1; 0: the wave model) |
 //! | `TURBOKV_CPU_WEIGHTS=native\|f32` | CPU matmuls on the stored weights with 8-bit activations (default), or on weights dequantized to f32 (the exact reference; slow) |
 //! | `TURBOKV_CPU_CODE_PRODUCTS=int8\|f32` | CPU decode scores and value sums of TurboQuant codes through int8 products where AVX-512 VNNI and VBMI are present (default), or in f32 (exact over the decoded codes) |
 //!

@@ -47,7 +47,9 @@ const SM_KEY_COST: [usize; 3] = [130, 105, 100];
 const SM_BLOCK_KEYS: usize = 555;
 /// Splits of the wave model at least this long keep its count in [`sm_load_splits`]: there a
 /// block's fixed cost is a small part of it, both models' counts ran within a few percent, and
-/// at b4–b8 × 128k the per-SM count was 1–2% slower for tq4 and k4v3 (H100, session 39).
+/// at b4–b8 × 128k the per-SM count was 1–2% slower for tq4 and k4v3 (H100, session 39). So
+/// do launches of at least as many (row, kv head) pairs as SMs: at b32 its one split per
+/// pair ran faster alone but made compact's decode step 3–7% slower (session 39).
 const SM_LOAD_MAX_SPLIT_KEYS: usize = 8192;
 /// Keys per K/V tile of the tensor-core kernel (see attention.cu).
 const MMA_TK: usize = 32;
@@ -910,9 +912,9 @@ pub(super) fn wave_splits(pairs: usize, max_ctx: usize, slots: usize, tile: usiz
 
 /// The split count of a launch of an issue-bound coded decode kernel (the int8-product
 /// TurboQuant kernels) with `pairs` (row, kv head) pairs over at most `max_ctx` keys, on
-/// `sms` SMs holding `slots` blocks at once. Where [`wave_splits`]' splits are long (at least
-/// [`SM_LOAD_MAX_SPLIT_KEYS`]) its count stands. Otherwise: the count whose busiest SM
-/// finishes first. That SM runs `n = ⌈pairs·s / sms⌉` blocks in waves of as many as stay
+/// `sms` SMs holding `slots` blocks at once. Where there are at least as many pairs as SMs,
+/// or [`wave_splits`]' splits are long (at least [`SM_LOAD_MAX_SPLIT_KEYS`]), its count
+/// stands. Otherwise: the count whose busiest SM finishes first. That SM runs `n = ⌈pairs·s / sms⌉` blocks in waves of as many as stay
 /// resident, each block paying [`SM_BLOCK_KEYS`], and each wave's keys cost the
 /// [`SM_KEY_COST`] of its own number of blocks, so a last wave of one block is dear.
 /// [`wave_splits`] counts each resident block as a whole block's throughput, which these
@@ -927,10 +929,10 @@ pub(super) fn sm_load_splits(
 ) -> usize {
     let wave = wave_splits(pairs, max_ctx, slots, tile);
     let ctx = max_ctx.max(1).next_power_of_two();
-    if ctx.div_ceil(wave) >= SM_LOAD_MAX_SPLIT_KEYS {
+    let (pairs, sms) = (pairs.max(1), sms.max(1));
+    if pairs >= sms || ctx.div_ceil(wave) >= SM_LOAD_MAX_SPLIT_KEYS {
         return wave;
     }
-    let (pairs, sms) = (pairs.max(1), sms.max(1));
     let resident = (slots / sms).clamp(1, SM_KEY_COST.len());
     let most = max_ctx
         .div_ceil(MIN_SPLIT_KEYS)
@@ -1051,24 +1053,30 @@ mod tests {
     #[test]
     fn sm_load_splits_match_the_measured_best_counts() {
         // H100: 132 SMs, three blocks of the int8-value kernels each, 256-key tiles
-        // (BENCHMARKS.md, sessions 38–39: the fastest forced split counts of k4v2 and tq3).
+        // (BENCHMARKS.md, sessions 38–39: the fastest counts of k4v2 and tq3).
         let (sms, slots, tile) = (132, 396, 256);
         assert_eq!(sm_load_splits(8 * 8, 8192, sms, slots, tile), 4);
-        assert_eq!(sm_load_splits(32 * 8, 8192, sms, slots, tile), 1);
         assert_eq!(sm_load_splits(8 * 8, 32768, sms, slots, tile), 4);
-        // b32 × 32k: four blocks an SM in two splits end on a lone block; three splits fill
-        // two waves of three (the wave model's count, which ran 1–3% faster).
-        assert_eq!(sm_load_splits(32 * 8, 32768, sms, slots, tile), 3);
-        // Long splits keep the wave model's count.
-        for (pairs, ctx) in [(8 * 8, 131072), (32 * 8, 131072), (4 * 8, 131072)] {
-            assert_eq!(
-                sm_load_splits(pairs, ctx, sms, slots, tile),
-                wave_splits(pairs, ctx, slots, tile)
-            );
-        }
         // One sequence (8 pairs) at 32k: fewer, longer splits than the wave model's 43.
         assert_eq!(wave_splits(8, 32768, slots, tile), 43);
         assert_eq!(sm_load_splits(8, 32768, sms, slots, tile), 16);
+        // At least as many pairs as SMs (b32), or long splits: the wave model's count.
+        for (pairs, ctx) in [
+            (32 * 8, 8192),
+            (32 * 8, 32768),
+            (8 * 8, 131072),
+            (4 * 8, 131072),
+        ] {
+            assert_eq!(
+                sm_load_splits(pairs, ctx, sms, slots, tile),
+                wave_splits(pairs, ctx, slots, tile),
+                "{pairs} pairs, {ctx} keys"
+            );
+        }
+        // A last wave of one block is dear: 100 pairs at 8k in 5 splits would leave the
+        // busiest SMs four blocks (three at once, then one alone).
+        let s = sm_load_splits(100, 8192, sms, slots, tile);
+        assert_ne!((100 * s).div_ceil(sms) % 3, 1, "{s} splits");
         // Every choice: at least one split, and no split shorter than MIN_SPLIT_KEYS keys.
         for pairs in [1, 3, 8, 24, 64, 100, 256, 1024] {
             for ctx in [1, 64, 1000, 4096, 65536, 131072] {

@@ -270,10 +270,10 @@ pub struct CudaOptions {
     /// (`turbokv bench attention --coded-splits`). `None`: the model's.
     pub coded_splits: Option<usize>,
     /// The int8-product TurboQuant decode kernels take their split count from the per-SM load
-    /// model (`sm_load_splits` in `cuda/attention.rs`) where the wave model's splits are
-    /// short. Default on: 5–26% faster attention at b1–b8 up to 32k on an H100, within 2% of
-    /// the wave model elsewhere but 3–5% slower for tq4 and k4v3 at b32 × 8k (BENCHMARKS.md,
-    /// session 39). Off: the wave model for every kernel.
+    /// model (`sm_load_splits` in `cuda/attention.rs`) where there are fewer (row, kv head)
+    /// pairs than SMs and the wave model's splits are short. Default on: attention 5–29%
+    /// faster at b1–b8 up to 32k on an H100, compact's decode step 1–2% faster at b1 × 32k
+    /// and b8 × 8k (BENCHMARKS.md, session 39). Off: the wave model for every kernel.
     pub sm_load_splits: bool,
 }
 
