@@ -181,15 +181,30 @@ impl Shadows {
         )
     }
 
-    /// Drops `block`'s copies; false when it had none.
+    /// Drops `block`'s copies; false when it had none. The last block's drop gives the slabs'
+    /// memory back: they keep their peak size while any block holds copies, not after.
     fn remove(&mut self, block: usize) -> bool {
         let Some(s) = self.slot(block) else {
             return false;
         };
         self.slot_of[block] = 0;
-        self.free.push_back(s as u32);
         self.held -= 1;
+        if self.held == 0 {
+            self.free = VecDeque::new();
+            self.slots = 0;
+            for slab in self.k.iter_mut().chain(self.v.iter_mut()) {
+                *slab = Vec::new();
+            }
+        } else {
+            self.free.push_back(s as u32);
+        }
         true
+    }
+
+    /// Bytes the slabs hold allocated.
+    #[cfg(test)]
+    fn capacity_bytes(&self) -> usize {
+        self.k.iter().chain(&self.v).map(|s| 2 * s.capacity()).sum()
     }
 }
 
@@ -776,5 +791,68 @@ mod tests {
             &chunks,
         );
         assert!(*held.last().unwrap() <= 2, "{held:?}");
+    }
+
+    #[test]
+    fn released_sequences_give_the_window_copies_memory_back() {
+        let (heads, d, bs, n) = (2, 64, 16, 100);
+        let mut layout = KvLayout::uniform(
+            1,
+            heads,
+            d,
+            "tq3".parse::<KvDtype>().unwrap(),
+            bs,
+            2 * (n + bs),
+        )
+        .unwrap();
+        layout.window = KvWindow {
+            recent: 40,
+            sinks: 1,
+        };
+        let mut pool = CpuKvPool::new(&layout, 0).unwrap();
+        let g = AttnGeometry {
+            n_heads: heads,
+            n_kv_heads: heads,
+            head_dim: d,
+            scale: 0.125,
+        };
+        let per_seq = n.div_ceil(bs) as u32;
+        let tables: Vec<Vec<u32>> = (0..2)
+            .map(|i| (i * per_seq..(i + 1) * per_seq).collect())
+            .collect();
+        let qkv =
+            CpuTensor::from_vec(vec![0.25; 2 * n * 3 * heads * d], 2 * n, 3 * heads * d).unwrap();
+        let spans: Vec<SeqSpan<'_>> = tables
+            .iter()
+            .enumerate()
+            .map(|(i, blocks)| SeqSpan {
+                first_row: i * n,
+                n_tokens: n,
+                first_pos: 0,
+                blocks,
+            })
+            .collect();
+        pool.store(&qkv, &g, &spans).unwrap();
+        let shadow = |pool: &CpuKvPool| match &pool.store {
+            Store::Codec(c) => (c.shadow.len(), c.shadow.capacity_bytes()),
+            _ => unreachable!(),
+        };
+        let (held, bytes) = shadow(&pool);
+        assert!(held > 0 && bytes > 0, "{held} blocks, {bytes} bytes");
+        // One sequence ends: its copies go, the other's stay readable where they were.
+        crate::KvPoolBlocks::release_blocks(&mut pool, &tables[0]);
+        let (left, kept) = shadow(&pool);
+        assert!(
+            left > 0 && left < held && kept == bytes,
+            "{left} of {held}, {kept} bytes"
+        );
+        let last = *tables[1].last().unwrap() as usize;
+        assert!(pool.exact_run(last, 0, 0..(n % bs)).is_some());
+        // The last one ends: nothing is held any more.
+        crate::KvPoolBlocks::release_blocks(&mut pool, &tables[1]);
+        assert_eq!(shadow(&pool), (0, 0));
+        // And a new sequence takes copies again.
+        pool.store(&qkv, &g, &spans[..1]).unwrap();
+        assert!(shadow(&pool).0 > 0);
     }
 }
