@@ -914,12 +914,13 @@ pub(super) fn wave_splits(pairs: usize, max_ctx: usize, slots: usize, tile: usiz
 /// TurboQuant kernels) with `pairs` (row, kv head) pairs over at most `max_ctx` keys, on
 /// `sms` SMs holding `slots` blocks at once. Where there are at least as many pairs as SMs,
 /// or [`wave_splits`]' splits are long (at least [`SM_LOAD_MAX_SPLIT_KEYS`]), its count
-/// stands. Otherwise: the count whose busiest SM finishes first. That SM runs `n = ⌈pairs·s / sms⌉` blocks in waves of as many as stay
-/// resident, each block paying [`SM_BLOCK_KEYS`], and each wave's keys cost the
-/// [`SM_KEY_COST`] of its own number of blocks, so a last wave of one block is dear.
-/// [`wave_splits`] counts each resident block as a whole block's throughput, which these
-/// kernels do not get: at b8 × 8k it chose 6 splits where 4 ran 15% faster. Key counts are
-/// rounded up to a power of two first, as there; ties go to fewer splits.
+/// stands. Otherwise: the count whose busiest SM finishes first. That SM runs
+/// `⌈pairs·s / sms⌉` blocks in waves of as many as stay resident, each block paying
+/// [`SM_BLOCK_KEYS`], and each wave's keys cost the [`SM_KEY_COST`] of its own number of
+/// blocks, so a last wave of one block is dear. [`wave_splits`] counts each resident block
+/// as a whole block's throughput, which these kernels do not get: at b8 × 8k it chose 6
+/// splits where 4 ran 15% faster. Key counts are rounded up to a power of two first, as
+/// there; ties go to fewer splits.
 pub(super) fn sm_load_splits(
     pairs: usize,
     max_ctx: usize,
