@@ -391,6 +391,20 @@ unsafe fn accumulate_b<const B: usize, const R: usize>(
         if let Some(next) = pages.list.get(i + PREFETCH_PAGES) {
             prefetch(next, &pages);
         }
+        // A page starts a group of four keys: groups that straddle two pages (after a page
+        // whose record count is not a multiple of four, such as a block whose first slot is
+        // a sink read exactly) take the gather path, several times slower than a run, for
+        // the rest of the span. Zero-weight repeats of the last key fill the group instead.
+        while !span.n.is_multiple_of(4) {
+            span.rec[span.n] = span.rec[span.n - 1];
+            for row in span.scaled.iter_mut() {
+                row[span.n] = 0.0;
+            }
+            span.n += 1;
+        }
+        if span.n == SPAN {
+            flush(&mut span);
+        }
         let mut j0 = 0;
         while j0 < pg.n {
             let take = (pg.n - j0).min(SPAN - span.n);
