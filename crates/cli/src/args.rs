@@ -439,9 +439,12 @@ pub struct BenchDecodeArgs {
 /// `turbokv bench attention`.
 #[derive(Args, Debug, Clone)]
 pub struct BenchAttentionArgs {
-    /// Device: cuda or cuda:N.
+    /// Device: cuda, cuda:N or cpu.
     #[arg(long, default_value = "cuda")]
     pub device: String,
+    /// Worker threads with --device cpu (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
     /// KV cache formats, comma-separated.
     #[arg(long, default_value = "bf16")]
     pub kv: String,

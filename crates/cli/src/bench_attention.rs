@@ -54,7 +54,7 @@ pub struct AttentionReport {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub block_size: usize,
-    /// Device copy bandwidth (read + write), GB/s.
+    /// Device copy bandwidth (read + write), GB/s; on the CPU, the memory read bandwidth.
     pub copy_bw_gb_s: f64,
     /// Why the peer column is empty, if it is.
     pub peer_note: Option<String>,
@@ -110,9 +110,10 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
         }
         return Ok(());
     }
-    if !args.device.starts_with("cuda") {
+    let on_cpu = args.device == "cpu";
+    if !on_cpu && !args.device.starts_with("cuda") {
         bail!(
-            "bench attention times the CUDA kernels: use --device cuda (got '{}')",
+            "bench attention runs on cuda, cuda:N or cpu (got --device '{}')",
             args.device
         );
     }
@@ -146,6 +147,15 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
         head_dim: args.head_dim,
         scale: 1.0 / (args.head_dim as f32).sqrt(),
     };
+    if on_cpu {
+        let cpu = CpuPoint {
+            formats: &formats,
+            batches: &batches,
+            ctxs: &ctxs,
+            geometry,
+        };
+        return finish(args, run_cpu(args, &cpu)?);
+    }
     let base = CudaOptions::default();
     let backend = CudaBackend::from_spec(&args.device)?;
     let copy_bw = backend.copy_bandwidth(1 << 32, 10)?;
@@ -304,17 +314,24 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
             r.ratio_to_sdpa = Some(r.ms / ms);
         }
     }
-    let report = AttentionReport {
-        device: args.device.clone(),
-        heads: args.heads,
-        kv_heads: args.kv_heads,
-        head_dim: args.head_dim,
-        block_size: args.block_size,
-        copy_bw_gb_s: copy_bw / 1e9,
-        peer_note,
-        peer,
-        rows,
-    };
+    finish(
+        args,
+        AttentionReport {
+            device: args.device.clone(),
+            heads: args.heads,
+            kv_heads: args.kv_heads,
+            head_dim: args.head_dim,
+            block_size: args.block_size,
+            copy_bw_gb_s: copy_bw / 1e9,
+            peer_note,
+            peer,
+            rows,
+        },
+    )
+}
+
+/// Prints the report, and writes its plot and JSON where asked.
+fn finish(args: &BenchAttentionArgs, report: AttentionReport) -> Result<()> {
     print_report(&report);
     if let Some(plot) = &args.plot {
         crate::attention_plot::write_svg(plot, &report)?;
@@ -324,6 +341,107 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
+}
+
+/// What the CPU run measures: every format at every batch and context.
+struct CpuPoint<'a> {
+    formats: &'a [(String, KvDtype, WindowSpec)],
+    batches: &'a [usize],
+    ctxs: &'a [usize],
+    geometry: AttnGeometry,
+}
+
+/// `--device cpu`: the CPU backend's decode attention on the command's thread pool, against
+/// the memory read bandwidth of the same threads (there is no peer).
+fn run_cpu(args: &BenchAttentionArgs, p: &CpuPoint<'_>) -> Result<AttentionReport> {
+    use crate::bench_attention_cpu as cpu;
+    let read_bw = cpu::read_bandwidth();
+    eprintln!(
+        "{}: memory read bandwidth {:.1} GB/s",
+        cpu::describe(),
+        read_bw / 1e9
+    );
+    let base = crate::env_options::from_env()?.cpu;
+    let mut rows = Vec::new();
+    let mut default_out: HashMap<(String, usize, usize), Vec<f32>> = HashMap::new();
+    for (label, backend, compressed) in cpu::configs(base, args.compare_variants) {
+        let formats: Vec<_> = p
+            .formats
+            .iter()
+            .filter(|(_, dtype, _)| compressed.is_none_or(|c| c == dtype.is_compressed()))
+            .collect();
+        for &batch in p.batches {
+            for &ctx in p.ctxs {
+                // Every format of the point filled first, then timed in alternating rounds.
+                let mut prepared = Vec::with_capacity(formats.len());
+                for (name, dtype, window) in &formats {
+                    let case = cpu::CpuAttentionCase {
+                        geometry: p.geometry,
+                        dtype: *dtype,
+                        window: window.at(ctx),
+                        batch,
+                        ctx,
+                        block_size: args.block_size,
+                        shuffled_blocks: !args.contiguous_blocks,
+                        seed: 7 + batch as u64 * 1_000_003 + ctx as u64,
+                    };
+                    let what = || format!("{label} {name} batch {batch} ctx {ctx}");
+                    prepared.push(cpu::Prepared::new(&backend, &case).with_context(what)?);
+                }
+                let mut times = vec![Vec::with_capacity(args.rounds); prepared.len()];
+                for _ in 0..args.rounds.max(1) {
+                    for (t, prep) in times.iter_mut().zip(&mut prepared) {
+                        t.push(prep.round(&backend)?);
+                    }
+                }
+                for (((name, _, _), prep), mut t) in formats.iter().zip(prepared).zip(times) {
+                    t.sort_by(f64::total_cmp);
+                    let (seconds, best) = (t[t.len() / 2], t[0]);
+                    let key = (name.clone(), batch, ctx);
+                    let max_diff = if label == "default" {
+                        default_out.insert(key, prep.output);
+                        0.0
+                    } else {
+                        default_out
+                            .get(&key)
+                            .map_or(f64::NAN, |r| max_abs_diff(r, &prep.output))
+                    };
+                    let gb_s = prep.kv_bytes / seconds / 1e9;
+                    eprintln!(
+                        "{label} {name} b{batch} ctx{ctx}: {:.4} ms, {gb_s:.1} GB/s ({} copies)",
+                        seconds * 1e3,
+                        prep.copies
+                    );
+                    rows.push(AttentionRow {
+                        kv: name.clone(),
+                        variant: label.clone(),
+                        batch,
+                        ctx,
+                        ms: seconds * 1e3,
+                        best_ms: best * 1e3,
+                        kv_gb: prep.kv_bytes / 1e9,
+                        gb_s,
+                        frac_copy_bw: gb_s * 1e9 / read_bw,
+                        max_diff_vs_default: max_diff,
+                        sdpa_ms: None,
+                        sdpa_backend: None,
+                        ratio_to_sdpa: None,
+                    });
+                }
+            }
+        }
+    }
+    Ok(AttentionReport {
+        device: cpu::describe(),
+        heads: args.heads,
+        kv_heads: args.kv_heads,
+        head_dim: args.head_dim,
+        block_size: args.block_size,
+        copy_bw_gb_s: read_bw / 1e9,
+        peer_note: Some("no peer on the CPU; copy_bw_gb_s is the memory read bandwidth".into()),
+        peer: Vec::new(),
+        rows,
+    })
 }
 
 fn variant_label(v: &DecodeVariant) -> String {

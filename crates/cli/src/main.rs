@@ -3,6 +3,7 @@
 mod args;
 mod attention_plot;
 mod bench_attention;
+mod bench_attention_cpu;
 #[macro_use]
 mod generate;
 mod bench_codec;
@@ -47,7 +48,7 @@ fn threads(cmd: &Command) -> Option<usize> {
         Command::Eval(EvalCommand::Sensitivity(a)) => a.model.threads,
         Command::Bench(BenchCommand::Codec { .. }) => None,
         Command::Bench(BenchCommand::Decode(a)) => a.threads,
-        Command::Bench(BenchCommand::Attention(_)) => None,
+        Command::Bench(BenchCommand::Attention(a)) => a.threads,
         Command::Serve(a) => a.model.threads,
     }
 }
