@@ -389,9 +389,11 @@ fn run_cpu(args: &BenchAttentionArgs, p: &CpuPoint<'_>) -> Result<AttentionRepor
                     prepared.push(cpu::Prepared::new(&backend, &case).with_context(what)?);
                 }
                 let mut times = vec![Vec::with_capacity(args.rounds); prepared.len()];
-                for _ in 0..args.rounds.max(1) {
-                    for (t, prep) in times.iter_mut().zip(&mut prepared) {
-                        t.push(prep.round(&backend)?);
+                // Each round starts at the next format, so that none always follows the same.
+                let n = prepared.len();
+                for round in 0..args.rounds.max(1) {
+                    for i in (0..n).map(|i| (i + round) % n) {
+                        times[i].push(prepared[i].round(&backend)?);
                     }
                 }
                 for (((name, _, _), prep), mut t) in formats.iter().zip(prepared).zip(times) {
