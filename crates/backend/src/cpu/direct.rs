@@ -99,6 +99,13 @@ pub(crate) fn u16_bytes(x: &[u16]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<u8>(), std::mem::size_of_val(x)) }
 }
 
+/// Bytes of records the decode passes keep requested ahead of the page they read
+/// ([`Pages::ahead`]). It was 4 pages whatever their size: 8 KiB of 16-bit records but only
+/// 2 KiB of 4-bit codes, too little to cover the memory latency. On Zen 5, decode attention
+/// over TurboQuant codes ran 10% faster at 16 pages (BENCHMARKS.md, session 40); 16-bit
+/// records keep their 4 pages.
+pub(crate) const PREFETCH_BYTES: usize = 8192;
+
 /// `n` token records of one page, `stride` bytes apart from the start of `bytes` (the
 /// stride is the task's), holding the keys `off..off + n` of a task.
 #[derive(Clone, Copy, Debug)]
@@ -128,6 +135,15 @@ pub(crate) struct Pages<'a> {
 }
 
 impl Pages<'_> {
+    /// How many pages ahead of the one being read the passes request from memory: about
+    /// [`PREFETCH_BYTES`] of records (the hardware prefetchers do not follow a block table),
+    /// 1 to 16 pages. A page of 16 keys of 4-bit codes at head_dim 64 is 512 bytes, one of
+    /// 16-bit records 2 KiB.
+    pub(crate) fn ahead(&self) -> usize {
+        let n = self.list.iter().take(2).map(|p| p.n).max().unwrap_or(1);
+        (PREFETCH_BYTES / (n * self.stride).max(1)).clamp(1, 16)
+    }
+
     /// Whether every page holds its `n` records of `w` coordinates and their scales (panics
     /// otherwise: a caller's bug), and whether the SIMD loaders may read every chunk of them.
     fn check(&self, w: usize) -> bool {
@@ -187,7 +203,7 @@ pub(crate) fn has_simd() -> bool {
 pub(crate) fn prefetch_start(pages: &Pages<'_>) {
     #[cfg(target_arch = "x86_64")]
     if has_simd() {
-        for page in pages.list.iter().take(super::direct_avx2::PREFETCH_PAGES) {
+        for page in pages.list.iter().take(pages.ahead()) {
             // SAFETY: AVX2/FMA/F16C detected.
             unsafe { super::direct_avx2::prefetch(page, pages) };
         }

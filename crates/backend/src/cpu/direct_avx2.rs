@@ -394,10 +394,6 @@ macro_rules! with_loader {
     };
 }
 
-/// Page `i + PREFETCH_PAGES` is requested from memory while page `i` is read: the hardware
-/// prefetchers do not follow a block table, and a page takes ~100 ns.
-pub(super) const PREFETCH_PAGES: usize = 4;
-
 /// Records whose scales are widened at a time, into a buffer on the stack.
 pub(super) const SCALE_RUN: usize = 64;
 
@@ -548,8 +544,9 @@ macro_rules! score_runs {
     ($pages:expr, |$rec:ident, $sc:ident, $at:ident| $body:expr) => {{
         let pages = $pages;
         let mut buf = [0f32; SCALE_RUN];
+        let ahead = pages.ahead();
         for (i, pg) in pages.list.iter().enumerate() {
-            if let Some(next) = pages.list.get(i + PREFETCH_PAGES) {
+            if let Some(next) = pages.list.get(i + ahead) {
                 prefetch(next, pages);
             }
             prefetch_next(pages, i);
@@ -581,8 +578,9 @@ macro_rules! scaled_runs {
         let pages = $pages;
         let mut buf = [0f32; SCALE_RUN];
         let mut $scaled = [0f32; 4 * SCALE_RUN];
+        let ahead = pages.ahead();
         for (i, pg) in pages.list.iter().enumerate() {
-            if let Some(next) = pages.list.get(i + PREFETCH_PAGES) {
+            if let Some(next) = pages.list.get(i + ahead) {
                 prefetch(next, pages);
             }
             for j0 in (0..pg.n).step_by(SCALE_RUN) {

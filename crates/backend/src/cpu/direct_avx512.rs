@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 
 use super::direct::{Fmt, Pages};
 use super::direct_avx2::{
-    PREFETCH_PAGES, SCALE_RUN, page_scales, prefetch, prefetch_next, scaled_runs, score_runs,
+    SCALE_RUN, page_scales, prefetch, prefetch_next, scaled_runs, score_runs,
 };
 
 /// Whether the pass takes records of `fmt` with `w` coordinates on this CPU: 16-bit values,

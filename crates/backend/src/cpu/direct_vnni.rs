@@ -18,7 +18,7 @@
 use std::arch::x86_64::*;
 
 use super::direct::Pages;
-use super::direct_avx2::{PREFETCH_PAGES, SCALE_RUN, page_scales, prefetch};
+use super::direct_avx2::{SCALE_RUN, page_scales, prefetch};
 
 /// Widest query row (coordinates of one run) the integer path takes.
 pub(super) const MAX_W: usize = 256;
@@ -382,9 +382,10 @@ unsafe fn scores_b<const B: usize>(
     let (stride, op) = (pages.stride, out.as_mut_ptr());
     let mut buf = [0f32; SCALE_RUN];
     macro_rules! go {
-        ($r:literal) => {
+        ($r:literal) => {{
+            let ahead = pages.ahead();
             for (i, pg) in pages.list.iter().enumerate() {
-                if let Some(next) = pages.list.get(i + PREFETCH_PAGES) {
+                if let Some(next) = pages.list.get(i + ahead) {
                     prefetch(next, &pages);
                 }
                 for j0 in (0..pg.n).step_by(SCALE_RUN) {
@@ -410,7 +411,7 @@ unsafe fn scores_b<const B: usize>(
                     }
                 }
             }
-        };
+        }};
     }
     match q.rows {
         1 => go!(1),

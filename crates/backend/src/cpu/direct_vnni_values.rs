@@ -20,7 +20,7 @@
 use std::arch::x86_64::*;
 
 use super::direct::Pages;
-use super::direct_avx2::{PREFETCH_PAGES, Table, accumulate_t, page_scales, prefetch};
+use super::direct_avx2::{Table, accumulate_t, page_scales, prefetch};
 use super::direct_vnni::{Codebook, MAX_ROWS};
 
 /// Keys gathered for one rounding of their weights: up to [`SPAN`] keys from one page or
@@ -387,8 +387,9 @@ unsafe fn accumulate_b<const B: usize, const R: usize>(
         }
         span.n = 0;
     };
+    let ahead = pages.ahead();
     for (i, pg) in pages.list.iter().enumerate() {
-        if let Some(next) = pages.list.get(i + PREFETCH_PAGES) {
+        if let Some(next) = pages.list.get(i + ahead) {
             prefetch(next, &pages);
         }
         // A page starts a group of four keys: groups that straddle two pages (after a page
