@@ -46,6 +46,35 @@ pub struct AttentionRow {
     pub ratio_to_sdpa: Option<f64>,
 }
 
+impl AttentionRow {
+    /// A point measured at `(median, fastest)` seconds a call, reading `kv_bytes`, against
+    /// `bandwidth` bytes per second; the peer columns are filled in later.
+    fn measured(
+        (kv, variant, batch, ctx): (&str, &str, usize, usize),
+        (seconds, best): (f64, f64),
+        kv_bytes: f64,
+        bandwidth: f64,
+        max_diff_vs_default: f64,
+    ) -> Self {
+        let gb_s = kv_bytes / seconds / 1e9;
+        AttentionRow {
+            kv: kv.to_string(),
+            variant: variant.to_string(),
+            batch,
+            ctx,
+            ms: seconds * 1e3,
+            best_ms: best * 1e3,
+            kv_gb: kv_bytes / 1e9,
+            gb_s,
+            frac_copy_bw: gb_s * 1e9 / bandwidth,
+            max_diff_vs_default,
+            sdpa_ms: None,
+            sdpa_backend: None,
+            ratio_to_sdpa: None,
+        }
+    }
+}
+
 /// The whole run.
 #[derive(Serialize, Deserialize, Debug)]
 pub struct AttentionReport {
@@ -274,21 +303,13 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
                         t.seconds * 1e3,
                         t.pools
                     );
-                    rows.push(AttentionRow {
-                        kv: name.clone(),
-                        variant: label.clone(),
-                        batch,
-                        ctx,
-                        ms: t.seconds * 1e3,
-                        best_ms: t.best_seconds * 1e3,
-                        kv_gb: t.kv_bytes / 1e9,
-                        gb_s,
-                        frac_copy_bw: gb_s * 1e9 / copy_bw,
-                        max_diff_vs_default: max_diff,
-                        sdpa_ms: None,
-                        sdpa_backend: None,
-                        ratio_to_sdpa: None,
-                    });
+                    rows.push(AttentionRow::measured(
+                        (name, label, batch, ctx),
+                        (t.seconds, t.best_seconds),
+                        t.kv_bytes,
+                        copy_bw,
+                        max_diff,
+                    ));
                 }
             }
         }
@@ -375,7 +396,7 @@ fn run_cpu(args: &BenchAttentionArgs, p: &CpuPoint<'_>) -> Result<AttentionRepor
                 // Every format of the point filled first, then timed in alternating rounds.
                 let mut prepared = Vec::with_capacity(formats.len());
                 for (name, dtype, window) in &formats {
-                    let case = cpu::CpuAttentionCase {
+                    let case = DecodeAttentionCase {
                         geometry: p.geometry,
                         dtype: *dtype,
                         window: window.at(ctx),
@@ -383,6 +404,7 @@ fn run_cpu(args: &BenchAttentionArgs, p: &CpuPoint<'_>) -> Result<AttentionRepor
                         ctx,
                         block_size: args.block_size,
                         shuffled_blocks: !args.contiguous_blocks,
+                        rounds: args.rounds,
                         seed: 7 + batch as u64 * 1_000_003 + ctx as u64,
                     };
                     let what = || format!("{label} {name} batch {batch} ctx {ctx}");
@@ -414,21 +436,13 @@ fn run_cpu(args: &BenchAttentionArgs, p: &CpuPoint<'_>) -> Result<AttentionRepor
                         seconds * 1e3,
                         prep.copies
                     );
-                    rows.push(AttentionRow {
-                        kv: name.clone(),
-                        variant: label.clone(),
-                        batch,
-                        ctx,
-                        ms: seconds * 1e3,
-                        best_ms: best * 1e3,
-                        kv_gb: prep.kv_bytes / 1e9,
-                        gb_s,
-                        frac_copy_bw: gb_s * 1e9 / read_bw,
-                        max_diff_vs_default: max_diff,
-                        sdpa_ms: None,
-                        sdpa_backend: None,
-                        ratio_to_sdpa: None,
-                    });
+                    rows.push(AttentionRow::measured(
+                        (name, &label, batch, ctx),
+                        (seconds, best),
+                        prep.kv_bytes,
+                        read_bw,
+                        max_diff,
+                    ));
                 }
             }
         }

@@ -12,9 +12,9 @@
 use anyhow::{Result, bail};
 use rayon::prelude::*;
 use turbokv_backend::cpu::{CodeProducts, CpuBackend, CpuKvPool, CpuOptions, CpuTensor};
+use turbokv_backend::cuda::DecodeAttentionCase;
 use turbokv_backend::{AttnGeometry, Backend, Rope, RopeStyle, SeqSpan};
-use turbokv_cache::{KvLayout, KvWindow};
-use turbokv_codec::KvDtype;
+use turbokv_cache::KvLayout;
 
 /// Bytes of cache read between two reads of the same copy: several times a CPU's last-level
 /// cache, about the demo model's weights.
@@ -23,26 +23,6 @@ const COLD_BYTES: f64 = 128.0 * 1024.0 * 1024.0;
 const MAX_COPIES: usize = 512;
 /// Tokens written per `write_kv` call while filling (bounds the activations' memory).
 const FILL_CHUNK: usize = 1024;
-
-/// One point to time.
-pub struct CpuAttentionCase {
-    /// Heads and head_dim.
-    pub geometry: AttnGeometry,
-    /// The cache's number format.
-    pub dtype: KvDtype,
-    /// Sinks and recent tokens kept exactly beside the codes (a preset's window).
-    pub window: KvWindow,
-    /// Sequences.
-    pub batch: usize,
-    /// Cached tokens per sequence (the new one included).
-    pub ctx: usize,
-    /// Tokens per cache block.
-    pub block_size: usize,
-    /// Deal the cache blocks to the sequences in a random order (else consecutively).
-    pub shuffled_blocks: bool,
-    /// Seed of the cache contents, queries and block tables.
-    pub seed: u64,
-}
 
 fn splitmix(z: &mut u64) -> u64 {
     *z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -96,10 +76,11 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// Fills the cache of `case` on `backend`: enough copies of its `batch` sequences that a
+    /// Fills the cache of `case` on `backend` (its `rounds` are the caller's to run):
+    /// enough copies of its `batch` sequences that a
     /// rotation through them reads at least [`COLD_BYTES`], every key and value random and
     /// written through the backend's write path (the encoders, and a window's exact copies).
-    pub fn new(backend: &CpuBackend, case: &CpuAttentionCase) -> Result<Self> {
+    pub fn new(backend: &CpuBackend, case: &DecodeAttentionCase) -> Result<Self> {
         let g = case.geometry;
         if case.batch == 0 || case.ctx == 0 || case.block_size == 0 {
             bail!(
