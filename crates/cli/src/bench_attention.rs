@@ -14,6 +14,7 @@ use turbokv_backend::cuda::{
     CudaBackend, CudaOptions, DECODE_VARIANTS, DecodeAttentionCase, DecodeVariant,
 };
 use turbokv_backend::{AttnGeometry, Backend};
+use turbokv_cache::KvWindow;
 use turbokv_codec::KvDtype;
 
 use crate::args::BenchAttentionArgs;
@@ -270,17 +271,7 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
             }
             for &batch in &batches {
                 for &ctx in &ctxs {
-                    let case = DecodeAttentionCase {
-                        geometry,
-                        dtype,
-                        window: window.at(ctx),
-                        batch,
-                        ctx,
-                        block_size: args.block_size,
-                        shuffled_blocks: !args.contiguous_blocks,
-                        rounds: args.rounds,
-                        seed: 7 + batch as u64 * 1_000_003 + ctx as u64,
-                    };
+                    let case = attention_case(args, geometry, dtype, window.at(ctx), batch, ctx);
                     let t = match be.time_decode_attention(&case) {
                         Ok(t) => t,
                         Err(e) => {
@@ -288,28 +279,20 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
                             continue;
                         }
                     };
-                    let key = (name.clone(), batch, ctx);
-                    let max_diff = if label == "default" {
-                        default_out.insert(key, t.output.clone());
-                        0.0
-                    } else {
-                        default_out
-                            .get(&key)
-                            .map_or(f64::NAN, |r| max_abs_diff(r, &t.output))
-                    };
-                    let gb_s = t.kv_bytes / t.seconds / 1e9;
-                    eprintln!(
-                        "{label} {name} b{batch} ctx{ctx}: {:.4} ms, {gb_s:.0} GB/s ({} caches)",
-                        t.seconds * 1e3,
-                        t.pools
-                    );
-                    rows.push(AttentionRow::measured(
+                    let max_diff =
+                        diff_vs_default(&mut default_out, label, (name, batch, ctx), t.output);
+                    let row = AttentionRow::measured(
                         (name, label, batch, ctx),
                         (t.seconds, t.best_seconds),
                         t.kv_bytes,
                         copy_bw,
                         max_diff,
-                    ));
+                    );
+                    eprintln!(
+                        "{label} {name} b{batch} ctx{ctx}: {:.4} ms, {:.0} GB/s ({} caches)",
+                        row.ms, row.gb_s, t.pools
+                    );
+                    rows.push(row);
                 }
             }
         }
@@ -376,12 +359,8 @@ struct CpuPoint<'a> {
 /// the memory read bandwidth of the same threads (there is no peer).
 fn run_cpu(args: &BenchAttentionArgs, p: &CpuPoint<'_>) -> Result<AttentionReport> {
     use crate::bench_attention_cpu as cpu;
-    let read_bw = cpu::read_bandwidth();
-    eprintln!(
-        "{}: memory read bandwidth {:.1} GB/s",
-        cpu::describe(),
-        read_bw / 1e9
-    );
+    let (device, read_bw) = (cpu::describe(), cpu::read_bandwidth());
+    eprintln!("{device}: memory read bandwidth {:.1} GB/s", read_bw / 1e9);
     let base = crate::env_options::from_env()?.cpu;
     let mut rows = Vec::new();
     let mut default_out: HashMap<(String, usize, usize), Vec<f32>> = HashMap::new();
@@ -396,17 +375,7 @@ fn run_cpu(args: &BenchAttentionArgs, p: &CpuPoint<'_>) -> Result<AttentionRepor
                 // Every format of the point filled first, then timed in alternating rounds.
                 let mut prepared = Vec::with_capacity(formats.len());
                 for (name, dtype, window) in &formats {
-                    let case = DecodeAttentionCase {
-                        geometry: p.geometry,
-                        dtype: *dtype,
-                        window: window.at(ctx),
-                        batch,
-                        ctx,
-                        block_size: args.block_size,
-                        shuffled_blocks: !args.contiguous_blocks,
-                        rounds: args.rounds,
-                        seed: 7 + batch as u64 * 1_000_003 + ctx as u64,
-                    };
+                    let case = attention_case(args, p.geometry, *dtype, window.at(ctx), batch, ctx);
                     let what = || format!("{label} {name} batch {batch} ctx {ctx}");
                     prepared.push(cpu::Prepared::new(&backend, &case).with_context(what)?);
                 }
@@ -421,34 +390,26 @@ fn run_cpu(args: &BenchAttentionArgs, p: &CpuPoint<'_>) -> Result<AttentionRepor
                 for (((name, _, _), prep), mut t) in formats.iter().zip(prepared).zip(times) {
                     t.sort_by(f64::total_cmp);
                     let (seconds, best) = (t[t.len() / 2], t[0]);
-                    let key = (name.clone(), batch, ctx);
-                    let max_diff = if label == "default" {
-                        default_out.insert(key, prep.output);
-                        0.0
-                    } else {
-                        default_out
-                            .get(&key)
-                            .map_or(f64::NAN, |r| max_abs_diff(r, &prep.output))
-                    };
-                    let gb_s = prep.kv_bytes / seconds / 1e9;
-                    eprintln!(
-                        "{label} {name} b{batch} ctx{ctx}: {:.4} ms, {gb_s:.1} GB/s ({} copies)",
-                        seconds * 1e3,
-                        prep.copies
-                    );
-                    rows.push(AttentionRow::measured(
+                    let max_diff =
+                        diff_vs_default(&mut default_out, &label, (name, batch, ctx), prep.output);
+                    let row = AttentionRow::measured(
                         (name, &label, batch, ctx),
                         (seconds, best),
                         prep.kv_bytes,
                         read_bw,
                         max_diff,
-                    ));
+                    );
+                    eprintln!(
+                        "{label} {name} b{batch} ctx{ctx}: {:.4} ms, {:.1} GB/s ({} copies)",
+                        row.ms, row.gb_s, prep.copies
+                    );
+                    rows.push(row);
                 }
             }
         }
     }
     Ok(AttentionReport {
-        device: cpu::describe(),
+        device,
         heads: args.heads,
         kv_heads: args.kv_heads,
         head_dim: args.head_dim,
@@ -458,6 +419,48 @@ fn run_cpu(args: &BenchAttentionArgs, p: &CpuPoint<'_>) -> Result<AttentionRepor
         peer: Vec::new(),
         rows,
     })
+}
+
+/// The case `bench attention` times at one point, with the seed that gives every
+/// configuration of the point the same cache and queries.
+fn attention_case(
+    args: &BenchAttentionArgs,
+    geometry: AttnGeometry,
+    dtype: KvDtype,
+    window: KvWindow,
+    batch: usize,
+    ctx: usize,
+) -> DecodeAttentionCase {
+    DecodeAttentionCase {
+        geometry,
+        dtype,
+        window,
+        batch,
+        ctx,
+        block_size: args.block_size,
+        shuffled_blocks: !args.contiguous_blocks,
+        rounds: args.rounds,
+        seed: 7 + batch as u64 * 1_000_003 + ctx as u64,
+    }
+}
+
+/// The default configuration's output of a point is kept (it runs first, so 0 is its own
+/// difference); another configuration's is compared with it.
+fn diff_vs_default(
+    default_out: &mut HashMap<(String, usize, usize), Vec<f32>>,
+    label: &str,
+    (name, batch, ctx): (&str, usize, usize),
+    output: Vec<f32>,
+) -> f64 {
+    let key = (name.to_string(), batch, ctx);
+    if label == "default" {
+        default_out.insert(key, output);
+        0.0
+    } else {
+        default_out
+            .get(&key)
+            .map_or(f64::NAN, |r| max_abs_diff(r, &output))
+    }
 }
 
 fn variant_label(v: &DecodeVariant) -> String {
