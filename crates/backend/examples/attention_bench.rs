@@ -173,5 +173,6 @@ fn parse_window(w: &str) -> KvWindow {
     KvWindow {
         recent: num('w'),
         sinks: num('s'),
+        ..Default::default()
     }
 }

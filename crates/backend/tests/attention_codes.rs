@@ -12,8 +12,8 @@ use std::sync::Arc;
 use turbokv_backend::cpu::{CodeProducts, CpuBackend, CpuOptions, CpuTensor};
 use turbokv_backend::{AttnGeometry, Backend, Rope, RopeStyle, SeqSpan};
 
-use common::{BLOCK, Rng, roundtrip, window_copy};
-use turbokv_cache::{KvCenters, KvLayout, KvWindow};
+use common::{BLOCK, Rng, f16_round, roundtrip, window_copy};
+use turbokv_cache::{KvCenters, KvLayout, KvWindow, WindowCopies};
 use turbokv_codec::{KeyMode, KvDtype, LayerCodec};
 
 /// Runs `chunks` (token counts) of one sequence through write_kv + attention; returns the
@@ -27,6 +27,29 @@ fn check(
     seed: u64,
 ) -> f64 {
     check_windowed(dtype, KvWindow::default(), n_heads, n_kv, d, chunks, seed)
+}
+
+/// What an int8-copy window holds for `x`, back in the original basis: `x` rounded to f16
+/// and brought into the working basis as for [`window_copy`], then rounded to int8 steps of
+/// `max|w| / 127` (the step itself rounded to f16 first, as stored).
+fn window_copy_int8(codec: &turbokv_codec::VectorCodec, x: &[f32]) -> Vec<f32> {
+    let mut work = vec![0f32; codec.work_dim()];
+    codec.exact_to_work(&f16_round(x), &mut work).unwrap();
+    let max = work.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let step = half::f16::from_f32(max / 127.0).to_f32();
+    let q: Vec<f32> = work
+        .iter()
+        .map(|&v| {
+            if step > 0.0 {
+                (v / step).round().clamp(-127.0, 127.0) * step
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mut out = vec![0f32; x.len()];
+    codec.work_to_output(&q, &mut out).unwrap();
+    out
 }
 
 /// Key mode, centering and code products of a [`check_with`] run.
@@ -199,14 +222,18 @@ fn check_with(
                     .map(|h| uncenter(h, roundtrip(&codec.value, &v[h * d..(h + 1) * d])))
                     .collect::<Vec<_>>(),
             );
+            let copy = match window.copies {
+                WindowCopies::F16 => window_copy,
+                WindowCopies::Int8 => window_copy_int8,
+            };
             kx.push(
                 (0..n_kv)
-                    .map(|h| window_copy(&codec.key, &k[h * d..(h + 1) * d]))
+                    .map(|h| copy(&codec.key, &k[h * d..(h + 1) * d]))
                     .collect::<Vec<_>>(),
             );
             vx.push(
                 (0..n_kv)
-                    .map(|h| uncenter(h, window_copy(&codec.value, &v[h * d..(h + 1) * d])))
+                    .map(|h| uncenter(h, copy(&codec.value, &v[h * d..(h + 1) * d])))
                     .collect::<Vec<_>>(),
             );
             if variant.exact_reference {
@@ -317,14 +344,17 @@ fn window_and_sink_tokens_are_attended_at_f16_and_the_rest_on_codes() {
             KvWindow {
                 recent: 20,
                 sinks: 1,
+                ..Default::default()
             },
             KvWindow {
                 recent: 0,
                 sinks: 17,
+                ..Default::default()
             },
             KvWindow {
                 recent: 5,
                 sinks: 0,
+                ..Default::default()
             },
         ] {
             // Chunked prefill, then decode steps: windows slide across block edges, and
@@ -342,9 +372,79 @@ fn a_window_covering_the_context_gives_the_output_of_its_f16_copies() {
     let window = KvWindow {
         recent: 64,
         sinks: 0,
+        ..Default::default()
     };
     let err = check_windowed("tq2".parse().unwrap(), window, 4, 2, 64, &[30, 20, 1], 5);
     assert!(err < 2e-4, "relative error vs the f16 copies {err}");
+}
+
+#[test]
+fn int8_window_copies_match_the_reference_in_prefill_and_decode() {
+    // A window and sinks that end mid-block, chunked prefill (the tiled path) and decode steps
+    // (the direct kernels, whose copies are then int8 pages with a step each), over formats of
+    // one run, several runs (a fractional width) and an int8 pool.
+    let window = KvWindow {
+        recent: 37,
+        sinks: 3,
+        copies: WindowCopies::Int8,
+    };
+    for name in ["k4v2", "tq3", "tq3.5", "int8"] {
+        let dtype: KvDtype = name.parse().unwrap();
+        for (n_heads, n_kv, d) in [(6, 2, 64), (8, 1, 128)] {
+            let err = check_windowed(dtype, window, n_heads, n_kv, d, &[70, 60, 1, 1, 1], 31);
+            assert!(
+                err < 2e-4,
+                "{name} heads {n_heads}/{n_kv} d {d}: relative error {err}"
+            );
+        }
+    }
+    // Centered values and prod keys read the same copies.
+    let v = Variant {
+        prod_keys: true,
+        centered: true,
+        ..Variant::default()
+    };
+    let err = check_with("tq3".parse().unwrap(), window, v, 6, 2, 64, &[90, 1, 1], 32).0;
+    assert!(err < 2e-4, "tq3/prod centered: relative error {err}");
+}
+
+#[test]
+fn int8_copies_change_a_window_covering_the_context_by_about_their_rounding() {
+    // Every token in the window: the pool reads only copies. Against the f16 copies, int8
+    // ones move each output row by about the int8 rounding (a step of max|x| / 127 per
+    // vector); far more would mean a mis-scaled step, far less that they were not read.
+    let f16_copies = KvWindow {
+        recent: 64,
+        sinks: 0,
+        ..Default::default()
+    };
+    let int8_copies = KvWindow {
+        copies: WindowCopies::Int8,
+        ..f16_copies
+    };
+    let dtype: KvDtype = "tq2".parse().unwrap();
+    let own = check_windowed(dtype, int8_copies, 4, 2, 64, &[30, 20, 1], 5);
+    assert!(own < 2e-4, "relative error vs the int8 copies {own}");
+    let d = 64;
+    let codec = LayerCodec::new(dtype, d, 0, &Default::default()).unwrap();
+    let mut rng = Rng(9);
+    let x: Vec<f32> = (0..d).map(|_| rng.next()).collect();
+    let (a, b) = (
+        window_copy(&codec.key, &x),
+        window_copy_int8(&codec.key, &x),
+    );
+    let max = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let diff = a
+        .iter()
+        .zip(&b)
+        .map(|(p, q)| (p - q).abs())
+        .fold(0f32, f32::max);
+    // A rotation spreads the rounding over every coordinate: ≤ √d · step / 2 in any one,
+    // and a vector of uniform values cannot round to itself exactly.
+    assert!(
+        diff > 0.0 && diff < (d as f32).sqrt() * max / 127.0,
+        "{diff}"
+    );
 }
 
 #[test]
@@ -353,6 +453,7 @@ fn window_survives_split_k_decode() {
     let window = KvWindow {
         recent: 24,
         sinks: 2,
+        ..Default::default()
     };
     let err = check_windowed(
         "tq3".parse().unwrap(),
@@ -373,6 +474,7 @@ fn windowed_decode_matches_reference_for_wide_groups_and_multi_run_formats() {
     let window = KvWindow {
         recent: 37,
         sinks: 3,
+        ..Default::default()
     };
     // Direct decode: groups of 8 and 9 query heads per kv head take more than one kernel
     // call of rows.
@@ -446,6 +548,7 @@ fn centered_pools_match_the_uncentered_reference() {
         KvWindow {
             recent: 20,
             sinks: 1,
+            ..Default::default()
         },
     ];
     for name in ["int8", "fp8", "tq3", "k4v3", "f16"] {
@@ -507,6 +610,7 @@ fn int8_products_stay_close_to_the_decoded_reference() {
             KvWindow {
                 recent: 20,
                 sinks: 1,
+                ..Default::default()
             },
         ),
     ];

@@ -151,6 +151,7 @@ fn windowed_attention_reads_a_policys_exact_tokens() {
     let exact = KvWindow {
         sinks: 3,
         recent: 9,
+        ..Default::default()
     };
     for dtype in ["tq2", "int8", "fp8"] {
         let dtype: KvDtype = dtype.parse().unwrap();

@@ -176,6 +176,7 @@ fn lift_late_scores(qkv: &mut [f32], geo: &AttnGeometry, spans: &[SeqSpan]) {
 const NO_WINDOW: KvWindow = KvWindow {
     recent: 0,
     sinks: 0,
+    copies: turbokv_cache::WindowCopies::F16,
 };
 
 /// `dtype` may end in `/prod` (QJL keys), `/corrected` (corrected norms) or `/calibrated`
@@ -799,6 +800,7 @@ fn parts_pools_match_the_cpu_codec_and_attention() {
                 KvWindow {
                     recent: 32,
                     sinks: 1,
+                    ..Default::default()
                 },
                 None,
             ),
@@ -807,6 +809,7 @@ fn parts_pools_match_the_cpu_codec_and_attention() {
                 KvWindow {
                     recent: 15,
                     sinks: 1,
+                    ..Default::default()
                 },
                 None,
             ),
@@ -848,6 +851,7 @@ fn parts_pools_match_the_cpu_codec_and_attention() {
             window: KvWindow {
                 recent: 32,
                 sinks: 1,
+                ..Default::default()
             },
             sliding: Some(200),
             rising_keys: false,
@@ -895,7 +899,11 @@ fn value_sums_match_the_cpu_backend(g: &CudaBackend, mut seed: u64) {
                     d,
                     group: 4,
                     centered: false,
-                    window: KvWindow { recent, sinks: 1 },
+                    window: KvWindow {
+                        recent,
+                        sinks: 1,
+                        ..Default::default()
+                    },
                     sliding: None,
                     rising_keys: false,
                 },
@@ -1049,23 +1057,28 @@ fn windowed_coded_pools_match_the_cpu_backend() {
         KvWindow {
             recent: 15,
             sinks: 1,
+            ..Default::default()
         },
         KvWindow {
             recent: 47,
             sinks: 1,
+            ..Default::default()
         },
         KvWindow {
             recent: 0,
             sinks: 4,
+            ..Default::default()
         },
         KvWindow {
             recent: 40,
             sinks: 0,
+            ..Default::default()
         },
         // More exact keys than one exact split holds (64): three splits, the last partial.
         KvWindow {
             recent: 130,
             sinks: 1,
+            ..Default::default()
         },
     ];
     for d in [64, 128, 256] {
@@ -1113,14 +1126,17 @@ fn sliding_windows_over_coded_pools_match_the_cpu_backend() {
         KvWindow {
             recent: 15,
             sinks: 1,
+            ..Default::default()
         },
         KvWindow {
             recent: 47,
             sinks: 4,
+            ..Default::default()
         },
         KvWindow {
             recent: 200,
             sinks: 2,
+            ..Default::default()
         },
     ];
     for d in [64, 128, 256] {
@@ -1167,6 +1183,7 @@ fn coded_prefill_on_the_decode_kernels_matches_the_cpu_backend() {
                 KvWindow {
                     recent: 130,
                     sinks: 1,
+                    ..Default::default()
                 },
                 None,
             ),
@@ -1176,6 +1193,7 @@ fn coded_prefill_on_the_decode_kernels_matches_the_cpu_backend() {
                 KvWindow {
                     recent: 15,
                     sinks: 1,
+                    ..Default::default()
                 },
                 Some(300),
             ),
@@ -1212,6 +1230,7 @@ fn coded_prefill_tiles_take_groups_that_do_not_divide_64() {
             KvWindow {
                 recent: 15,
                 sinks: 1,
+                ..Default::default()
             },
         ),
         ("k4v2", 128, 6, NO_WINDOW),
@@ -1222,6 +1241,7 @@ fn coded_prefill_tiles_take_groups_that_do_not_divide_64() {
             KvWindow {
                 recent: 130,
                 sinks: 1,
+                ..Default::default()
             },
         ),
     ]
@@ -1261,6 +1281,7 @@ fn unsupported_coded_pools_are_refused() {
     windowed.window = KvWindow {
         recent: 32,
         sinks: 1,
+        ..Default::default()
     };
     let mut pool = g.kv_pool(&windowed, 0).unwrap();
     let mut bytes = Vec::new();

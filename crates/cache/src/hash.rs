@@ -98,6 +98,11 @@ impl CacheIdentity {
         for v in [layout.window.recent, layout.window.sinks] {
             h.update(&(v as u64).to_le_bytes());
         }
+        // Only int8 copies add bytes, so the identities of f16-copy caches (and the snapshots
+        // stored under them) stay what they were.
+        if layout.window.copies == crate::WindowCopies::Int8 {
+            h.update(b"copies:int8");
+        }
         h.update(&(layout.layers.len() as u64).to_le_bytes());
         for l in 0..layout.layers.len() {
             let opts = layout.codec_options(l);
@@ -162,6 +167,12 @@ mod tests {
         let mut windowed = layout("tq3".parse().unwrap());
         windowed.window.recent = 16;
         assert_ne!(tq, CacheIdentity::new(&[7; 32], &windowed));
+        let mut int8_copies = windowed.clone();
+        int8_copies.window.copies = crate::WindowCopies::Int8;
+        assert_ne!(
+            CacheIdentity::new(&[7; 32], &windowed),
+            CacheIdentity::new(&[7; 32], &int8_copies)
+        );
         let a = BlockHash::chain(None, &[1, 2], &id);
         assert_ne!(a, BlockHash::chain(None, &[1, 3], &id));
         assert_ne!(a, BlockHash::chain(None, &[1, 2], &tq));

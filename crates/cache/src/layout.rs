@@ -29,6 +29,29 @@ pub struct KvWindow {
     pub recent: usize,
     /// First tokens of the sequence ("attention sinks") attended at full precision.
     pub sinks: usize,
+    /// How the exact copies are stored.
+    pub copies: WindowCopies,
+}
+
+/// The number format of a window's exact copies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WindowCopies {
+    /// IEEE half.
+    #[default]
+    F16,
+    /// int8 with an f16 step per vector (`max|x| / 127`): half the bytes, and no loss that
+    /// the evaluation set measures (BENCHMARKS.md, issue 19, session 41).
+    Int8,
+}
+
+impl WindowCopies {
+    /// Bits per element of a copy of a `head_dim`-element vector, its step included.
+    pub fn bits(self, head_dim: usize) -> f64 {
+        match self {
+            WindowCopies::F16 => 16.0,
+            WindowCopies::Int8 => 8.0 + 16.0 / head_dim.max(1) as f64,
+        }
+    }
 }
 
 impl KvWindow {
@@ -43,13 +66,14 @@ impl KvWindow {
         pos < self.sinks || pos + self.recent > query_pos
     }
 
-    /// Extra bits per element at context `ctx` of keeping up to `recent + sinks` tokens in f16
-    /// beside the codes (amortised over the context; the codes of those tokens are kept too).
-    pub fn bits_overhead(&self, ctx: usize) -> f64 {
+    /// Extra bits per element at context `ctx` of keeping up to `recent + sinks` tokens of
+    /// `head_dim` elements as copies beside the codes (amortised over the context; the codes
+    /// of those tokens are kept too).
+    pub fn bits_overhead(&self, ctx: usize, head_dim: usize) -> f64 {
         if ctx == 0 {
             return 0.0;
         }
-        16.0 * (self.recent + self.sinks).min(ctx) as f64 / ctx as f64
+        self.copies.bits(head_dim) * (self.recent + self.sinks).min(ctx) as f64 / ctx as f64
     }
 }
 

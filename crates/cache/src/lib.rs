@@ -22,7 +22,7 @@ pub use block_snapshot::{
     BlockSnapshot, BlockSnapshotError, decode_block, encode_block, snapshot_identity,
 };
 pub use hash::{BlockHash, CacheIdentity, block_hashes};
-pub use layout::{KvCenters, KvLayout, KvOutliers, KvWindow, LayerKv};
+pub use layout::{KvCenters, KvLayout, KvOutliers, KvWindow, LayerKv, WindowCopies};
 pub use policy::KvPolicy;
 pub use pool::{AllocPlan, BlockPool};
 pub use store::{DirStore, SnapshotStore};

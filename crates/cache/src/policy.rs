@@ -140,6 +140,7 @@ impl KvPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::WindowCopies;
 
     fn layout() -> KvLayout {
         KvLayout::uniform(4, 2, 64, "tq3".parse().unwrap(), 16, 64).unwrap()
@@ -271,11 +272,19 @@ mod tests {
         let w = KvWindow {
             recent: 4,
             sinks: 1,
+            ..Default::default()
         };
         let exact: Vec<usize> = (0..10).filter(|&p| w.is_exact(9, p)).collect();
         assert_eq!(exact, [0, 6, 7, 8, 9]);
         // 5 f16 tokens over 1024: 16·5/1024 bits per element; capped by the context.
-        assert!((w.bits_overhead(1024) - 0.078125).abs() < 1e-12);
-        assert_eq!(w.bits_overhead(2), 16.0);
+        assert!((w.bits_overhead(1024, 64) - 0.078125).abs() < 1e-12);
+        assert_eq!(w.bits_overhead(2, 64), 16.0);
+        // int8 copies: 8 bits and a 16-bit step per vector of 64 (128) elements.
+        let w8 = KvWindow {
+            copies: WindowCopies::Int8,
+            ..w
+        };
+        assert!((w8.bits_overhead(1024, 64) - 8.25 * 5.0 / 1024.0).abs() < 1e-12);
+        assert_eq!(w8.bits_overhead(2, 128), 8.125);
     }
 }

@@ -119,6 +119,7 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
     let default_window = KvWindow {
         recent: args.kv_window,
         sinks: args.kv_sinks,
+        ..Default::default()
     };
     let defaults = KvDefaults::from_args(&args.kv_opts, default_window);
     let layers = KvPolicy::parse_layers(&args.kv_layers).context("--kv-layers")?;

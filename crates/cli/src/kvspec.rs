@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use turbokv_backend::Backend;
-use turbokv_cache::{KvCenters, KvLayout, KvPolicy, KvWindow};
+use turbokv_cache::{KvCenters, KvLayout, KvPolicy, KvWindow, WindowCopies};
 use turbokv_codec::{CodecOptions, KeyMode, KvDtype, LayerCodec, NormMode};
 use turbokv_model::KvCalibration;
 use turbokv_model::Transformer;
@@ -39,6 +39,8 @@ pub struct WindowSpec {
     pub recent: Recent,
     /// First tokens of the sequence attended at full precision.
     pub sinks: usize,
+    /// How their copies are stored (`q8`: int8).
+    pub copies: WindowCopies,
 }
 
 impl Default for WindowSpec {
@@ -52,6 +54,7 @@ impl From<KvWindow> for WindowSpec {
         Self {
             recent: Recent::Tokens(w.recent),
             sinks: w.sinks,
+            copies: w.copies,
         }
     }
 }
@@ -66,6 +69,7 @@ impl WindowSpec {
         KvWindow {
             recent,
             sinks: self.sinks,
+            copies: self.copies,
         }
     }
 
@@ -74,12 +78,16 @@ impl WindowSpec {
         self.sinks > 0 || self.recent != Recent::Tokens(0)
     }
 
-    /// `w<recent>s<sinks>` as the spec grammar writes it (`w1.2%s1` for a share).
+    /// `w<recent>s<sinks>[q8]` as the spec grammar writes it (`w1.2%s1` for a share).
     fn text(&self) -> String {
+        let copies = match self.copies {
+            WindowCopies::F16 => "",
+            WindowCopies::Int8 => "q8",
+        };
         match self.recent {
-            Recent::Tokens(n) => format!("w{n}s{}", self.sinks),
+            Recent::Tokens(n) => format!("w{n}s{}{copies}", self.sinks),
             // (Rounded to a millionth of a percent: 0.044 is not exact in binary.)
-            Recent::Share(f) => format!("w{}%s{}", (1e8 * f).round() / 1e6, self.sinks),
+            Recent::Share(f) => format!("w{}%s{}{copies}", (1e8 * f).round() / 1e6, self.sinks),
         }
     }
 }
@@ -139,7 +147,8 @@ pub const PRESETS: &[(&str, &str)] = &[
 ];
 
 const GRAMMAR: &str = "a spec is DTYPE or PRESET, then optionally /mse or /prod, \
-                       @w<recent>s<sinks> (recent: tokens, or a share of the context as w1.2%), \
+                       @w<recent>s<sinks> (recent: tokens, or a share of the context as w1.2%; \
+                       a trailing q8 keeps their copies in int8), \
                        +c (center), +n (corrected norms) or +cn, and [LAYER:DTYPE] overrides, \
                        e.g. tq3, tq4/prod, k4v3@w32s1+c, tq2+cn, balanced+c, \
                        k4v2@w1.2%s1[1:k4v4]";
@@ -150,7 +159,8 @@ pub enum KvSpecError {
     /// The `@…` part is not `w<recent>s<sinks>`.
     #[error(
         "--kv {spec}: window `{window}`: expected w<recent>s<sinks>, e.g. w16s1, or a share of \
-         the context up to 100% as w1.5%s1"
+         the context up to 100% as w1.5%s1, optionally q8 for int8 copies (w3%s1q8) or q16 for \
+         f16 (the default)"
     )]
     Window {
         /// The whole spec.
@@ -339,7 +349,7 @@ impl KvSpec {
         let dtypes = self.layer_dtypes(n_layers.max(1), extra);
         let layer_bits = |d: KvDtype| {
             let side = if d.is_compressed() {
-                self.window_at(ctx).bits_overhead(ctx)
+                self.window_at(ctx).bits_overhead(ctx, head_dim)
                     + if self.center { 32.0 / ctx as f64 } else { 0.0 }
             } else {
                 0.0
@@ -575,7 +585,8 @@ fn has_fractional_width(dtype: KvDtype) -> bool {
         if key_bits.is_fractional() || value_bits.is_fractional())
 }
 
-/// `w16s1`, `w16`, `s1`, `w1.5%s1` (the window of `spec`).
+/// `w16s1`, `w16`, `s1`, `w1.5%s1`, `w3%s1q8` (the window of `spec`; `q8` keeps the copies
+/// in int8, `q16` in f16, the default).
 fn parse_window(spec: &str, w: &str) -> Result<WindowSpec, KvSpecError> {
     let bad = || KvSpecError::Window {
         spec: spec.into(),
@@ -600,6 +611,13 @@ fn parse_window(spec: &str, w: &str) -> Result<WindowSpec, KvSpecError> {
             }
             "w" => out.recent = Recent::Tokens(number.parse().map_err(|_| bad())?),
             "s" => out.sinks = number.parse().map_err(|_| bad())?,
+            "q" => {
+                out.copies = match number {
+                    "8" => WindowCopies::Int8,
+                    "16" => WindowCopies::F16,
+                    _ => return Err(bad()),
+                }
+            }
             _ => return Err(bad()),
         }
         rest = &tail[digits + usize::from(share)..];
@@ -676,7 +694,8 @@ mod tests {
             w.window_at(1024),
             KvWindow {
                 recent: 16,
-                sinks: 2
+                sinks: 2,
+                ..Default::default()
             }
         );
         let f = KvSpec::parse("f16@w16", none).unwrap();
@@ -689,7 +708,15 @@ mod tests {
         let s = KvSpec::parse("tq3@w1.5%s1", none).unwrap();
         assert_eq!(s.window.recent, Recent::Share(0.015));
         for (ctx, recent) in [(1000, 15), (1024, 15), (4096, 61), (40, 1), (10, 0)] {
-            assert_eq!(s.window_at(ctx), KvWindow { recent, sinks: 1 }, "ctx {ctx}");
+            assert_eq!(
+                s.window_at(ctx),
+                KvWindow {
+                    recent,
+                    sinks: 1,
+                    ..Default::default()
+                },
+                "ctx {ctx}"
+            );
         }
         assert_eq!(s.label("tq3@w1.5%s1"), "tq3@w1.5%s1");
         // The same bits per element at every context, up to the sink's share.
@@ -716,6 +743,42 @@ mod tests {
             let e = KvSpec::parse(bad, none).unwrap_err().to_string();
             assert!(e.contains("share of the context"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn q8_keeps_a_windows_copies_in_int8_at_about_half_their_bits() {
+        let none = KvDefaults::default();
+        let q8 = KvSpec::parse("tq2@w3%s1q8+cn[17:k3v2]", none).unwrap();
+        let f16 = KvSpec::parse("tq2@w3%s1+cn[17:k3v2]", none).unwrap();
+        assert_eq!(q8.window.copies, WindowCopies::Int8);
+        assert_eq!(f16.window.copies, WindowCopies::F16);
+        assert_eq!(q8.window_at(1024).copies, WindowCopies::Int8);
+        // The label parses back to the same spec.
+        let label = q8.label("tq2@w3%s1q8+cn[17:k3v2]");
+        assert_eq!(label, "tq2@w3%s1q8+cn[17:k3v2]");
+        assert_eq!(KvSpec::parse(&label, none).unwrap(), q8);
+        // 32 copied tokens at ctx 1024: 16 bits an element each in f16, 8 + 16/64 in int8.
+        let saved =
+            f16.bits_per_element(64, 1024, 30, &[]) - q8.bits_per_element(64, 1024, 30, &[]);
+        assert!((saved - 32.0 * 7.75 / 1024.0).abs() < 1e-9, "{saved}");
+        assert_eq!(
+            KvSpec::parse("tq3@w16s1q16", none).unwrap(),
+            KvSpec::parse("tq3@w16s1", none).unwrap()
+        );
+        for bad in ["tq3@w16s1q4", "tq3@w16s1q", "tq3@w16s1q8x"] {
+            let e = KvSpec::parse(bad, none).unwrap_err().to_string();
+            assert!(e.contains("q8 for int8 copies"), "{bad}: {e}");
+        }
+        // Copies change what attention reads: part of the cache identity.
+        let layout = |s: &KvSpec| {
+            let mut l = KvLayout::uniform(1, 3, 64, s.dtype, 16, 1024).unwrap();
+            l.window = s.window_at(1024);
+            l
+        };
+        assert_ne!(
+            turbokv_cache::CacheIdentity::new(&[1; 32], &layout(&q8)),
+            turbokv_cache::CacheIdentity::new(&[1; 32], &layout(&f16))
+        );
     }
 
     #[test]
@@ -756,7 +819,8 @@ mod tests {
             c.window_at(1024),
             KvWindow {
                 recent: 0,
-                sinks: 1
+                sinks: 1,
+                ..Default::default()
             }
         );
         assert_eq!(c.label("tq3+c"), "tq3@w0s1+c");
@@ -769,14 +833,22 @@ mod tests {
             all.window_at(1024),
             KvWindow {
                 recent: 16,
-                sinks: 1
+                sinks: 1,
+                ..Default::default()
             }
         );
         assert_eq!(all.label("k4v3/prod@w16s1+c"), "k4v3/prod@w16s1+c");
         let preset = KvSpec::parse("balanced/prod+c", none).unwrap();
         // Its window is a share of the context: 45 tokens at 1024, 180 at 4096.
         for (ctx, recent) in [(1024, 45), (4096, 180)] {
-            assert_eq!(preset.window_at(ctx), KvWindow { recent, sinks: 1 });
+            assert_eq!(
+                preset.window_at(ctx),
+                KvWindow {
+                    recent,
+                    sinks: 1,
+                    ..Default::default()
+                }
+            );
         }
         assert_eq!(
             preset.label("balanced/prod+c"),

@@ -371,7 +371,11 @@ fn windowed_codes_match<C: Backend, G: Backend>(
     {
         let (dtype, mode) = dtype.split_once('/').unwrap_or((dtype, "mse"));
         let policy = turbokv_cache::KvPolicy {
-            window: turbokv_cache::KvWindow { recent, sinks },
+            window: turbokv_cache::KvWindow {
+                recent,
+                sinks,
+                ..Default::default()
+            },
             key_mode: if mode == "prod" {
                 KeyMode::Prod
             } else {

@@ -214,6 +214,7 @@ fn check(spec: &str, dtype: &str, window: KvWindow, max_kl: f64, max_missed: Opt
 const NONE: KvWindow = KvWindow {
     recent: 0,
     sinks: 0,
+    copies: turbokv_cache::WindowCopies::F16,
 };
 
 #[test]
@@ -273,6 +274,7 @@ fn long_context_balanced() {
     let w = KvWindow {
         recent: 32,
         sinks: 1,
+        ..Default::default()
     };
     check("balanced", "k4v3", w, 0.05, Some(0.1));
 }
@@ -284,6 +286,7 @@ fn long_context_compact() {
     let w = KvWindow {
         recent: 15,
         sinks: 1,
+        ..Default::default()
     };
     check("compact", "tq3", w, 0.2, None);
 }

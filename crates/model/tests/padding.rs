@@ -155,6 +155,7 @@ fn padded_decode_steps_give_the_unpadded_rows_and_touch_no_managed_block() {
         window: KvWindow {
             recent: 8,
             sinks: 1,
+            ..Default::default()
         },
         ..KvPolicy::default()
     };

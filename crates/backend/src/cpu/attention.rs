@@ -18,13 +18,11 @@
 //! fp8, TurboQuant with runs of whole 8-coordinate chunks) skip the tile and read the pages
 //! straight (`decode.rs`); this tiled loop serves prefill and the other formats.
 
-use half::f16;
-use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use rayon::prelude::*;
 
 use turbokv_cache::KvWindow;
 
-use super::kv::{CodecStore, CpuKvPool};
+use super::kv::{CodecStore, CopyRun, CpuKvPool};
 use super::{CodeProducts, CpuTensor, decode, ops, shape};
 use crate::Error;
 use crate::backend::{AttnGeometry, SeqSpan};
@@ -440,10 +438,10 @@ pub(super) struct ExactTiles<'a> {
     window: Option<KvWindow>,
     wk: usize,
     wv: usize,
-    /// The copies of the current block's loaded slots as f16 bits (`[n, wk]`, `[n, wv]`), when
+    /// The copies of the current block's loaded slots (`n` records of `wk`, of `wv`), when
     /// some row of the task may read one of them exactly and the block has copies. Decode
-    /// reads them as f16 pages ([`Self::copies`]).
-    run: Option<(&'a [u16], &'a [u16])>,
+    /// reads them as pages ([`Self::copies`]).
+    run: Option<(CopyRun<'a>, CopyRun<'a>)>,
     /// `run` widened to f32 by [`Self::widen`] for the tiled loops, whose kernels take f32
     /// rows: once per block, however many query rows then read it.
     wide: (Vec<f32>, Vec<f32>),
@@ -490,10 +488,8 @@ impl<'a> ExactTiles<'a> {
     /// Widens the loaded copies to f32 for [`Self::rescore`] and [`Self::accumulate`].
     pub(super) fn widen(&mut self) {
         if let Some((keys, values)) = self.run {
-            for (src, dst) in [(keys, &mut self.wide.0), (values, &mut self.wide.1)] {
-                dst.resize(src.len(), 0.0);
-                src.reinterpret_cast::<f16>().convert_to_f32_slice(dst);
-            }
+            keys.widen(&mut self.wide.0);
+            values.widen(&mut self.wide.1);
         }
     }
 
@@ -519,15 +515,10 @@ impl<'a> ExactTiles<'a> {
         }
     }
 
-    /// The copies of keys `j` of the loaded block as f16 bits (`[j.len(), wk]`,
-    /// `[j.len(), wv]`), if it has copies and `j` is not empty.
-    pub(super) fn copies(&self, j: std::ops::Range<usize>) -> Option<(&'a [u16], &'a [u16])> {
+    /// The copies of keys `j` of the loaded block, if it has copies and `j` is not empty.
+    pub(super) fn copies(&self, j: std::ops::Range<usize>) -> Option<(CopyRun<'a>, CopyRun<'a>)> {
         let (keys, values) = self.run.filter(|_| !j.is_empty())?;
-        let (wk, wv) = (self.wk, self.wv);
-        Some((
-            &keys[j.start * wk..j.end * wk],
-            &values[j.start * wv..j.end * wv],
-        ))
+        Some((keys.rows(j.clone()), values.rows(j)))
     }
 
     /// Scores of the keys of `j` outside `coded` (from [`Self::coded`]) from their widened
@@ -669,6 +660,7 @@ mod tests {
             window: KvWindow {
                 recent: 360,
                 sinks: 1,
+                ..Default::default()
             },
             coded: 60,
             exact: 256,

@@ -26,6 +26,7 @@ use super::kv::{CpuKvPool, Half, KvStorage, head_block_offset};
 use super::{CodeProducts, CpuTensor, ops, shape};
 use crate::Error;
 use crate::backend::{AttnGeometry, SeqSpan};
+use turbokv_cache::WindowCopies;
 
 /// Where the direct kernels find one run of a half's working coordinates (the whole record for
 /// 16-bit, `int8` and `fp8`; a part's MSE codes or QJL signs for TurboQuant).
@@ -332,21 +333,26 @@ fn run_in(
                 continue;
             };
             let (n, off) = (r.len(), p0 - t.k0 + r.start);
-            let page = |bytes| Page {
-                bytes,
-                n,
-                off,
-                scales: &[],
-            };
-            ekpages.push(page(direct::u16_bytes(k)));
-            evpages.push(page(direct::u16_bytes(v)));
+            for (run, list) in [(k, &mut ekpages), (v, &mut evpages)] {
+                list.push(Page {
+                    bytes: run.records,
+                    n,
+                    off,
+                    scales: run.steps,
+                });
+            }
         }
         p0 += n;
     }
+    // The copies' records: f16, or int8 with an f16 step each (as an int8 pool's pages).
+    let (copy_fmt, copy_bytes, scale_step) = match codec.map(|c| c.window.copies) {
+        Some(WindowCopies::Int8) => (Fmt::Int8, 1, 2),
+        _ => (Fmt::F16, 2, 0),
+    };
     let exact_pages = |stride, mul, list, next| Pages {
-        fmt: Fmt::F16,
+        fmt: copy_fmt,
         stride,
-        scale_step: 0,
+        scale_step,
         mul,
         list,
         next,
@@ -354,8 +360,8 @@ fn run_in(
     for (run, list) in (views.k.runs.iter().zip(&kpages)).chain(views.v.runs.iter().zip(&vpages)) {
         direct::prefetch_start(&run.pages(list, 1.0));
     }
-    direct::prefetch_start(&exact_pages(2 * wk, 1.0, &ekpages, &[]));
-    direct::prefetch_start(&exact_pages(2 * wv, 1.0, &evpages, &[]));
+    direct::prefetch_start(&exact_pages(copy_bytes * wk, 1.0, &ekpages, &[]));
+    direct::prefetch_start(&exact_pages(copy_bytes * wv, 1.0, &evpages, &[]));
     let Scratch {
         qw,
         p,
@@ -390,7 +396,7 @@ fn run_in(
     // The copies' values are requested while their keys are scored: a task of window keys
     // has no codes to compute with while they come, and its value pass would wait on them.
     let evbytes: Vec<&[u8]> = evpages.iter().map(|p| p.bytes).collect();
-    let ekp = exact_pages(2 * wk, g.scale, &ekpages, &evbytes);
+    let ekp = exact_pages(copy_bytes * wk, g.scale, &ekpages, &evbytes);
     direct::scores(ekp, qw, rows, p, nk, CodeProducts::F32);
 
     // Softmax numerators of the whole range, one max and one exp pass per row.
@@ -419,7 +425,7 @@ fn run_in(
                 .for_each(|(x, y)| *x += y);
         }
     }
-    let evp = exact_pages(2 * wv, 1.0, &evpages, &[]);
+    let evp = exact_pages(copy_bytes * wv, 1.0, &evpages, &[]);
     direct::accumulate(evp, p, nk, &mut acc, rows, CodeProducts::F32);
 
     // A task that saw every key of its query finishes its rows here, in parallel.

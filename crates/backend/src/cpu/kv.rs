@@ -13,7 +13,7 @@ use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 use half::{bf16, f16};
 use std::collections::VecDeque;
 
-use turbokv_cache::{KvLayout, KvWindow};
+use turbokv_cache::{KvLayout, KvWindow, WindowCopies};
 use turbokv_codec::{BlockLayout, KvDtype, LayerCodec};
 
 use super::{CpuTensor, shape};
@@ -99,10 +99,10 @@ pub(crate) struct CodecStore {
 struct Shadows {
     /// Slot + 1 of each physical block's copies, 0 for none.
     slot_of: Vec<u32>,
-    k: Vec<Vec<u16>>,
-    v: Vec<Vec<u16>>,
-    /// u16 per slot of a head's `k` and `v`.
-    per: (usize, usize),
+    k: Vec<Vec<u8>>,
+    v: Vec<Vec<u8>>,
+    /// How a slot of `k` and of `v` is laid out.
+    shape: (CopySlot, CopySlot),
     free: VecDeque<u32>,
     /// Slots allocated, and those held by a block.
     slots: usize,
@@ -110,12 +110,12 @@ struct Shadows {
 }
 
 impl Shadows {
-    fn new(num_blocks: usize, kv_heads: usize, per: (usize, usize)) -> Self {
+    fn new(num_blocks: usize, kv_heads: usize, shape: (CopySlot, CopySlot)) -> Self {
         Shadows {
             slot_of: vec![0; num_blocks],
             k: vec![Vec::new(); kv_heads],
             v: vec![Vec::new(); kv_heads],
-            per,
+            shape,
             free: VecDeque::new(),
             slots: 0,
             held: 0,
@@ -135,11 +135,14 @@ impl Shadows {
         }
     }
 
-    /// Head `head`'s copies of `block` (`[block_size, work dim]` each), if it has them.
-    fn get(&self, block: usize, head: usize) -> Option<(&[u16], &[u16])> {
+    /// Head `head`'s copies of `block` (a block's tokens each), if it has them.
+    fn get(&self, block: usize, head: usize) -> Option<(CopyRun<'_>, CopyRun<'_>)> {
         let s = self.slot(block)?;
-        let (pk, pv) = self.per;
-        Some((&self.k[head][s * pk..][..pk], &self.v[head][s * pv..][..pv]))
+        let (sk, sv) = self.shape;
+        Some((
+            sk.run(&self.k[head][s * sk.bytes()..][..sk.bytes()]),
+            sv.run(&self.v[head][s * sv.bytes()..][..sv.bytes()]),
+        ))
     }
 
     /// The slot of `block`'s copies, taken (and zeroed) when it had none.
@@ -147,7 +150,7 @@ impl Shadows {
         if let Some(s) = self.slot(block) {
             return s;
         }
-        let (pk, pv) = self.per;
+        let (pk, pv) = (self.shape.0.bytes(), self.shape.1.bytes());
         let s = match self.free.pop_front() {
             Some(s) => s as usize,
             None => {
@@ -173,8 +176,8 @@ impl Shadows {
     }
 
     /// Head `head`'s copies of slot `s`.
-    fn slot_mut(&mut self, s: usize, head: usize) -> (&mut [u16], &mut [u16]) {
-        let (pk, pv) = self.per;
+    fn slot_mut(&mut self, s: usize, head: usize) -> (&mut [u8], &mut [u8]) {
+        let (pk, pv) = (self.shape.0.bytes(), self.shape.1.bytes());
         (
             &mut self.k[head][s * pk..][..pk],
             &mut self.v[head][s * pv..][..pv],
@@ -204,7 +207,145 @@ impl Shadows {
     /// Bytes the slabs hold allocated.
     #[cfg(test)]
     fn capacity_bytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(|s| 2 * s.capacity()).sum()
+        self.k.iter().chain(&self.v).map(Vec::capacity).sum()
+    }
+}
+
+/// The layout of one slot of a head's copies: `rows` records of `width` working coordinates,
+/// as f16 (`2·width` bytes a record), or as int8 (`width` bytes) followed by each record's f16
+/// step.
+#[derive(Clone, Copy, Debug)]
+struct CopySlot {
+    copies: WindowCopies,
+    rows: usize,
+    width: usize,
+}
+
+impl CopySlot {
+    /// Bytes of a record.
+    fn stride(self) -> usize {
+        match self.copies {
+            WindowCopies::F16 => 2 * self.width,
+            WindowCopies::Int8 => self.width,
+        }
+    }
+
+    /// Bytes of the slot.
+    fn bytes(self) -> usize {
+        match self.copies {
+            WindowCopies::F16 => self.rows * self.stride(),
+            WindowCopies::Int8 => self.rows * (self.stride() + 2),
+        }
+    }
+
+    /// The slot's bytes as a run of its records.
+    fn run(self, slot: &[u8]) -> CopyRun<'_> {
+        let (records, steps) = slot.split_at(self.rows * self.stride());
+        CopyRun {
+            copies: self.copies,
+            width: self.width,
+            records,
+            steps,
+        }
+    }
+
+    /// Stores `x` (`width` working coordinates) as record `row` of `slot`.
+    fn write(self, slot: &mut [u8], row: usize, x: &[f32]) {
+        let stride = self.stride();
+        let (records, steps) = slot.split_at_mut(self.rows * stride);
+        let rec = &mut records[row * stride..][..stride];
+        match self.copies {
+            WindowCopies::F16 => {
+                for (d, &v) in rec.chunks_exact_mut(2).zip(x) {
+                    d.copy_from_slice(&f16::from_f32(v).to_ne_bytes());
+                }
+            }
+            WindowCopies::Int8 => {
+                let max = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+                // The step is stored in f16, so the codes are taken against the stored value;
+                // a zero (or non-finite) vector is stored as zero codes.
+                let step = f16::from_f32(max / 127.0);
+                let s = step.to_f32();
+                let live = s > 0.0 && s.is_finite();
+                for (d, &v) in rec.iter_mut().zip(x) {
+                    let c = if live {
+                        (v / s).round().clamp(-127.0, 127.0)
+                    } else {
+                        0.0
+                    };
+                    *d = (c as i8) as u8;
+                }
+                steps[2 * row..2 * row + 2].copy_from_slice(&step.to_le_bytes());
+            }
+        }
+    }
+}
+
+/// Consecutive records of a head's copies (see [`CopySlot`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CopyRun<'a> {
+    /// How the records are stored.
+    pub(crate) copies: WindowCopies,
+    /// Working coordinates a record.
+    pub(crate) width: usize,
+    /// The records: f16 bits (native-endian), or int8.
+    pub(crate) records: &'a [u8],
+    /// Each int8 record's step, f16 little-endian (empty for f16 records).
+    pub(crate) steps: &'a [u8],
+}
+
+impl<'a> CopyRun<'a> {
+    /// Bytes of a record.
+    pub(crate) fn stride(&self) -> usize {
+        CopySlot {
+            copies: self.copies,
+            rows: 0,
+            width: self.width,
+        }
+        .stride()
+    }
+
+    /// Records `rows` of the run.
+    pub(crate) fn rows(&self, rows: std::ops::Range<usize>) -> CopyRun<'a> {
+        let stride = self.stride();
+        let steps = match self.copies {
+            WindowCopies::F16 => &self.steps[..0],
+            WindowCopies::Int8 => &self.steps[2 * rows.start..2 * rows.end],
+        };
+        CopyRun {
+            records: &self.records[rows.start * stride..rows.end * stride],
+            steps,
+            ..*self
+        }
+    }
+
+    /// Records in the run.
+    pub(crate) fn len(&self) -> usize {
+        self.records.len() / self.stride().max(1)
+    }
+
+    /// The records widened to f32 into `out` (`len() · width`).
+    pub(crate) fn widen(&self, out: &mut Vec<f32>) {
+        out.resize(self.len() * self.width, 0.0);
+        match self.copies {
+            WindowCopies::F16 => {
+                for (d, b) in out.iter_mut().zip(self.records.chunks_exact(2)) {
+                    *d = f16::from_ne_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+            WindowCopies::Int8 => {
+                let rows = out.chunks_exact_mut(self.width);
+                for ((row, rec), st) in rows
+                    .zip(self.records.chunks_exact(self.width))
+                    .zip(self.steps.chunks_exact(2))
+                {
+                    let step = f16::from_le_bytes([st[0], st[1]]).to_f32();
+                    for (d, &c) in row.iter_mut().zip(rec) {
+                        *d = f32::from(c as i8) * step;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -295,10 +436,12 @@ impl CpuKvPool {
                     ),
                 };
                 // One slot of a head's copies: a block's tokens, in the working bases.
-                let shadow_per = (
-                    layout.block_size * codec.key.work_dim(),
-                    layout.block_size * codec.value.work_dim(),
-                );
+                let slot = |width| CopySlot {
+                    copies: layout.window.copies,
+                    rows: layout.block_size,
+                    width,
+                };
+                let shadow_shape = (slot(codec.key.work_dim()), slot(codec.value.work_dim()));
                 Store::Codec(Box::new(CodecStore {
                     codec,
                     centers,
@@ -307,7 +450,7 @@ impl CpuKvPool {
                     k: vec![0; k_len],
                     v: vec![0; v_len],
                     window: layout.window,
-                    shadow: Shadows::new(layout.num_blocks, layout.kv_heads, shadow_per),
+                    shadow: Shadows::new(layout.num_blocks, layout.kv_heads, shadow_shape),
                 }))
             }
         };
@@ -430,21 +573,17 @@ impl CpuKvPool {
                                 let cs = &mut **c;
                                 let (wk, wv) = (cs.codec.key.work_dim(), cs.codec.value.work_dim());
                                 let at = cs.shadow.slot_or_insert(block);
+                                let (shape_k, shape_v) = cs.shadow.shape;
                                 let (sk, sv) = cs.shadow.slot_mut(at, h);
                                 let mut rounded = [0f32; MAX_HEAD_DIM];
                                 let rounded = &mut rounded[..d];
-                                let (ak, av) = (slot * wk, slot * wv);
                                 round_to_f16(k, rounded);
                                 work.resize(wk.max(wv), 0.0);
                                 cs.codec.key.exact_to_work(rounded, &mut work[..wk])?;
-                                sk[ak..ak + wk]
-                                    .reinterpret_cast_mut::<f16>()
-                                    .convert_from_f32_slice(&work[..wk]);
+                                shape_k.write(sk, slot, &work[..wk]);
                                 round_to_f16(v, rounded);
                                 cs.codec.value.exact_to_work(rounded, &mut work[..wv])?;
-                                sv[av..av + wv]
-                                    .reinterpret_cast_mut::<f16>()
-                                    .convert_from_f32_slice(&work[..wv]);
+                                shape_v.write(sv, slot, &work[..wv]);
                             }
                         }
                     }
@@ -539,22 +678,19 @@ impl CpuKvPool {
         Ok(())
     }
 
-    /// The exact K and V of tokens `slots` of (block, head), in the codec's working basis, as
-    /// f16 bits (`[slots.len(), work_dim]` each, contiguous), when the block has a shadow copy.
-    /// A block's copy covers all of its slots or none of them.
+    /// The exact K and V copies of tokens `slots` of (block, head), in the codec's working
+    /// basis, when the block has them. A block's copy covers all of its slots or none of them.
     pub(crate) fn exact_run(
         &self,
         block: usize,
         head: usize,
         slots: std::ops::Range<usize>,
-    ) -> Option<(&[u16], &[u16])> {
+    ) -> Option<(CopyRun<'_>, CopyRun<'_>)> {
         let Store::Codec(c) = &self.store else {
             return None;
         };
         let (k, v) = c.shadow.get(block, head)?;
-        let (wk, wv) = (c.codec.key.work_dim(), c.codec.value.work_dim());
-        let (a, b) = (slots.start, slots.end);
-        Some((&k[a * wk..b * wk], &v[a * wv..b * wv]))
+        Some((k.rows(slots.clone()), v.rows(slots)))
     }
 
     /// Decodes tokens `slots` of (block, head) of a 16-bit pool into `out`
@@ -767,6 +903,7 @@ mod tests {
         let window = KvWindow {
             recent: 20,
             sinks: 1,
+            ..Default::default()
         };
         // A prefill in two chunks, then 150 single-token steps.
         let mut chunks = vec![100, 60];
@@ -787,6 +924,7 @@ mod tests {
             KvWindow {
                 recent: 5,
                 sinks: 0,
+                ..Default::default()
             },
             &chunks,
         );
@@ -808,6 +946,7 @@ mod tests {
         layout.window = KvWindow {
             recent: 40,
             sinks: 1,
+            ..Default::default()
         };
         let mut pool = CpuKvPool::new(&layout, 0).unwrap();
         let g = AttnGeometry {

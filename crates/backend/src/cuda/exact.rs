@@ -89,7 +89,7 @@ impl ExactSlots {
     /// idempotent, so the step can run again).
     pub(crate) fn prepare(&mut self, spans: &[SeqSpan<'_>], may_grow: bool) -> Result<(), Error> {
         let bs = self.block_size;
-        let KvWindow { recent, sinks } = self.window;
+        let KvWindow { recent, sinks, .. } = self.window;
         let sink_blocks = sinks.div_ceil(bs);
         for s in spans {
             // Blocks no query from this span on reads exactly: newest first, down to the
@@ -289,6 +289,7 @@ mod tests {
         let window = KvWindow {
             recent: 20,
             sinks: 3,
+            ..Default::default()
         };
         let mut x = ExactSlots::new(window, 64, 16, 2);
         let blocks: Vec<u32> = (0..40).map(|i| 63 - i).collect();
@@ -330,6 +331,7 @@ mod tests {
         let window = KvWindow {
             recent: 8,
             sinks: 0,
+            ..Default::default()
         };
         let mut x = ExactSlots::new(window, 16, 16, 1);
         let (a, b) = ([0u32, 1], [2u32, 3]);

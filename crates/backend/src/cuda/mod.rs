@@ -62,7 +62,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 use half::bf16;
-use turbokv_cache::KvLayout;
+use turbokv_cache::{KvLayout, WindowCopies};
 use turbokv_codec::KvDtype;
 
 use crate::Error;
@@ -778,6 +778,13 @@ impl CudaBackend {
                 format!("layer {layer} of {}", layout.layers.len()),
             )
         })?;
+        if layout.window.is_active() && layout.window.copies != WindowCopies::F16 {
+            return Err(Error::Unsupported {
+                op: "kv pool",
+                why: "int8 window copies (a window ending in q8) are CPU-only for now; drop q8 \
+                      to keep them in f16",
+            });
+        }
         let overflow = || Error::SizeOverflow {
             rows: layout.num_blocks,
             cols: layout.block_elements(),

@@ -91,7 +91,11 @@ fn gpt_oss_runs_every_kv_dtype_and_preset_policy() {
     let mut base = Session::new(t, KvDtype::F16, 256).unwrap();
     let base = base.prefill_all_logits(&prompt).unwrap();
     let window = |recent, sinks| KvPolicy {
-        window: KvWindow { recent, sinks },
+        window: KvWindow {
+            recent,
+            sinks,
+            ..Default::default()
+        },
         ..Default::default()
     };
     for (kv, policy) in [

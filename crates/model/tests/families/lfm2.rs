@@ -173,6 +173,7 @@ fn lfm2_kv_cache_skips_conv_layers() {
         window: KvWindow {
             recent: 15,
             sinks: 1,
+            ..Default::default()
         },
         ..Default::default()
     };
