@@ -80,19 +80,20 @@ pub(crate) struct CodecStore {
     shadow: Shadows,
 }
 
-/// The blocks' exact K and V: rounded to f16 (what the format keeps and counts) and then
-/// brought into the codec's working basis once, when written — not at every read, where the
-/// rotation of each window token cost more than reading thousands of codes. The rotated
-/// vectors are kept as f16 bits again (native-endian, as the 16-bit pool's values; a second
-/// rounding, by at most 2⁻¹¹ of each working coordinate), so decode
-/// reads them as [`super::direct::Fmt::F16`] pages at 2 bytes a coordinate instead of 4: the
-/// window's bytes, not its arithmetic, set its cost beside the codes.
+/// The blocks' exact K and V: rounded to f16 and then brought into the codec's working basis
+/// once, when written — not at every read, where the rotation of each window token cost more
+/// than reading thousands of codes. The rotated vectors are kept as f16 bits again
+/// (native-endian, as the 16-bit pool's values; a second rounding, by at most 2⁻¹¹ of each
+/// working coordinate), or with [`WindowCopies::Int8`] as int8 with an f16 step each, so
+/// decode reads them as [`super::direct::Fmt::F16`] or `Int8` pages at 2 or 1 bytes a
+/// coordinate instead of 4: the window's bytes, not its arithmetic, set its cost beside the
+/// codes.
 ///
-/// A block's copies take a slot of each kv head's two slabs (`k[h]`: `[slots, block_size, key
-/// work dim]`, `v[h]` likewise with the value work dim), found through a table indexed by
-/// physical block: decode looks a block up once per (block, kv head) of the window, and a
-/// hash map's probe, cold after a step's weights went through the caches, cost more there than
-/// reading the copies. Freed slots are reused oldest first, so a decoding sequence's window
+/// A block's copies take a slot (a [`CopySlot`]) of each kv head's two byte slabs (`k[h]` of
+/// the key work dim, `v[h]` of the value work dim), found through a table indexed by physical
+/// block: decode looks a block up once per (block, kv head) of the window, and a hash map's
+/// probe, cold after a step's weights went through the caches, cost more there than reading
+/// the copies. Freed slots are reused oldest first, so a decoding sequence's window
 /// blocks take the slots in turn, and one head's window lies mostly in order in memory, as
 /// the prefetchers like.
 #[derive(Debug)]
