@@ -39,8 +39,8 @@ pub enum WindowCopies {
     /// IEEE half.
     #[default]
     F16,
-    /// int8 with an f16 step per vector (`max|x| / 127`): half the bytes, and no loss that
-    /// the evaluation set measures (BENCHMARKS.md, issue 19, session 41).
+    /// int8 with an f16 step per vector (`max|x| / 127`): half the bytes, for KL within a few
+    /// percent of f16 copies' at the same window (BENCHMARKS.md, issue 19, session 41).
     Int8,
 }
 
