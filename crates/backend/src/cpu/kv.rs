@@ -212,6 +212,9 @@ impl Shadows {
     }
 }
 
+/// f16 values converted at a time through a stack buffer (the slices' SIMD conversion).
+const F16_CHUNK: usize = 64;
+
 /// The layout of one slot of a head's copies: `rows` records of `width` working coordinates,
 /// as f16 (`2·width` bytes a record), or as int8 (`width` bytes) followed by each record's f16
 /// step.
@@ -225,10 +228,7 @@ struct CopySlot {
 impl CopySlot {
     /// Bytes of a record.
     fn stride(self) -> usize {
-        match self.copies {
-            WindowCopies::F16 => 2 * self.width,
-            WindowCopies::Int8 => self.width,
-        }
+        record_bytes(self.copies, self.width)
     }
 
     /// Bytes of the slot.
@@ -257,8 +257,15 @@ impl CopySlot {
         let rec = &mut records[row * stride..][..stride];
         match self.copies {
             WindowCopies::F16 => {
-                for (d, &v) in rec.chunks_exact_mut(2).zip(x) {
-                    d.copy_from_slice(&f16::from_f32(v).to_ne_bytes());
+                // Through a word buffer: the slice conversion runs in SIMD, a value at a time
+                // does not (prefill writes every token's copies).
+                let mut words = [0u16; F16_CHUNK];
+                for (d, x) in rec.chunks_mut(2 * F16_CHUNK).zip(x.chunks(F16_CHUNK)) {
+                    let w = &mut words[..x.len()];
+                    w.reinterpret_cast_mut::<f16>().convert_from_f32_slice(x);
+                    for (d, w) in d.chunks_exact_mut(2).zip(w.iter()) {
+                        d.copy_from_slice(&w.to_ne_bytes());
+                    }
                 }
             }
             WindowCopies::Int8 => {
@@ -282,6 +289,14 @@ impl CopySlot {
     }
 }
 
+/// Bytes of a copy of `width` working coordinates (without an int8 record's step).
+fn record_bytes(copies: WindowCopies, width: usize) -> usize {
+    match copies {
+        WindowCopies::F16 => 2 * width,
+        WindowCopies::Int8 => width,
+    }
+}
+
 /// Consecutive records of a head's copies (see [`CopySlot`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CopyRun<'a> {
@@ -298,12 +313,7 @@ pub(crate) struct CopyRun<'a> {
 impl<'a> CopyRun<'a> {
     /// Bytes of a record.
     pub(crate) fn stride(&self) -> usize {
-        CopySlot {
-            copies: self.copies,
-            rows: 0,
-            width: self.width,
-        }
-        .stride()
+        record_bytes(self.copies, self.width)
     }
 
     /// Records `rows` of the run.
@@ -330,8 +340,18 @@ impl<'a> CopyRun<'a> {
         out.resize(self.len() * self.width, 0.0);
         match self.copies {
             WindowCopies::F16 => {
-                for (d, b) in out.iter_mut().zip(self.records.chunks_exact(2)) {
-                    *d = f16::from_ne_bytes([b[0], b[1]]).to_f32();
+                // Through a word buffer, as in `CopySlot::write`: the tiled path widens a
+                // block's copies for every task that reads them.
+                let mut words = [0u16; F16_CHUNK];
+                for (d, b) in out
+                    .chunks_mut(F16_CHUNK)
+                    .zip(self.records.chunks(2 * F16_CHUNK))
+                {
+                    let w = &mut words[..d.len()];
+                    for (w, b) in w.iter_mut().zip(b.chunks_exact(2)) {
+                        *w = u16::from_ne_bytes([b[0], b[1]]);
+                    }
+                    w.reinterpret_cast::<f16>().convert_to_f32_slice(d);
                 }
             }
             WindowCopies::Int8 => {
