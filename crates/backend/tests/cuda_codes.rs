@@ -82,6 +82,21 @@ fn gpu_f16_values() -> Option<&'static CudaBackend> {
     })
 }
 
+/// Backends whose windowed coded pools run their exact splits inside the coded blocks
+/// (`CudaOptions::fold_exact_splits`): with the models' split counts, and with one and three
+/// coded splits forced.
+fn gpu_folded() -> Option<[&'static CudaBackend; 3]> {
+    static CELLS: [OnceLock<Option<CudaBackend>>; 3] = [const { OnceLock::new() }; 3];
+    let folded = |i: usize, coded_splits| {
+        second_backend(&CELLS[i], move || CudaOptions {
+            fold_exact_splits: true,
+            coded_splits,
+            ..CudaOptions::default()
+        })
+    };
+    Some([folded(0, None)?, folded(1, Some(1))?, folded(2, Some(3))?])
+}
+
 /// The CPU backend in f32 on the decoded codes (`CodeProducts::F32`): attention exactly over
 /// the vectors the codes decode to, on every host. Its default int8 products run only where
 /// the CPU has AVX-512 VBMI and VNNI and round queries and weights on their own, so against
@@ -1108,6 +1123,52 @@ fn windowed_coded_pools_match_the_cpu_backend() {
                     seed,
                 );
             }
+        }
+    }
+}
+
+/// Exact splits folded into the coded blocks: with the models' split counts, and with one and
+/// three coded splits forced, where one block runs several exact splits (a 130-token window
+/// has three) or none. Every kernel family that reads a window: keys-as-M with int8 and f16
+/// products, the template (int8, fp8; group 16), and the parts kernel (fractional widths, prod
+/// keys), with sliding windows beside the exact tokens.
+#[test]
+fn folded_exact_splits_match_the_cpu_backend() {
+    let Some(backends) = gpu_folded() else {
+        return;
+    };
+    let mut seed = 1501;
+    let window = |recent, sinks| KvWindow {
+        recent,
+        sinks,
+        ..Default::default()
+    };
+    let cases = [
+        ("tq3", 128, 4, true, window(15, 1), None),
+        ("k4v2", 128, 8, false, window(130, 1), None),
+        ("k4v3", 64, 4, false, window(47, 4), Some(300)),
+        ("int8", 128, 16, false, window(130, 2), None),
+        ("fp8", 64, 4, true, window(40, 0), None),
+        ("tq3.5", 128, 4, false, window(130, 1), Some(200)),
+        ("tq3/prod", 64, 2, true, window(15, 1), None),
+        ("k4v2", 256, 4, true, window(0, 4), None),
+    ];
+    for g in backends {
+        for (dtype, d, group, centered, window, sliding) in cases {
+            seed += 1;
+            run_case(
+                g,
+                &Case {
+                    dtype,
+                    d,
+                    group,
+                    centered,
+                    window,
+                    sliding,
+                    rising_keys: false,
+                },
+                seed,
+            );
         }
     }
 }

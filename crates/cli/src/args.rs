@@ -487,6 +487,10 @@ pub struct BenchAttentionArgs {
     /// model alone (`TURBOKV_SM_LOAD_SPLITS=0`) beside the default per-SM model.
     #[arg(long)]
     pub wave_splits: bool,
+    /// Also time windowed coded formats with their exact splits run inside the coded blocks
+    /// (`TURBOKV_FOLD_EXACT_SPLITS=1`), beside the default, and at each `--coded-splits` count.
+    #[arg(long)]
+    pub fold_exact_splits: bool,
     /// Skip the PyTorch SDPA peer.
     #[arg(long)]
     pub no_peer: bool,

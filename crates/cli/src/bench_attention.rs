@@ -240,15 +240,28 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
             Some(true),
         ));
     }
-    for &n in &args.coded_splits {
-        configs.push((
-            format!("splits={n}"),
-            CudaOptions {
-                coded_splits: Some(n),
-                ..base.clone()
-            },
-            Some(true),
-        ));
+    for fold in [false, true] {
+        if fold && !args.fold_exact_splits {
+            continue;
+        }
+        let opts = CudaOptions {
+            fold_exact_splits: fold,
+            ..base.clone()
+        };
+        let tag = if fold { ",fold" } else { "" };
+        if fold {
+            configs.push(("fold".into(), opts.clone(), Some(true)));
+        }
+        for &n in &args.coded_splits {
+            configs.push((
+                format!("splits={n}{tag}"),
+                CudaOptions {
+                    coded_splits: Some(n),
+                    ..opts.clone()
+                },
+                Some(true),
+            ));
+        }
     }
     let mut rows = Vec::new();
     // The default configuration's output per point (it runs first), to check the variants on

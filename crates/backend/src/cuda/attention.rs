@@ -535,8 +535,15 @@ impl CudaBackend {
                 }]
             }
         };
+        // Folded exact splits run inside the coded blocks (attention.cu `coded_block_end`):
+        // the grid has only the coded splits, the kernel still counts every partial.
+        let grid_splits = if self.fold_exact_splits && code_kernel.or(parts_kernel).is_some() {
+            splits - exact_splits
+        } else {
+            splits
+        };
         let cfg = LaunchConfig {
-            grid_dim: (rows as u32, g.n_kv_heads as u32, splits as u32),
+            grid_dim: (rows as u32, g.n_kv_heads as u32, grid_splits as u32),
             block_dim: (
                 match (code_kernel.or(parts_kernel), dec_kernel) {
                     (Some(_), _) => 32 * CODE_WARPS,

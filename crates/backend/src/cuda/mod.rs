@@ -275,6 +275,12 @@ pub struct CudaOptions {
     /// faster at b1–b8 up to 32k on an H100, compact's decode step 1–2% faster at b1 × 32k
     /// and b8 × 8k (BENCHMARKS.md, session 39). Off: the wave model for every kernel.
     pub sm_load_splits: bool,
+    /// A windowed coded pool's exact splits (its sinks and recent keys, 64 a split) run inside
+    /// the coded blocks — coded block `s` of `n` also takes exact splits `s`, `s + n`, … after
+    /// its own keys — instead of as blocks of their own in the same launch. Short exact blocks
+    /// beside long coded ones left SMs idle at the end of compact's launch at one coded split
+    /// per pair (BENCHMARKS.md, session 41). Off: separate exact blocks.
+    pub fold_exact_splits: bool,
 }
 
 /// See [`CudaOptions::gemv_max_rows`]. On an H200 (llama3-8b shapes) the GEMV kernel beat
@@ -298,6 +304,7 @@ impl Default for CudaOptions {
             coded_int8_values: true,
             coded_splits: None,
             sm_load_splits: true,
+            fold_exact_splits: false,
         }
     }
 }
@@ -340,6 +347,8 @@ pub struct CudaBackend {
     coded_splits: Option<usize>,
     /// See [`CudaOptions::sm_load_splits`].
     sm_load_splits: bool,
+    /// See [`CudaOptions::fold_exact_splits`].
+    fold_exact_splits: bool,
     /// Blocks of each decode variant (index of [`DECODE_VARIANTS`]) resident on the whole GPU
     /// at once, from the occupancy calculator with its pipeline's shared memory.
     decode_slots: Vec<usize>,
@@ -595,6 +604,7 @@ impl CudaBackend {
             coded_int8_values: opts.coded_int8_values,
             coded_splits: opts.coded_splits.map(|s| s.max(1)),
             sm_load_splits: opts.sm_load_splits,
+            fold_exact_splits: opts.fold_exact_splits,
             decode_slots,
             code_slots,
             code_m_slots,

@@ -73,7 +73,7 @@ __device__ __forceinline__ float2 ld_cg2(const float* p) {
 // smem: g * (2 * n_splits + 1) floats.
 __device__ __forceinline__ void attn_merge_last(float* sh, int g, int d, int n_heads, int n_kv,
     int n_splits, u32* counters, const float* part_ml, const float* part_acc, float* out,
-    u16* out_bf16, const float* sinks)
+    u16* out_bf16, const float* sinks, u32 arrivals = 1)
 {
     const int r = blockIdx.x, kh = blockIdx.y, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
@@ -82,7 +82,7 @@ __device__ __forceinline__ void attn_merge_last(float* sh, int g, int d, int n_h
     int last = 0;
     if (tid == 0) {
         u32* c = counters + (u64)r * n_kv + kh;
-        last = atomicAdd(c, 1u) == (u32)n_splits - 1;
+        last = atomicAdd(c, arrivals) == (u32)n_splits - arrivals;
         if (last) *c = 0u;
     }
     // (No static shared memory: the kernels opt into the whole dynamic limit.)
@@ -938,6 +938,50 @@ __device__ __forceinline__ CodedRange coded_range(const ExactArgs& x, int kend) 
     return {x.sinks, min(kend, max(x.sinks, kend - x.recent))};
 }
 
+template <int D, int NW>
+__device__ __noinline__ void attn_exact_split(float* sh, const ExactArgs& x, const float* qrow,
+    float qscale, int g, int r, int kh, int sp, int es, int n_heads, int n_kv, int n_splits,
+    u32 seq, int kend, int wlo, int block_size, float* part_ml, float* part_acc);
+
+// The exact splits sp, sp + n_coded, … of a windowed pool, run by coded block (r, kh, sp) after
+// its own partial when they are folded into the coded blocks; returns how many. Not inlined: the
+// coded kernels keep their registers for their own loop.
+template <int D, int NW>
+__device__ __noinline__ u32 folded_exact_splits(float* sh, const ExactArgs& xa, const float* qrow,
+    float qscale, int g, int r, int kh, int sp, int n_coded, int n_heads, int n_kv, int n_splits,
+    u32 seq, int pos, int window, int block_size, float* part_ml, float* part_acc)
+{
+    u32 n = 0;
+    for (int es = sp; es < n_splits - n_coded; es += n_coded, n++) {
+        __syncthreads();   // the shared memory of the partial before is read
+        attn_exact_split<D, NW>(sh, xa, qrow, qscale, g, r, kh, n_coded + es, es, n_heads, n_kv,
+                                n_splits, seq, pos + 1, window_lo(pos, window), block_size, part_ml,
+                                part_acc);
+    }
+    return n;
+}
+
+// The end of a coded decode block (r, kh, sp), after it stored its own partial. With the exact
+// splits folded into the coded blocks (the grid's z is n_coded, not n_splits:
+// CudaOptions::fold_exact_splits), the block also runs exact splits sp, sp + n_coded, … — so a
+// launch has no short exact blocks beside its long coded ones — and counts every partial it
+// wrote in the fused merge.
+template <int D, int NW>
+__device__ __forceinline__ void coded_block_end(float* sh, ATTN_PARAMS, const ExactArgs& xa,
+                                                int window, int n_coded)
+{
+    const int g = n_heads / n_kv;
+    const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
+    u32 arrivals = 1;
+    if ((int)gridDim.z < n_splits)
+        arrivals += folded_exact_splits<D, NW>(sh, xa, qkv + (u64)r * width + (u64)kh * g * D,
+                                               scale * 1.4426950408889634f, g, r, kh, sp, n_coded,
+                                               n_heads, n_kv, n_splits, tok_seq[r], (int)tok_pos[r],
+                                               window, block_size, part_ml, part_acc);
+    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks,
+                    arrivals);
+}
+
 // The exact split `es` of a windowed pool: for the g query heads of kv head kh of row r
 // (span `seq`, keys 0 .. kend-1), online softmax over the exact keys es·64 .. es·64 + 63 of
 // the row's list (sinks, then recent). The keys come in chunks of 32 whose f16 K and V rows
@@ -1334,7 +1378,10 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u
     }
     __syncthreads();
     store_split_partial<D, NW>(sh, 16, g, r, kh, sp, n_heads, n_splits, part_ml, part_acc, tid, NTH);
-    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
+    if constexpr (StagesFromAnyKey<F>::value)   // 16-bit pools have no exact window
+        attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
+    else
+        coded_block_end<D, NW>(sh, ATTN_ARGS, xa, window, n_coded);
 }
 
 // attn_dec_{D}_{TK}_{STAGES}_{NW}: the template for the 16-bit formats (is_bf16 picks the
@@ -1877,13 +1924,12 @@ __device__ __forceinline__ u32 movmatrix_trans(u32 x) {
 
 // The end of a keys-as-M block: each warp's state (o[nd]: Oᵀ rows q, q + 8 of value MMA nd, at
 // dims q·VR + Codes<VB, VR>::dim(nd / 2, 2(nd % 2)) and the next slot, columns heads 2c,
-// 2c + 1; log2 units) merged through shared memory into the split's partial, then the fused
-// split merge.
+// 2c + 1; log2 units) merged through shared memory into the split's partial (the caller then
+// ends the block: coded_block_end).
 template <int D, int VB, int NW>
 __device__ __forceinline__ void keys_as_m_finish(float* sh, const float (&o)[D / 16][4], float m0,
-    float m1, float l0, float l1, int g, int r, int kh, int sp, int n_heads, int n_kv, int n_splits,
-    u32* __restrict__ counters, float* __restrict__ part_ml, float* __restrict__ part_acc,
-    float* __restrict__ out, u16* __restrict__ out_bf16, const float* __restrict__ sinks)
+    float m1, float l0, float l1, int g, int r, int kh, int sp, int n_heads, int n_splits,
+    float* __restrict__ part_ml, float* __restrict__ part_acc)
 {
     constexpr int NTH = NW * 32, VR = D / 8;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, c = lane & 3, q = lane >> 2;
@@ -1908,7 +1954,6 @@ __device__ __forceinline__ void keys_as_m_finish(float* sh, const float (&o)[D /
     }
     __syncthreads();
     store_split_partial<D, NW>(sh, 8, g, r, kh, sp, n_heads, n_splits, part_ml, part_acc, tid, NTH);
-    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
 }
 
 // The keys of coded split `sp` (of n_coded) of a decode row at `pos`, for the keys-as-M
@@ -2138,8 +2183,9 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
         keys_as_m_values<D, VB, NS>(o, s, m0, m1, l0, l1, vs, TK * VROW, f.vlo, f.vhi, kw, lane);
     }
     cp_async_wait<0>();
-    keys_as_m_finish<D, VB, NW>(sh, o, m0, m1, l0, l1, g, r, kh, sp, n_heads, n_kv, n_splits, counters,
-                                part_ml, part_acc, out, out_bf16, sinks);
+    keys_as_m_finish<D, VB, NW>(sh, o, m0, m1, l0, l1, g, r, kh, sp, n_heads, n_splits, part_ml,
+                                part_acc);
+    coded_block_end<D, NW>(sh, ATTN_ARGS, xa, window, n_coded);
 }
 
 // ---- Coded decode attention with the key products in int8 (TurboQuant keys, g <= 8) -----
@@ -2439,8 +2485,9 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
             keys_as_m_values<D, VB, NS>(o, s, m0, m1, l0, l1, vs, TK * VROW, f.vlo, f.vhi, kw, lane);
     }
     cp_async_wait<0>();
-    keys_as_m_finish<D, VB, NW>(sh, o, m0, m1, l0, l1, g, r, kh, sp, n_heads, n_kv, n_splits, counters,
-                                part_ml, part_acc, out, out_bf16, sinks);
+    keys_as_m_finish<D, VB, NW>(sh, o, m0, m1, l0, l1, g, r, kh, sp, n_heads, n_splits, part_ml,
+                                part_acc);
+    coded_block_end<D, NW>(sh, ATTN_ARGS, xa, window, n_coded);
 }
 
 // Bytes of a tile of tk keys: K and V code records and their f16 scales.
@@ -3292,7 +3339,7 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
         for (int e = 0; e < E; e++) ws[2 * G + h * D + lane * E + e] = acc[h][e];
     __syncthreads();
     store_split_partial<D, NW>(sh, G, g, r, kh, sp, n_heads, n_splits, part_ml, part_acc, tid, 32 * NW);
-    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
+    coded_block_end<D, NW>(sh, ATTN_ARGS, xa, window, n_coded);
 }
 
 // attn_parts_{D}_{G}: the decode kernel over a parts pool for groups up to G; the list must
