@@ -26,7 +26,7 @@ use std::sync::{Arc, OnceLock};
 use turbokv_backend::cpu::{CodeProducts, CpuBackend, CpuOptions, CpuTensor};
 use turbokv_backend::cuda::{CudaBackend, CudaOptions, CudaTensor};
 use turbokv_backend::{AttnGeometry, Backend, Error, Rope, RopeStyle, SeqSpan};
-use turbokv_cache::{KvCenters, KvLayout, KvWindow};
+use turbokv_cache::{KvCenters, KvLayout, KvWindow, WindowCopies};
 use turbokv_codec::{KeyMode, KvDtype, LayerCodec, NormMode, OutlierChannels, bitpack};
 
 fn gpu() -> Option<&'static CudaBackend> {
@@ -191,7 +191,7 @@ fn lift_late_scores(qkv: &mut [f32], geo: &AttnGeometry, spans: &[SeqSpan]) {
 const NO_WINDOW: KvWindow = KvWindow {
     recent: 0,
     sinks: 0,
-    copies: turbokv_cache::WindowCopies::F16,
+    copies: WindowCopies::F16,
 };
 
 /// `dtype` may end in `/prod` (QJL keys), `/corrected` (corrected norms) or `/calibrated`
@@ -829,6 +829,16 @@ fn parts_pools_match_the_cpu_codec_and_attention() {
                 None,
             ),
             ("k3.5v2", NO_WINDOW, Some(100)),
+            (
+                "tq3.5",
+                KvWindow {
+                    recent: 47,
+                    sinks: 1,
+                    copies: WindowCopies::Int8,
+                    ..Default::default()
+                },
+                Some(300),
+            ),
         ] {
             seed += 1;
             run_case(
@@ -1095,6 +1105,19 @@ fn windowed_coded_pools_match_the_cpu_backend() {
             sinks: 1,
             ..Default::default()
         },
+        // Int8 copies (`q8`), widened as they are staged.
+        KvWindow {
+            recent: 47,
+            sinks: 2,
+            copies: WindowCopies::Int8,
+            ..Default::default()
+        },
+        KvWindow {
+            recent: 130,
+            sinks: 1,
+            copies: WindowCopies::Int8,
+            ..Default::default()
+        },
     ];
     for d in [64, 128, 256] {
         for (i, dtype) in ["int8", "tq3", "k4v2", "k4v3", "fp8"]
@@ -1143,6 +1166,10 @@ fn folded_exact_splits_match_the_cpu_backend() {
         sinks,
         ..Default::default()
     };
+    let q8 = |recent, sinks| KvWindow {
+        copies: WindowCopies::Int8,
+        ..window(recent, sinks)
+    };
     let cases = [
         ("tq3", 128, 4, true, window(15, 1), None),
         ("k4v2", 128, 8, false, window(130, 1), None),
@@ -1152,6 +1179,8 @@ fn folded_exact_splits_match_the_cpu_backend() {
         ("tq3.5", 128, 4, false, window(130, 1), Some(200)),
         ("tq3/prod", 64, 2, true, window(15, 1), None),
         ("k4v2", 256, 4, true, window(0, 4), None),
+        ("k4v2", 128, 8, true, q8(130, 1), None),
+        ("tq2.5", 64, 4, false, q8(47, 2), None),
     ];
     for g in backends {
         for (dtype, d, group, centered, window, sliding) in cases {
@@ -1257,6 +1286,17 @@ fn coded_prefill_on_the_decode_kernels_matches_the_cpu_backend() {
                     ..Default::default()
                 },
                 Some(300),
+            ),
+            (
+                "k4v3",
+                4,
+                KvWindow {
+                    recent: 40,
+                    sinks: 2,
+                    copies: WindowCopies::Int8,
+                    ..Default::default()
+                },
+                None,
             ),
         ] {
             seed += 1;

@@ -447,10 +447,10 @@ impl CudaBackend {
                     ints("attention", [x.slots.window.sinks, x.slots.window.recent])?;
                 (
                     [addr(&x.k, &self.stream), addr(&x.v, &self.stream), table],
-                    [sinks, recent],
+                    [sinks, recent, x.q8()],
                 )
             }
-            None => ([0; 3], [0; 2]),
+            None => ([0; 3], [0; 3]),
         };
         let [width, nh, nkv, d, bs, splits_i] = ints(
             "attention",
@@ -582,8 +582,8 @@ impl CudaBackend {
             .ptr(sinks);
         if let Some(c) = coded {
             a.ptr(addr(&c.desc, &self.stream));
-            let ([xk, xv, xt], [sinks, recent]) = exact_args;
-            a.ptr(xk).ptr(xv).ptr(xt).arg(sinks).arg(recent);
+            let ([xk, xv, xt], [sinks, recent, q8]) = exact_args;
+            a.ptr(xk).ptr(xv).ptr(xt).arg(sinks).arg(recent).arg(q8);
         }
         // Every kernel's last parameter.
         a.arg(window_param(window));
@@ -752,15 +752,16 @@ impl CudaBackend {
         let bases = tp + 4 * 2 * n_tiles as u64;
         let runs_p = bases + 4 * spans.len() as u64;
         let meta = sc.meta()?.addrs(&self.stream);
-        let (xp, [xs, xr]) = match exact {
+        let (xp, [xs, xr], xq) = match exact {
             Some(x) => {
                 let table = addr(sc.upload_exact(&self.stream, &x.slots.table)?, &self.stream);
                 (
                     [addr(&x.k, &self.stream), addr(&x.v, &self.stream), table],
                     ints("attention", [n_sinks, recent])?,
+                    x.q8(),
                 )
             }
-            None => ([0; 3], [0; 2]),
+            None => ([0; 3], [0; 2], 0),
         };
         let [width, nh, nkv, bs] = ints(
             "attention",
@@ -824,6 +825,7 @@ impl CudaBackend {
         .ptr(xp[2])
         .arg(xs)
         .arg(xr)
+        .arg(xq)
         .arg(window_param(window));
         self.push_unrotate(&mut l, coded, g, rows, op, ob)?;
         let launch = st.admit(l.signature())?;

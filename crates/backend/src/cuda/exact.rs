@@ -3,9 +3,12 @@
 //! A coded layer with a [`KvWindow`] attends each query's sinks (the first tokens) and most
 //! recent tokens at f16, the rest from the codes, as the CPU backend does. Every token is
 //! encoded; the tokens that some query may still read exactly are also kept as f16 copies,
-//! per physical block, in *exact blocks* (`[slot, kv_heads, block_size, head_dim]` halves
-//! for K and for V). The copies are the encoder's working vectors — centered, and rotated for
-//! TurboQuant roles — so the attention reads them in the basis it scores and sums codes in.
+//! per physical block, in *exact blocks*, for K and for V: `[slot, kv_heads, block_size,
+//! head_dim]` halves, or with [`WindowCopies::Int8`] per slot the rows' int8 codes
+//! `[kv_heads, block_size, head_dim]` then one f16 step per row (codec.cuh `exact_q8_row`; the
+//! CPU's `CopySlot` values, widened to f16 as the attention stages them). The copies are the
+//! encoder's working vectors — centered, and rotated for TurboQuant roles — so the attention
+//! reads them in the basis it scores and sums codes in.
 //!
 //! The host keeps which slot holds which block's copies. Before a write, for every span it
 //! drops the blocks that no query from this span on reads exactly (past the sinks and before
@@ -26,7 +29,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use turbokv_cache::KvWindow;
+use turbokv_cache::{KvWindow, WindowCopies};
 
 use super::cuda_err;
 use super::step::graph_changed;
@@ -198,9 +201,10 @@ impl ExactSlots {
 #[derive(Debug)]
 pub(crate) struct ExactTokens {
     pub slots: ExactSlots,
-    /// Halves of one exact block (kv_heads × block_size × head_dim).
+    /// Halves of one exact block (kv_heads × block_size rows of head_dim halves, or of
+    /// head_dim int8 codes and a step).
     slot_halves: usize,
-    /// K and V copies, `[slots, kv_heads, block_size, head_dim]` f16 each.
+    /// K and V copies (see the module docs), as halves.
     pub k: CudaSlice<u16>,
     pub v: CudaSlice<u16>,
 }
@@ -215,7 +219,10 @@ impl ExactTokens {
         block_size: usize,
         head_dim: usize,
     ) -> Result<Self, Error> {
-        let slot_halves = kv_heads * block_size * head_dim;
+        let slot_halves = match window.copies {
+            WindowCopies::F16 => kv_heads * block_size * head_dim,
+            WindowCopies::Int8 => kv_heads * block_size * (head_dim + 2) / 2,
+        };
         let slots = FIRST_SLOTS.min(num_blocks.max(1));
         let alloc = |n: usize| {
             stream
@@ -228,6 +235,11 @@ impl ExactTokens {
             k: alloc(slots * slot_halves)?,
             v: alloc(slots * slot_halves)?,
         })
+    }
+
+    /// The kernels' `x_q8` parameter: 1 when the copies are int8.
+    pub(crate) fn q8(&self) -> i32 {
+        i32::from(self.slots.window.copies == WindowCopies::Int8)
     }
 
     /// [`ExactSlots::prepare`], then the device blocks grown to the slots (keeping their

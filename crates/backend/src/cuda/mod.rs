@@ -62,7 +62,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig};
 use half::bf16;
-use turbokv_cache::{KvLayout, KvWindow, WindowCopies};
+use turbokv_cache::KvLayout;
 use turbokv_codec::KvDtype;
 
 use crate::Error;
@@ -788,7 +788,6 @@ impl CudaBackend {
                 format!("layer {layer} of {}", layout.layers.len()),
             )
         })?;
-        check_window_copies(layout.window)?;
         let overflow = || Error::SizeOverflow {
             rows: layout.num_blocks,
             cols: layout.block_elements(),
@@ -851,43 +850,9 @@ fn unsupported_kv(dtype: KvDtype) -> Error {
     }
 }
 
-/// The exact splits stage f16 rows: a window with int8 copies is refused, with what to do.
-fn check_window_copies(window: KvWindow) -> Result<(), Error> {
-    if window.is_active() && window.copies != WindowCopies::F16 {
-        return Err(Error::Unsupported {
-            op: "kv pool",
-            why: "int8 window copies (a window ending in q8) are CPU-only for now; drop q8 to \
-                  keep them in f16",
-        });
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn int8_window_copies_are_refused_with_what_to_do() {
-        let f16 = KvWindow {
-            recent: 16,
-            sinks: 1,
-            ..Default::default()
-        };
-        assert!(check_window_copies(f16).is_ok());
-        let q8 = KvWindow {
-            copies: WindowCopies::Int8,
-            ..f16
-        };
-        let e = check_window_copies(q8).unwrap_err().to_string();
-        assert!(e.contains("drop q8"), "{e}");
-        // No window, nothing copied: the copies' format does not matter.
-        let idle = KvWindow {
-            copies: WindowCopies::Int8,
-            ..Default::default()
-        };
-        assert!(check_window_copies(idle).is_ok());
-    }
 
     #[test]
     fn device_specs_parse() {

@@ -915,13 +915,34 @@ ATTN_MMA(attn_mma8_128, 128, 8)
 // first key masked, as the codes before it are). The coded kernels then run
 // `exact_splits` splits more: the first ones read the codes of keys sinks .. kend-recent-1,
 // the last ones (`attn_exact_split`) the exact keys, 64 each; the fused merge treats them as
-// any other split.
+// any other split. The copies are f16 rows, or int8 rows with a step each (`q8`; codec.cuh
+// `exact_q8_row`), widened to f16 as they are staged.
 struct ExactArgs {
     const u16* k;      // exact K blocks, [slot, n_kv, block_size, D] f16 (null: no window)
     const u16* v;
     const u32* tbl;    // the step's exact table
     int sinks, recent;
+    int q8;            // int8 copies
 };
+
+// Stages 8 values (16 bytes of f16) of exact row t (a position in exact block `slot`) of K and V
+// at piece `piece` of the row into shared memory at ks / vs: cp.async of f16 copies, or int8
+// copies loaded and widened (the caller commits and waits either way).
+template <int D>
+__device__ __forceinline__ void stage_exact_piece(const ExactArgs& x, int slot, int n_kv, int kh,
+    int block_size, int t, int piece, void* ks, void* vs)
+{
+    if (!x.q8) {
+        const u64 at = (((u64)slot * n_kv + kh) * block_size + t) * D + piece * 8;
+        cp_async16(smem_addr(ks), x.k + at, 16);
+        cp_async16(smem_addr(vs), x.v + at, 16);
+        return;
+    }
+    const ExactQ8Row kr = exact_q8_row(x.k, slot, n_kv, kh, block_size, t, D);
+    const ExactQ8Row vr = exact_q8_row(x.v, slot, n_kv, kh, block_size, t, D);
+    *(uint4*)ks = widen_q8(*(const uint2*)(kr.codes + piece * 8), f16_to_f32(*kr.step));
+    *(uint4*)vs = widen_q8(*(const uint2*)(vr.codes + piece * 8), f16_to_f32(*vr.step));
+}
 
 // The exact keys (sinks, then the recent window) are split into runs of this many, one split
 // each, so that a long window (a preset's share of a long context) is read by many blocks;
@@ -1021,18 +1042,15 @@ __device__ __noinline__ void attn_exact_split(float* sh, const ExactArgs& x, con
         const int cn = min(C, n - c0);
         for (int idx = tid; idx < C * PIECES; idx += NTH) {
             const int j = idx / PIECES, piece = idx % PIECES;
-            const u16 *src_k = x.k, *src_v = x.v;
-            int bytes = 0;
+            u32 *kd = ks + j * W + piece * 4, *vd = vs + j * W + piece * 4;
             if (j < cn) {
                 const int i = c0 + j, t = i < ns ? i : rlo + (i - ns);
                 const int slot = exact_slot(x.tbl, seq, t / block_size);
-                const u64 at = (((u64)slot * n_kv + kh) * block_size + (t % block_size)) * D + piece * 8;
-                src_k += at;
-                src_v += at;
-                bytes = 16;
+                stage_exact_piece<D>(x, slot, n_kv, kh, block_size, t % block_size, piece, kd, vd);
+            } else {
+                *(uint4*)kd = make_uint4(0u, 0u, 0u, 0u);
+                *(uint4*)vd = make_uint4(0u, 0u, 0u, 0u);
             }
-            cp_async16(smem_addr(ks + j * W + piece * 4), src_k, bytes);
-            cp_async16(smem_addr(vs + j * W + piece * 4), src_v, bytes);
         }
         cp_async_commit();
         cp_async_wait<0>();
@@ -2518,7 +2536,7 @@ constexpr int v8_stages(int d, int kb, int vb) {
 
 // The exact window's kernel parameters (ExactArgs; xtbl null: no window).
 #define ATTN_EXACT_PARAMS const u16* __restrict__ xk, const u16* __restrict__ xv, \
-    const u32* __restrict__ xtbl, int x_sinks, int x_recent
+    const u32* __restrict__ xtbl, int x_sinks, int x_recent, int x_q8
 // attn_codes_{D}_{KB}_{VB}: the template on coded K / V of KB / VB bits (8: int8, f8: fp8), 128-key
 // tiles, 4 warps; `window` > 0: a sliding window. The list must match CODE_FORMS and
 // CodeVariant::has_template in cuda/codes.rs.
@@ -2526,7 +2544,7 @@ constexpr int v8_stages(int d, int kb, int vb) {
     extern "C" __global__ void __launch_bounds__(128, 3) attn_codes_##D##_##KB##_##VB(ATTN_PARAMS, \
         const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
         extern __shared__ float sh[]; \
-        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8}; \
         attn_decode_impl<KvCodes<D, KB, VB>, D, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt, xa, \
                                                                                    window); \
     }
@@ -2536,7 +2554,7 @@ constexpr int v8_stages(int d, int kb, int vb) {
     extern "C" __global__ void __launch_bounds__(128, MB) attn_codes_m_##D##_##KB##_##VB(ATTN_PARAMS, \
         const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
         extern __shared__ float sh[]; \
-        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8}; \
         attn_codes_m_impl<D, KB, VB, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt, xa, window); \
     }
 #define ATTN_CODES_BOTH(D, KB, VB) ATTN_CODES(D, KB, VB) ATTN_CODES_M(D, KB, VB, 4)
@@ -2554,7 +2572,7 @@ ATTN_CODES_FORMS(ATTN_CODES_BOTH, 128)
     extern "C" __global__ void __launch_bounds__(128, 4) attn_codes_k8_##D##_##KB##_##VB(ATTN_PARAMS, \
         const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
         extern __shared__ float sh[]; \
-        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8}; \
         attn_codes_k8_impl<D, KB, VB, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt, xa, window); \
     }
 #define ATTN_CODES_TQ_FORMS(X, ...) \
@@ -2575,7 +2593,7 @@ ATTN_CODES_TQ_FORMS(ATTN_CODES_K8, 128)
     extern "C" __global__ void __launch_bounds__(128, 3) attn_codes_k8v_##D##_##KB##_##VB(ATTN_PARAMS, \
         const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
         extern __shared__ float sh[]; \
-        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8}; \
         attn_codes_k8_impl<D, KB, VB, v8_tile(D, KB, VB), v8_stages(D, KB, VB), 4, true>( \
             sh, ATTN_ARGS, fmt, xa, window); \
     }
@@ -2619,6 +2637,28 @@ struct ExactRows {
         return (((u64)slot * n_kv + kh) * block_size + (p - b * block_size)) * d;
     }
 };
+
+// An exact tile of int8 copies (xa.q8) widened into rows of RS halves at ks and vs: positions
+// t0 .. t0+TK-1, zeros from k1 on. Plain loads and stores, ordered by the barriers that order
+// the cp.async tiles.
+template <int D, int TK, int RS, int NTH>
+__device__ __forceinline__ void stage_exact_q8_tile(u16* ks, u16* vs, int t0, int k1,
+    const ExactRows& ex, const ExactArgs& xa, int tid)
+{
+    constexpr int CH = D / 8;
+    for (int i = tid; i < TK * CH; i += NTH) {
+        const int j = i / CH, c = i - j * CH, p = t0 + j;
+        u16 *kd = ks + j * RS + c * 8, *vd = vs + j * RS + c * 8;
+        if (p < k1) {
+            const int b = p / ex.block_size, slot = max(exact_slot(ex.tbl, ex.seq, b), 0);
+            stage_exact_piece<D>(xa, slot, ex.n_kv, ex.kh, ex.block_size, p - b * ex.block_size, c,
+                                 kd, vd);
+        } else {
+            *(uint4*)kd = make_uint4(0u, 0u, 0u, 0u);
+            *(uint4*)vd = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
 
 // Run `run` (R codes of B bits, RB bytes) of the record at `slot` of a pool block `blk`
 // (records of `row_bytes`, then f16 scales at `soff`) as f16 code × scale at out[run·R + dim].
@@ -2723,10 +2763,14 @@ __device__ __forceinline__ void attn_mma_codes_impl(u16* sh,
         if (t < ntiles) {
             u16* kst = sh + (t & 1) * 2 * MMA_TK * RS;
             int k0, k1;
-            if (tile_of(t, k0, k1))
-                stage_kv_tile<D, MMA_TK, RS, 32 * NW>(kst, kst + MMA_TK * RS, k0, k1, -1, exact,
-                                                      xa.k, xa.v, tid);
-            else
+            if (tile_of(t, k0, k1)) {
+                if (xa.q8)
+                    stage_exact_q8_tile<D, MMA_TK, RS, 32 * NW>(kst, kst + MMA_TK * RS, k0, k1, exact,
+                                                                xa, tid);
+                else
+                    stage_kv_tile<D, MMA_TK, RS, 32 * NW>(kst, kst + MMA_TK * RS, k0, k1, -1, exact,
+                                                          xa.k, xa.v, tid);
+            } else
                 stage_kv_tile<D, MMA_TK, RS, 32 * NW>(kst, kst + MMA_TK * RS, k0, k1, -1, coded,
                                                       dk, dv, tid);
         }
@@ -2809,7 +2853,7 @@ ATTN_CODES_FORMS(CODES_DEQUANT, 128)
         const u32* tiles, float* out, u16* out_bf16, const float* sinks, ATTN_EXACT_PARAMS, \
         int window) { \
         extern __shared__ float shf[]; \
-        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8}; \
         attn_mma_codes_impl<D, 4>((u16*)shf, qkv, width, n_heads, n_kv, scale, tok_pos, tok_seq, \
                                   base, dk, dv, xa, block_size, tiles, out, out_bf16, window, sinks); \
     }
@@ -3348,7 +3392,7 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
     extern "C" __global__ void __launch_bounds__(128) attn_parts_##D##_##G(ATTN_PARAMS, \
         const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
         extern __shared__ float sh[]; \
-        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent}; \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8}; \
         attn_parts_impl<D, G>(sh, ATTN_ARGS, fmt, xa, window); \
     }
 ATTN_PARTS(64, 2)

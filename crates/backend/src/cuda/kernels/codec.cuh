@@ -90,6 +90,61 @@ __device__ __forceinline__ float warp_sum_squares(const float (&v)[E]) {
 // tq::stored_f16: round to nearest even, every NaN as 0x7E00.
 __device__ __forceinline__ u16 stored_f16(float v) { return v != v ? (u16)0x7e00u : f32_to_f16(v); }
 
+// A windowed pool's exact blocks (cuda/exact.rs) hold each exact token's copy in one of two
+// forms. f16 copies: rows of d halves, [slot, n_kv, block_size, d]. int8 copies (`q8`): per
+// slot, the rows' d-byte codes [n_kv, block_size, d], then one f16 step per row
+// [n_kv, block_size]; a value is code × step (cpu/kv.rs `CopySlot`).
+struct ExactQ8Row { unsigned char* codes; u16* step; };
+__device__ __forceinline__ ExactQ8Row exact_q8_row(const void* blocks, int slot, int n_kv, int kh,
+                                                   int block_size, int t, int d)
+{
+    unsigned char* s = (unsigned char*)blocks + (u64)slot * n_kv * block_size * (d + 2);
+    const int row = kh * block_size + t;
+    return {s + (u64)row * d, (u16*)(s + (u64)n_kv * block_size * d) + row};
+}
+
+// Eight int8 codes (c.x: codes 0-3, c.y: 4-7) × step as four f16 pairs, the even code low.
+__device__ __forceinline__ uint4 widen_q8(uint2 c, float step)
+{
+    u32 w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const u32 word = i < 2 ? c.x : c.y, sh = 16 * (i & 1);
+        const float lo = (float)(signed char)(word >> sh), hi = (float)(signed char)(word >> (sh + 8));
+        w[i] = (u32)f32_to_f16(lo * step) | ((u32)f32_to_f16(hi * step) << 16);
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Stores the exact copy of a working vector, the d floats at `row` (shared memory, written by
+// this warp), into exact row t of kv head kh in block `slot`: f16, or with `q8` int8 codes
+// with an f16 step s = f16(absmax / 127), q = clamp(round(x / s), ±127), zero codes when s is
+// 0 or not finite (cpu/kv.rs `CopySlot::write`). One warp.
+template <int D>
+__device__ __forceinline__ void store_exact_row(const float* row, u16* blocks, int slot, int n_kv,
+                                                int kh, int block_size, int t, int q8, int lane)
+{
+    __syncwarp();
+    if (!q8) {
+        u16* dst = blocks + (((u64)slot * n_kv + kh) * block_size + t) * D;
+        for (int i = lane; i < D; i += 32) dst[i] = f32_to_f16(row[i]);
+        return;
+    }
+    float am = 0.0f;
+    for (int i = lane; i < D; i += 32) am = fmaxf(am, fabsf(row[i]));
+    for (int o = 16; o > 0; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
+    const u16 s16 = stored_f16(__fdiv_rn(am, 127.0f));
+    const float sv = f16_to_f32(s16);
+    const bool ok = sv > 0.0f && sv < INFINITY;
+    const ExactQ8Row dst = exact_q8_row(blocks, slot, n_kv, kh, block_size, t, D);
+    for (int i = lane; i < D; i += 32) {
+        const float r = roundf(__fdiv_rn(row[i], sv));
+        const float q = (!ok || r != r) ? 0.0f : fminf(fmaxf(r, -127.0f), 127.0f);
+        dst.codes[i] = (unsigned char)(signed char)(int)q;
+    }
+    if (lane == 0) *dst.step = s16;
+}
+
 
 // The parameters of the coded write kernels (write_kv.cu `write_kv_codes_*`, parts.cu
 // `write_kv_parts_*`: one launch signature for both, cuda/ops/kv_write.rs), and their names.
@@ -99,10 +154,10 @@ __device__ __forceinline__ u16 stored_f16(float v) { return v != v ? (u16)0x7e00
     const float* inv_freq, int n_pairs, int half_split, \
     const float* q_norm, const float* k_norm, float eps, int has_norm, \
     unsigned char* k_pool, unsigned char* v_pool, int block_size, \
-    const u32* fmt, const float* kc, const float* vc, u16* xk, u16* xv, const u32* xtbl
+    const u32* fmt, const float* kc, const float* vc, u16* xk, u16* xv, const u32* xtbl, int x_q8
 #define CODED_WRITE_ARGS qkv, width, n_heads, n_kv, tok_pos, tok_seq, seq_tbl, tables, \
     inv_freq, n_pairs, half_split, q_norm, k_norm, eps, has_norm, k_pool, v_pool, block_size, \
-    fmt, kc, vc, xk, xv, xtbl
+    fmt, kc, vc, xk, xv, xtbl, x_q8
 
 // The parts descriptor's layout (parts.cu documents it; cuda/parts.rs builds it).
 #define PARTS_HEADER 16

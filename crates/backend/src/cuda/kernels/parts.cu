@@ -35,12 +35,12 @@ __device__ __forceinline__ void rotate_part(const float* hv, const u32* pd, floa
 }
 
 // Encodes one part of the centered vector hv (tq.rs `encode_part`, operation for operation):
-// codes into the record `rec`, scale (and γ) into the token's scalars, with `exact` its f16
-// copy in the attention basis. `idx` is m bytes of shared scratch.
+// codes into the record `rec`, scale (and γ) into the token's scalars, with `xrow` (shared) its
+// copy in the attention basis, for store_exact_row. `idx` is m bytes of shared scratch.
 template <int E>
 __device__ __forceinline__ void encode_part(const float* hv, const u32* desc, const u32* pd,
                                             unsigned char* rec, u16* scalars,
-                                            unsigned char* idx, u16* exact, int lane)
+                                            unsigned char* idx, float* xrow, int lane)
 {
     float v[E];
 #pragma unroll
@@ -49,10 +49,9 @@ __device__ __forceinline__ void encode_part(const float* hv, const u32* desc, co
 #pragma unroll
     for (int j = 0; j < E; j++) v[j] = __uint_as_float(__float_as_uint(v[j]) ^ pd[P_MASKS + lane + 32 * j]);
     warp_fwht(v, lane);
-    if (exact) {
+    if (xrow) {
 #pragma unroll
-        for (int j = 0; j < E; j++)
-            exact[pd[6] + lane + 32 * j] = f32_to_f16(__fmul_rn(v[j], word_f32(pd[8])));
+        for (int j = 0; j < E; j++) xrow[pd[6] + lane + 32 * j] = __fmul_rn(v[j], word_f32(pd[8]));
     }
     const float n = __fsqrt_rn(nsq);
     const float t = __fmul_rn(n, word_f32(pd[7]));
@@ -111,8 +110,8 @@ __device__ __forceinline__ void encode_part(const float* hv, const u32* desc, co
 
 // write_kv_codes (write_kv.cu) for a parts pool: the same arguments, norm and RoPE; q rotated
 // per part into the attention basis in place; k and v centered, encoded part by part, and
-// copied at f16 to their exact blocks where the table gives one. grid = (tokens, n_heads +
-// 2 n_kv), one warp; dynamic smem: (D + 32) floats + D bytes.
+// copied to their exact blocks (f16, or int8 with `x_q8`) where the table gives one.
+// grid = (tokens, n_heads + 2 n_kv), one warp; dynamic smem: (D + 32) floats + D bytes + D floats.
 template <int D>
 __device__ __forceinline__ void write_kv_parts_impl(float* sh, CODED_WRITE_PARAMS)
 {
@@ -144,15 +143,13 @@ __device__ __forceinline__ void write_kv_parts_impl(float* sh, CODED_WRITE_PARAM
     unsigned char* base = (is_v ? v_pool : k_pool) + ((u64)blk * n_kv + kh) * desc[2];
     unsigned char* rec = base + (u64)slot * desc[1];
     u16* scalars = (u16*)(base + desc[3]) + (u64)slot * desc[4];
-    u16* exact = nullptr;
-    if (xtbl) {
-        const int xs = exact_slot(xtbl, tok_seq[t], (int)(pos / block_size));
-        if (xs >= 0) exact = (is_v ? xv : xk) + (((u64)xs * n_kv + kh) * block_size + slot) * D;
-    }
+    const int xs = xtbl ? exact_slot(xtbl, tok_seq[t], (int)(pos / block_size)) : -1;
+    float* xrow = xs >= 0 ? (float*)(idx + D) : nullptr;
     for (int p = 0; p < (int)desc[0]; p++) {
         const u32* pd = desc + PARTS_HEADER + p * PART_WORDS;
-        BY_PART_WIDTH(pd[0], encode_part, hv, desc, pd, rec, scalars, idx, exact, lane)
+        BY_PART_WIDTH(pd[0], encode_part, hv, desc, pd, rec, scalars, idx, xrow, lane)
     }
+    if (xrow) store_exact_row<D>(xrow, is_v ? xv : xk, xs, n_kv, kh, block_size, (int)slot, x_q8, lane);
 }
 
 // One part of a record as f16 rows in the attention basis: s·c[idx], plus for prod keys

@@ -70,20 +70,20 @@ __device__ __forceinline__ unsigned char fp8_encode(float x) {
 }
 
 // Encodes one head vector (v, centered) into its slot: codes at `codes`, scale at `scale`;
-// with `exact`, also its f16 copy in the basis the attention reads the codes in (rotated for
-// TurboQuant: R·v).
+// with `xrow` (shared), also its copy in the basis the attention reads the codes in (rotated for
+// TurboQuant: R·v), for store_exact_row.
 template <int E>
 __device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, unsigned char* codes,
-                                              u16* scale, unsigned char* idx, int lane, u16* exact)
+                                              u16* scale, unsigned char* idx, int lane, float* xrow)
 {
     constexpr int D = 32 * E;
     const u32 kind = desc[0], bits = desc[1];
     // int8: s = f16(absmax / 127), q = clamp(round(x / s), ±127); fp8: s = f16(absmax / 448),
     // q = fp8::encode(x / s).
     if (kind != 1) {
-        if (exact) {
+        if (xrow) {
 #pragma unroll
-            for (int m = 0; m < E; m++) exact[lane + 32 * m] = f32_to_f16(v[m]);
+            for (int m = 0; m < E; m++) xrow[lane + 32 * m] = v[m];
         }
         float am = 0.0f;
 #pragma unroll
@@ -112,9 +112,9 @@ __device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, un
 #pragma unroll
     for (int m = 0; m < E; m++) v[m] = __uint_as_float(__float_as_uint(v[m]) ^ desc[32 + lane + 32 * m]);
     warp_fwht(v, lane);
-    if (exact) {
+    if (xrow) {
 #pragma unroll
-        for (int m = 0; m < E; m++) exact[lane + 32 * m] = f32_to_f16(__fmul_rn(v[m], __uint_as_float(desc[7])));
+        for (int m = 0; m < E; m++) xrow[lane + 32 * m] = __fmul_rn(v[m], __uint_as_float(desc[7]));
     }
     const float n = __fsqrt_rn(nsq);
     const float t = __fmul_rn(n, __uint_as_float(desc[6]));
@@ -167,9 +167,9 @@ __device__ __forceinline__ void encode_vector(float (&v)[E], const u32* desc, un
 // then q, when the keys are TurboQuant, rotated in place into the keys' basis (R·q: what the
 // attention on codes scores against); k and v centered (kc / vc: `[n_kv, d]` means, or null)
 // and encoded into their slots; with an exact table (`xtbl`, a windowed pool: cuda/exact.rs)
-// also copied at f16 into their exact blocks (xk / xv) where the table gives the block one.
-// grid = (tokens, n_heads + 2 n_kv), one warp; d = 32·E.
-// dynamic smem: (d + 32) floats + d bytes.
+// also copied into their exact blocks (xk / xv; f16, or int8 with `x_q8`) where the table
+// gives the block one. grid = (tokens, n_heads + 2 n_kv), one warp; d = 32·E.
+// dynamic smem: (d + 32) floats + d bytes + d floats.
 template <int E>
 __device__ __forceinline__ void write_kv_codes_impl(float* sh, CODED_WRITE_PARAMS)
 {
@@ -211,12 +211,10 @@ __device__ __forceinline__ void write_kv_codes_impl(float* sh, CODED_WRITE_PARAM
     const u32 blk = tables[seq_tbl[tok_seq[t]] + pos / block_size];
     const u32 slot = pos % block_size;
     unsigned char* base = (is_v ? v_pool : k_pool) + ((u64)blk * n_kv + kh) * desc[3];
-    u16* exact = nullptr;
-    if (xtbl) {
-        const int xs = exact_slot(xtbl, tok_seq[t], (int)(pos / block_size));
-        if (xs >= 0) exact = (is_v ? xv : xk) + (((u64)xs * n_kv + kh) * block_size + slot) * D;
-    }
-    encode_vector(v, desc, base + (u64)slot * desc[2], (u16*)(base + desc[4]) + slot, idx, lane, exact);
+    const int xs = xtbl ? exact_slot(xtbl, tok_seq[t], (int)(pos / block_size)) : -1;
+    float* xrow = xs >= 0 ? (float*)(idx + D) : nullptr;
+    encode_vector(v, desc, base + (u64)slot * desc[2], (u16*)(base + desc[4]) + slot, idx, lane, xrow);
+    if (xrow) store_exact_row<D>(xrow, is_v ? xv : xk, xs, n_kv, kh, block_size, (int)slot, x_q8, lane);
 }
 
 #define WRITE_KV_CODES(D) \

@@ -58,13 +58,16 @@ impl CudaBackend {
             addr(&pool.v, &self.stream),
         );
         // A windowed pool: its exact blocks for these spans, and their table.
-        let exact = match &mut pool.exact {
+        let (exact, q8) = match &mut pool.exact {
             Some(x) => {
                 x.prepare(&self.stream, spans, !sc.defer)?;
                 let table = addr(sc.upload_exact(&self.stream, &x.slots.table)?, &self.stream);
-                [addr(&x.k, &self.stream), addr(&x.v, &self.stream), table]
+                (
+                    [addr(&x.k, &self.stream), addr(&x.v, &self.stream), table],
+                    x.q8(),
+                )
             }
-            None => [0; 3],
+            None => ([0; 3], 0),
         };
         if let Some(c) = &pool.codes {
             let hd = g.head_dim;
@@ -86,7 +89,8 @@ impl CudaBackend {
             let cfg = LaunchConfig {
                 grid_dim: (rows as u32, (g.n_heads + 2 * g.n_kv_heads) as u32, 1),
                 block_dim: (32, 1, 1),
-                shared_mem_bytes: ((hd + 32) * 4 + hd) as u32,
+                // hv and the reduction's floats, the codes' bytes, an exact copy's floats.
+                shared_mem_bytes: ((hd + 32) * 4 + hd + hd * 4) as u32,
             };
             let mut l = Launches::new(opc::WRITE_KV);
             let a = l.kernel("write_kv_codes", f, cfg, false);
@@ -96,7 +100,7 @@ impl CudaBackend {
             a.ptr(qn).ptr(kn).arg(eps).arg(has_norm);
             a.ptr(kp).ptr(vp).arg(bs);
             a.ptr(addr(&c.desc, &self.stream)).ptr(kc).ptr(vc);
-            a.ptr(exact[0]).ptr(exact[1]).ptr(exact[2]);
+            a.ptr(exact[0]).ptr(exact[1]).ptr(exact[2]).arg(q8);
             let launch = st.admit(l.signature())?;
             st.last_write_kv = false;
             if !launch {
