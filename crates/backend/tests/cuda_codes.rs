@@ -835,7 +835,6 @@ fn parts_pools_match_the_cpu_codec_and_attention() {
                     recent: 47,
                     sinks: 1,
                     copies: WindowCopies::Int8,
-                    ..Default::default()
                 },
                 Some(300),
             ),
@@ -1110,13 +1109,11 @@ fn windowed_coded_pools_match_the_cpu_backend() {
             recent: 47,
             sinks: 2,
             copies: WindowCopies::Int8,
-            ..Default::default()
         },
         KvWindow {
             recent: 130,
             sinks: 1,
             copies: WindowCopies::Int8,
-            ..Default::default()
         },
     ];
     for d in [64, 128, 256] {
@@ -1294,7 +1291,6 @@ fn coded_prefill_on_the_decode_kernels_matches_the_cpu_backend() {
                     recent: 40,
                     sinks: 2,
                     copies: WindowCopies::Int8,
-                    ..Default::default()
                 },
                 None,
             ),
