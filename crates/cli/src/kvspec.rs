@@ -138,12 +138,13 @@ impl KvDefaults {
 /// Presets, chosen by `eval ppl` measurements on the worst domain of the evaluation set
 /// (BENCHMARKS.md, issue 19): name → spec. A trailing `+c` centers the preset (its
 /// calibration pass runs at load), `+n` corrects its norms; `[L:DTYPE]` gives layer L another
-/// dtype. Their windows are shares of the context (45, 12 and 15 tokens at 1024), so they
+/// dtype; `q8` keeps a window's copies in int8 (tiny's: twice the tokens at the bits of f16
+/// copies). Their windows are shares of the context (45, 12 and 30 tokens at 1024), so they
 /// cost the same bits per element at every context and hold their quality at longer ones.
 pub const PRESETS: &[(&str, &str)] = &[
     ("balanced", "k4v3@w4.4%s1[1:k4v4]"),
     ("compact", "k4v2@w1.2%s1+n[1:k4v4]"),
-    ("tiny", "tq2@w1.5%s1+cn[17-18:k3v2][23-24:k3v2]"),
+    ("tiny", "tq2@w2.9%s1q8+cn[17-18:k3v2][23-24:k3v2]"),
 ];
 
 const GRAMMAR: &str = "a spec is DTYPE or PRESET, then optionally /mse or /prod, \
