@@ -240,18 +240,17 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
             Some(true),
         ));
     }
-    for fold in [false, true] {
-        if fold && !args.fold_exact_splits {
-            continue;
-        }
-        let opts = CudaOptions {
-            fold_exact_splits: fold,
+    // The split counts run on the default options, and folded too with --fold-exact-splits.
+    let mut split_bases = vec![("", base.clone())];
+    if args.fold_exact_splits {
+        let fold = CudaOptions {
+            fold_exact_splits: true,
             ..base.clone()
         };
-        let tag = if fold { ",fold" } else { "" };
-        if fold {
-            configs.push(("fold".into(), opts.clone(), Some(true)));
-        }
+        configs.push(("fold".into(), fold.clone(), Some(true)));
+        split_bases.push((",fold", fold));
+    }
+    for (tag, opts) in &split_bases {
         for &n in &args.coded_splits {
             configs.push((
                 format!("splits={n}{tag}"),

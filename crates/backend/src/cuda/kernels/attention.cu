@@ -959,50 +959,6 @@ __device__ __forceinline__ CodedRange coded_range(const ExactArgs& x, int kend) 
     return {x.sinks, min(kend, max(x.sinks, kend - x.recent))};
 }
 
-template <int D, int NW>
-__device__ __noinline__ void attn_exact_split(float* sh, const ExactArgs& x, const float* qrow,
-    float qscale, int g, int r, int kh, int sp, int es, int n_heads, int n_kv, int n_splits,
-    u32 seq, int kend, int wlo, int block_size, float* part_ml, float* part_acc);
-
-// The exact splits sp, sp + n_coded, … of a windowed pool, run by coded block (r, kh, sp) after
-// its own partial when they are folded into the coded blocks; returns how many. Not inlined: the
-// coded kernels keep their registers for their own loop.
-template <int D, int NW>
-__device__ __noinline__ u32 folded_exact_splits(float* sh, const ExactArgs& xa, const float* qrow,
-    float qscale, int g, int r, int kh, int sp, int n_coded, int n_heads, int n_kv, int n_splits,
-    u32 seq, int pos, int window, int block_size, float* part_ml, float* part_acc)
-{
-    u32 n = 0;
-    for (int es = sp; es < n_splits - n_coded; es += n_coded, n++) {
-        __syncthreads();   // the shared memory of the partial before is read
-        attn_exact_split<D, NW>(sh, xa, qrow, qscale, g, r, kh, n_coded + es, es, n_heads, n_kv,
-                                n_splits, seq, pos + 1, window_lo(pos, window), block_size, part_ml,
-                                part_acc);
-    }
-    return n;
-}
-
-// The end of a coded decode block (r, kh, sp), after it stored its own partial. With the exact
-// splits folded into the coded blocks (the grid's z is n_coded, not n_splits:
-// CudaOptions::fold_exact_splits), the block also runs exact splits sp, sp + n_coded, … — so a
-// launch has no short exact blocks beside its long coded ones — and counts every partial it
-// wrote in the fused merge.
-template <int D, int NW>
-__device__ __forceinline__ void coded_block_end(float* sh, ATTN_PARAMS, const ExactArgs& xa,
-                                                int window, int n_coded)
-{
-    const int g = n_heads / n_kv;
-    const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
-    u32 arrivals = 1;
-    if ((int)gridDim.z < n_splits)
-        arrivals += folded_exact_splits<D, NW>(sh, xa, qkv + (u64)r * width + (u64)kh * g * D,
-                                               scale * 1.4426950408889634f, g, r, kh, sp, n_coded,
-                                               n_heads, n_kv, n_splits, tok_seq[r], (int)tok_pos[r],
-                                               window, block_size, part_ml, part_acc);
-    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks,
-                    arrivals);
-}
-
 // The exact split `es` of a windowed pool: for the g query heads of kv head kh of row r
 // (span `seq`, keys 0 .. kend-1), online softmax over the exact keys es·64 .. es·64 + 63 of
 // the row's list (sinks, then recent). The keys come in chunks of 32 whose f16 K and V rows
@@ -1118,6 +1074,45 @@ __device__ __noinline__ void attn_exact_split(float* sh, const ExactArgs& x, con
         }
     }
     __syncthreads();   // the merge reuses sh
+}
+
+// The exact splits sp, sp + n_coded, … of a windowed pool, run by coded block (r, kh, sp) after
+// its own partial when they are folded into the coded blocks; returns how many. Not inlined: the
+// coded kernels keep their registers for their own loop.
+template <int D, int NW>
+__device__ __noinline__ u32 folded_exact_splits(float* sh, const ExactArgs& xa, const float* qrow,
+    float qscale, int g, int r, int kh, int sp, int n_coded, int n_heads, int n_kv, int n_splits,
+    u32 seq, int pos, int window, int block_size, float* part_ml, float* part_acc)
+{
+    u32 n = 0;
+    for (int es = sp; es < n_splits - n_coded; es += n_coded, n++) {
+        __syncthreads();   // the shared memory of the partial before is read
+        attn_exact_split<D, NW>(sh, xa, qrow, qscale, g, r, kh, n_coded + es, es, n_heads, n_kv,
+                                n_splits, seq, pos + 1, window_lo(pos, window), block_size, part_ml,
+                                part_acc);
+    }
+    return n;
+}
+
+// The end of a coded decode block (r, kh, sp), after it stored its own partial. With the exact
+// splits folded into the coded blocks (the grid's z is n_coded, not n_splits:
+// CudaOptions::fold_exact_splits), the block also runs exact splits sp, sp + n_coded, … — so a
+// launch has no short exact blocks beside its long coded ones — and counts every partial it
+// wrote in the fused merge.
+template <int D, int NW>
+__device__ __forceinline__ void coded_block_end(float* sh, ATTN_PARAMS, const ExactArgs& xa,
+                                                int window, int n_coded)
+{
+    const int g = n_heads / n_kv;
+    const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
+    u32 arrivals = 1;
+    if ((int)gridDim.z < n_splits)
+        arrivals += folded_exact_splits<D, NW>(sh, xa, qkv + (u64)r * width + (u64)kh * g * D,
+                                               scale * 1.4426950408889634f, g, r, kh, sp, n_coded,
+                                               n_heads, n_kv, n_splits, tok_seq[r], (int)tok_pos[r],
+                                               window, block_size, part_ml, part_acc);
+    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks,
+                    arrivals);
 }
 
 // ---- Decode attention: one kernel template, KV number formats as hooks -------------------
