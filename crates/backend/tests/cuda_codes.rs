@@ -19,7 +19,9 @@
 //!   the centroids (the CPU backend's int8 value table) and weights rounded to u8 per 32-key
 //!   tile and head (each within 0.5/255 of the tile's largest). Outputs of size ≈ rms(V): 1e-2
 //!   absolute + 2e-2 relative (the bf16 tolerance of the 16-bit tests), and on the same bytes
-//!   (a block moved between backends) the same.
+//!   (a block moved between backends) the same; prefill rows on the decode kernels, whose
+//!   first rows attend a few keys and so keep the tables' rounding, 2.5e-2 absolute
+//!   (`FEW_KEY_ROWS_ATOL`).
 
 use std::sync::{Arc, OnceLock};
 
@@ -126,6 +128,18 @@ impl Rng {
 }
 
 const BS: usize = 16;
+
+/// Absolute tolerance of attention outputs (beside 2e-2 relative): outputs of size ≈ rms(V)
+/// that average many keys' values (see the module docs).
+const ATTN_ATOL: f32 = 1e-2;
+
+/// The same where prefill rows run on the decode kernels with int8 products: a row attending
+/// a handful of keys (a sequence's first positions) outputs nearly one key's value as it is,
+/// and the int8 centroid tables' rounding (each centroid within 0.5% of the largest) is not
+/// averaged away. The CPU backend's own int8 products, with the same value table, differ from
+/// its f32 reference by up to 1.8e-2 on such rows of random tq3/tq4/k4v3/k4v2 caches (≤ 4
+/// keys; head dims 64 and 128, values of rms 0.9 as here), and by up to 1.0e-2 from 64 keys.
+const FEW_KEY_ROWS_ATOL: f32 = 2.5e-2;
 
 struct Case {
     dtype: &'static str,
@@ -460,6 +474,11 @@ fn geometry(kv_heads: usize, group: usize, d: usize) -> (AttnGeometry, Rope) {
 /// last step, the GPU's blocks imported into a fresh CPU pool and the CPU's into a fresh GPU
 /// pool attend like the originals.
 fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
+    run_case_within(g, case, seed, ATTN_ATOL)
+}
+
+/// [`run_case`] with `atol` for the attention outputs in place of [`ATTN_ATOL`].
+fn run_case_within(g: &CudaBackend, case: &Case, seed: u64, atol: f32) -> (usize, usize) {
     let c = cpu_reference();
     let mut r = Rng(seed);
     let kv_heads = 2;
@@ -556,6 +575,7 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
                 (case.sliding, sinks.as_deref()),
                 &what,
                 step,
+                atol,
             );
             if !windowed {
                 eprintln!("{what} step {step}: attention with sinks max err {e:.2e}");
@@ -578,7 +598,7 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
             &format!("{what} step {step} attention"),
             &host(g, &go),
             co.as_slice(),
-            1e-2,
+            atol,
             2e-2,
         );
         eprintln!("{what} step {step}: attention max err {e:.2e}");
@@ -605,14 +625,14 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
                 &format!("{what}: GPU blocks on the CPU"),
                 co2.as_slice(),
                 &host(g, &go),
-                1e-2,
+                atol,
                 2e-2,
             );
             close(
                 &format!("{what}: CPU blocks on the GPU"),
                 &host(g, &go2),
                 co.as_slice(),
-                1e-2,
+                atol,
                 2e-2,
             );
         }
@@ -649,6 +669,7 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
             (case.sliding, None),
             &what,
             steps,
+            atol,
         );
         // The other three sequences' sink and window blocks (a window may straddle a block
         // more), and this one's 40 tokens: the released sequence's blocks were reused.
@@ -701,6 +722,7 @@ fn compare_attention(
     (window, sinks): (Option<usize>, Option<&[f32]>),
     what: &str,
     step: usize,
+    atol: f32,
 ) -> f32 {
     let rows: usize = spans.iter().map(|s| s.n_tokens).sum();
     let cols = geo.n_heads * geo.head_dim;
@@ -731,7 +753,7 @@ fn compare_attention(
         ),
         &host(g, &go),
         co.as_slice(),
-        1e-2,
+        atol,
         2e-2,
     )
 }
@@ -1068,6 +1090,7 @@ fn negative_value_scales_match_the_cpu_backend() {
             (None, None),
             &format!("{dtype} d={d} group {group} negated value scales"),
             0,
+            ATTN_ATOL,
         );
         eprintln!("{dtype} d={d} group {group}: negated value scales, max err {e:.2e}");
     }
@@ -1256,7 +1279,8 @@ fn sliding_windows_over_coded_pools_match_the_cpu_backend() {
 
 /// The prefill spans of the cases above (1,100, 37 and 20 tokens, then 19 beside a 5-token
 /// continuation and decode rows) run through tensor cores over dequantized codes by default;
-/// here the same on the decode kernels, row by row, for a few formats and windows.
+/// here the same on the decode kernels, row by row, for a few formats and windows, within
+/// [`FEW_KEY_ROWS_ATOL`]: every span's first rows attend only a few keys.
 #[test]
 fn coded_prefill_on_the_decode_kernels_matches_the_cpu_backend() {
     let Some(g) = gpu_rows() else { return };
@@ -1296,7 +1320,7 @@ fn coded_prefill_on_the_decode_kernels_matches_the_cpu_backend() {
             ),
         ] {
             seed += 1;
-            run_case(
+            run_case_within(
                 g,
                 &Case {
                     dtype,
@@ -1308,6 +1332,7 @@ fn coded_prefill_on_the_decode_kernels_matches_the_cpu_backend() {
                     rising_keys: false,
                 },
                 seed,
+                FEW_KEY_ROWS_ATOL,
             );
         }
     }
