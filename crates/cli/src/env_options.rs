@@ -16,7 +16,7 @@
 //! | `TURBOKV_FOLD_EXACT_SPLITS=0\|1` | a windowed coded pool's exact splits run inside its coded blocks instead of as blocks of their own (default 0) |
 //! | `TURBOKV_CODED_SPLITS=N` | every whole-width coded decode launch cut into N key splits, instead of the split models' count (for measurements; unset: the models') |
 //! | `TURBOKV_CPU_WEIGHTS=native\|f32` | CPU matmuls on the stored weights with 8-bit activations (default), or on weights dequantized to f32 (the exact reference; slow) |
-//! | `TURBOKV_CPU_CODE_PRODUCTS=int8\|f32` | CPU decode scores and value sums of TurboQuant codes through int8 products where AVX-512 VNNI and VBMI are present (default), or in f32 (exact over the decoded codes) |
+//! | `TURBOKV_CPU_CODE_PRODUCTS=int8\|f32` | CPU decode scores and value sums of TurboQuant codes, and scores of int8 records (int8 pools, `q8` window copies), through int8 products where AVX-512 VNNI and VBMI are present (default), or in f32 (exact over the decoded codes) |
 //!
 //! A value that does not parse is an error naming the variable, never silently ignored.
 //!

@@ -397,7 +397,9 @@ fn run_in(
     // has no codes to compute with while they come, and its value pass would wait on them.
     let evbytes: Vec<&[u8]> = evpages.iter().map(|p| p.bytes).collect();
     let ekp = exact_pages(copy_bytes * wk, g.scale, &ekpages, &evbytes);
-    direct::scores(ekp, qw, rows, p, nk, CodeProducts::F32);
+    // f16 copies take f32 products whatever `products` says; int8 ones, as int8 pools, the
+    // integer pass where the CPU has it (only the query rows round).
+    direct::scores(ekp, qw, rows, p, nk, views.products);
 
     // Softmax numerators of the whole range, one max and one exp pass per row.
     let mut m = vec![f32::NEG_INFINITY; rows];

@@ -216,9 +216,10 @@ const MAX_ROWS: usize = 4;
 /// `out[r·os + off + j] = mul · s_j · ⟨q_r, x_j⟩` for the query rows
 /// `q_r = q[r·w..(r + 1)·w]` (`w = q.len() / rows`) and record `j` of every page at `off`.
 ///
-/// Table codes are scored through int8 products where the CPU has AVX-512 VBMI and VNNI
-/// (`direct_vnni`: the query rows and the codebook rounded to 8 bits, within a bound the tests
-/// check) when `products` is `Int8`; 16-bit records of a width that is a multiple of 16
+/// Table codes and int8 records are scored through int8 products where the CPU has AVX-512
+/// VBMI and VNNI (`direct_vnni`: the query rows and the codebook rounded to 8 bits, within a
+/// bound the tests check; int8 records are their own codebook, so only the query rows round)
+/// when `products` is `Int8`; 16-bit records of a width that is a multiple of 16
 /// through AVX-512 FMAs where the CPU has them (`direct_avx512`); everything else through
 /// AVX2 FMAs on decoded f32 coordinates (or the scalar reference).
 pub(crate) fn scores(
@@ -238,19 +239,25 @@ pub(crate) fn scores(
     #[cfg(target_arch = "x86_64")]
     if simd
         && products == CodeProducts::Int8
-        && let Fmt::Table { bits, table } = pages.fmt
         && w <= super::direct_vnni::MAX_W
         && super::direct_vnni::available()
-        && let Some(book) = super::direct_vnni::Codebook::new(bits, &table)
+        && let Some((bits, book)) = match pages.fmt {
+            Fmt::Table { bits, table } => {
+                super::direct_vnni::Codebook::new(bits, &table).map(|book| (bits, book))
+            }
+            Fmt::Int8 => Some((8, super::direct_vnni::Codebook::int8())),
+            _ => None,
+        }
     {
         let max = super::direct_vnni::MAX_ROWS;
         for r0 in (0..rows).step_by(max) {
             let rr = (rows - r0).min(max);
             let qi = super::direct_vnni::Query::new(&q[r0 * w..(r0 + rr) * w], rr, w, &book);
             // SAFETY: AVX-512 VBMI/VNNI and AVX2 detected; the table's width is `bits`
-            // (1..=4: the codec's tables); w is a positive multiple of 8 and at most MAX_W;
-            // every page's records and scales are readable (`check`); `out[r0·os..]` holds
-            // (rr − 1)·os + end floats (asserted above).
+            // (1..=4: the codec's tables), or 8 for int8 records with the identity book; w is
+            // a positive multiple of 8 and at most MAX_W; every page's records and scales are
+            // readable (`check`); `out[r0·os..]` holds (rr − 1)·os + end floats (asserted
+            // above).
             unsafe {
                 super::direct_vnni::scores(pages, bits, &book, &qi, w, &mut out[r0 * os..], os)
             };
@@ -706,6 +713,85 @@ mod tests {
         });
         let rel = (err2 / ref2).sqrt();
         assert!(rel < 0.01, "integer scores: {rel:.2e} relative RMS error");
+    }
+
+    /// Integer scores of int8 records (a window's `q8` copies, an `int8` pool) round only the
+    /// query rows: with `Δq = max|q_r| / 127` a score moves from the exact one by at most
+    /// `mul·|s_j|·(Δq/2)·Σ|x_i|` (plus f32 rounding), and over all keys by under 1% RMS.
+    /// Every byte value (−128 too), widths with a partial last 64-byte chunk, 1–9 rows, ragged
+    /// pages, padded records, scales or none.
+    #[test]
+    fn integer_scores_of_int8_records_round_only_the_queries() {
+        #[cfg(target_arch = "x86_64")]
+        if !super::super::direct_vnni::available() {
+            eprintln!("skipped: no AVX-512 VBMI/VNNI on this CPU");
+            return;
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        return;
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let (mut err2, mut ref2) = (0f64, 0f64);
+        let fmt = Fmt::Int8;
+        for w in [8, 24, 64, 72, 128, 200, 256] {
+            for (n, rows) in [(1, 1), (5, 3), (16, 2), (37, 4), (70, 9), (200, 3)] {
+                let stride = w + (n + w) % 3;
+                let bytes = records(fmt, n, stride, w, &mut rng);
+                let scale_step = [0, 2][n % 2];
+                let mut scale_bytes = vec![0u8; n * scale_step];
+                for s in scale_bytes.chunks_exact_mut(2) {
+                    let v = rng.next().abs() * 0.05 + 1e-3;
+                    s.copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+                }
+                let list = ragged_pages(&bytes, &scale_bytes, n, stride, scale_step, |i| 5 * i + 3);
+                let pages = Pages {
+                    fmt,
+                    stride,
+                    scale_step,
+                    mul: 0.6,
+                    list: &list,
+                    next: &[],
+                };
+                let mut q: Vec<f32> = (0..rows * w)
+                    .map(|i| rng.next() * (1 + i / w) as f32)
+                    .collect();
+                if rows > 2 {
+                    q[w..2 * w].fill(0.0);
+                }
+                let os = n + 2;
+                let mut got = vec![f32::NAN; rows * os];
+                let mut want = got.clone();
+                scores(pages, &q, rows, &mut got, os, CodeProducts::Int8);
+                scores_ref(pages, &q, rows, &mut want, os);
+                for r in 0..rows {
+                    let qr = &q[r * w..(r + 1) * w];
+                    let dq = qr.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
+                    for pg in pages.list {
+                        for j in 0..pg.n {
+                            let k = pg.off + j;
+                            let xabs: f32 = (0..w)
+                                .map(|i| fmt.value(pages.record(pg, j), i).abs())
+                                .sum();
+                            let s = pages.scale(pg, j).abs();
+                            let (g, e) = (got[r * os + k], want[r * os + k]);
+                            let bound =
+                                s * dq / 2.0 * xabs + 1e-5 * s * w as f32 * dq * 127.0 * 128.0;
+                            assert!(
+                                (g - e).abs() <= bound,
+                                "w {w} n {n} row {r} key {k}: {g} vs {e}, bound {bound}"
+                            );
+                            err2 += f64::from(g - e).powi(2);
+                            ref2 += f64::from(e).powi(2);
+                        }
+                    }
+                    assert!(got[r * os + n..(r + 1) * os].iter().all(|x| x.is_nan()));
+                }
+            }
+        }
+        let rel = (err2 / ref2).sqrt();
+        assert!(
+            rel < 0.01,
+            "integer scores of int8 records: {rel:.2e} relative RMS error"
+        );
     }
 
     /// Integer value sums of table codes stay within the bound of their two roundings: with

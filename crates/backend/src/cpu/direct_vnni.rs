@@ -1,5 +1,7 @@
 //! Scores of table codes through int8 products (AVX-512 VBMI + VNNI): the decode kernels'
 //! key pass for TurboQuant codes at about a third of the AVX2 decode-and-FMA's instructions.
+//! Int8 records (a window's `q8` copies, an `int8` pool) take the same passes as 8-bit
+//! "codes" whose codebook is the identity: each byte flipped to `x + 128` is its own entry.
 //!
 //! The query rows are rounded to int8 once per call (a step per row), the codebook to u8 with
 //! an offset of 128 (one step for the table). Per key and 64 codes: a masked load of the
@@ -65,6 +67,15 @@ impl Codebook {
             *b = (nearest(entries[i % entries.len()] / step) + 128) as u8;
         }
         Some(Codebook { bytes, step })
+    }
+
+    /// The identity codebook of int8 records (scored as 8-bit codes): a byte is its own
+    /// value, one unit each.
+    pub(super) fn int8() -> Self {
+        Codebook {
+            bytes: [0; 64],
+            step: 1.0,
+        }
     }
 
     /// The codebook of the first `2^bits` entries of `table` as signed bytes,
@@ -199,6 +210,11 @@ impl Expand {
         // SAFETY: the masked load reads only the chunk's bytes, which lie inside the record
         // (caller); masked-off bytes are neither read nor faulted on.
         let raw = unsafe { _mm512_maskz_loadu_epi8(mask, rec.add(8 * B * c).cast()) };
+        if B == 8 {
+            // Int8 records: x + 128 as u8 is x with its top bit flipped; past the record's
+            // end zeros, which the query's zero padding multiplies away.
+            return _mm512_xor_si512(raw, _mm512_set1_epi8(i8::MIN));
+        }
         let codes =
             _mm512_multishift_epi64_epi8(self.shifts, _mm512_permutexvar_epi8(self.place, raw));
         // `vpermb` reads the low six bits of each index byte: the codebook's period 2^B makes
@@ -361,11 +377,13 @@ unsafe fn pass16<const B: usize, const R: usize>(
     }
 }
 
-/// Integer scores of `pages` (a table format of `B` bits) for the rows of `q`:
-/// `out[r·os + off + j] ≈ mul · s_j · ⟨q_r, x_j⟩` for record j of the page at `off`.
+/// Integer scores of `pages` (a table format of `B` bits, or int8 records with `B` = 8) for
+/// the rows of `q`: `out[r·os + off + j] ≈ mul · s_j · ⟨q_r, x_j⟩` for record j of the page at
+/// `off`.
 ///
 /// # Safety
-/// [`available`]; `B` in 1..=4 is the pages' table width and `w` (a positive multiple of 8,
+/// [`available`]; `B` in 1..=4 is the pages' table width, or 8 for int8 records and
+/// [`Codebook::int8`]; `w` (a positive multiple of 8,
 /// at most [`MAX_W`]) their record width; every page's `n` records (`w·B/8` bytes each) and
 /// its `n` scales (if any) are readable; for every page `out` holds
 /// `(q.rows − 1)·os + off + n` floats.
@@ -421,7 +439,8 @@ unsafe fn scores_b<const B: usize>(
     }
 }
 
-/// [`scores_b`] for a table of `bits` (1..=4) bits.
+/// [`scores_b`] for a table of `bits` (1..=4) bits, or for int8 records (`bits` 8 and
+/// [`Codebook::int8`]).
 ///
 /// # Safety
 /// As [`scores_b`], with `B = bits`.
@@ -441,6 +460,7 @@ pub(super) unsafe fn scores(
             1 => scores_b::<1>(pages, book, q, w, out, os),
             2 => scores_b::<2>(pages, book, q, w, out, os),
             3 => scores_b::<3>(pages, book, q, w, out, os),
+            8 => scores_b::<8>(pages, book, q, w, out, os),
             _ => scores_b::<4>(pages, book, q, w, out, os),
         }
     }

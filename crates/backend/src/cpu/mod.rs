@@ -100,13 +100,15 @@ pub enum WeightMode {
     DequantizedF32,
 }
 
-/// How decode attention reads keys and values stored as TurboQuant codes.
+/// How decode attention reads keys and values stored as TurboQuant codes, and keys stored as
+/// int8 records (`int8` pools, `q8` window copies).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CodeProducts {
     /// Through int8 products where the CPU has AVX-512 VBMI and VNNI: for scores the query
     /// rows and the codebook rounded to 8 bits (about 0.5% of a score, far below the codes'
-    /// own error), for value sums the softmax weights rounded to 8 bits per span of 64 keys
-    /// and the codebook to 8 bits (about 0.4% of a sum); f32 elsewhere.
+    /// own error; int8 records are their own codebook, so only the query rows round), for
+    /// value sums of codes the softmax weights rounded to 8 bits per span of 64 keys and the
+    /// codebook to 8 bits (about 0.4% of a sum); f32 elsewhere.
     #[default]
     Int8,
     /// In f32 on the decoded codes: attention exactly over the vectors the codes decode to
