@@ -266,7 +266,8 @@ pub(crate) fn scores(
     }
     #[cfg(target_arch = "x86_64")]
     if has_simd() && simd {
-        // 16-bit records 16 lanes wide where the CPU has AVX-512, else the AVX2 passes.
+        // 16-bit and int8 records 16 lanes wide where the CPU has AVX-512, else the AVX2
+        // passes.
         let wide = super::direct_avx512::takes(pages.fmt, w);
         for r0 in (0..rows).step_by(MAX_ROWS) {
             let rr = (rows - r0).min(MAX_ROWS);
@@ -353,7 +354,7 @@ pub(crate) fn accumulate(
     }
     #[cfg(target_arch = "x86_64")]
     if has_simd() && simd {
-        // 16-bit records 16 lanes wide where the CPU has AVX-512, else the AVX2 loop; both
+        // 16-bit and int8 records 16 lanes wide where the CPU has AVX-512, else the AVX2 loop; both
         // take up to MAX_ROWS accumulator rows per call.
         let wide = super::direct_avx512::takes(pages.fmt, w);
         for r0 in (0..rows).step_by(MAX_ROWS) {

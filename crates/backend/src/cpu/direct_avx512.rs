@@ -1,7 +1,8 @@
 //! The score and value passes of decode (`⟨q_r, x_j⟩ · s_j` and `acc_r += Σ_j w_rj · s_j ·
 //! x_j`) through AVX-512 for 16-bit records (bf16 and f16 pools, a preset window's f16 copies)
-//! whose width is a multiple of 16: the same f32 products as `direct_avx2`, 16 lanes per
-//! instruction. One value pass covers 64 coordinates of a token where the AVX2 loop makes four
+//! and int8 records (`int8` pools, `q8` window copies) whose width is a multiple of 16: the
+//! same f32 products as `direct_avx2`, 16 lanes per instruction. (Int8 scores take the
+//! integer pass of `direct_vnni` where the CPU has it; their value sums come here.) One value pass covers 64 coordinates of a token where the AVX2 loop makes four
 //! passes of 16, each converting its coordinates and broadcasting every row's weight again.
 //! A score is summed in 16 lanes and reduced once, where the AVX2 pass sums 8.
 //!
@@ -17,11 +18,11 @@ use super::direct_avx2::{
     SCALE_RUN, page_scales, prefetch, prefetch_next, scaled_runs, score_runs,
 };
 
-/// Whether the pass takes records of `fmt` with `w` coordinates on this CPU: 16-bit values,
-/// `w` a positive multiple of 16, AVX-512 F/BW/VL and the AVX2 kernels' features.
+/// Whether the pass takes records of `fmt` with `w` coordinates on this CPU: 16-bit values or
+/// int8, `w` a positive multiple of 16, AVX-512 F/BW/VL and the AVX2 kernels' features.
 pub(super) fn takes(fmt: Fmt, w: usize) -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    matches!(fmt, Fmt::Bf16 | Fmt::F16)
+    matches!(fmt, Fmt::Bf16 | Fmt::F16 | Fmt::Int8)
         && w > 0
         && w.is_multiple_of(16)
         && *HAS.get_or_init(|| {
@@ -32,7 +33,7 @@ pub(super) fn takes(fmt: Fmt, w: usize) -> bool {
         })
 }
 
-/// `$go!(loader, R)` for the 16-bit format `$fmt`'s loader and `R = $rows` (1–4; more take 4
+/// `$go!(loader, R)` for the 16-bit or int8 format `$fmt`'s loader and `R = $rows` (1–4; more take 4
 /// at a time); `$go` is the caller's macro.
 macro_rules! by_format_and_rows {
     ($fmt:expr, $rows:expr, $go:ident, $what:literal) => {{
@@ -49,6 +50,7 @@ macro_rules! by_format_and_rows {
         match $fmt {
             Fmt::Bf16 => rows!(Bf16),
             Fmt::F16 => rows!(F16),
+            Fmt::Int8 => rows!(Int8),
             f => unreachable!("the AVX-512 {} does not take {f:?}", $what),
         }
     }};
@@ -87,6 +89,21 @@ impl Load64 for F16 {
         std::array::from_fn(|s| {
             // SAFETY: 32 bytes at coordinate 64c + 16s are readable (caller).
             _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(rec.add(2 * (64 * c + 16 * s)).cast()) })
+        })
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Int8;
+
+impl Load64 for Int8 {
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    unsafe fn load<const S: usize>(self, rec: *const u8, c: usize) -> [__m512; S] {
+        std::array::from_fn(|s| {
+            // SAFETY: 16 bytes at coordinate 64c + 16s are readable (caller).
+            let b = unsafe { _mm_loadu_si128(rec.add(64 * c + 16 * s).cast()) };
+            _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b))
         })
     }
 }
