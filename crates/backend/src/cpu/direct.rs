@@ -655,6 +655,61 @@ mod tests {
         }
     }
 
+    /// Scores `pages` through int8 products for `rows` random query rows of `w` (of different
+    /// sizes, one of them zero) and asserts each within `mul·|s_j|·((Δq/2)·Σ|x_i| +
+    /// (dt/2)·Σ(|q_ri| + Δq/2))` of the f32 reference (`Δq = max|q_r| / 127`, `dt` the table's
+    /// step; plus f32 rounding, scaled by `xmax`, the largest record value), and the outputs
+    /// past the keys untouched. Returns the squared errors and reference scores, summed.
+    #[allow(clippy::too_many_arguments)]
+    fn check_integer_scores(
+        rng: &mut Rng,
+        pages: Pages<'_>,
+        w: usize,
+        n: usize,
+        rows: usize,
+        dt: f32,
+        xmax: f32,
+        what: &str,
+    ) -> (f64, f64) {
+        let mut q: Vec<f32> = (0..rows * w)
+            .map(|i| rng.next() * (1 + i / w) as f32)
+            .collect();
+        if rows > 2 {
+            q[w..2 * w].fill(0.0);
+        }
+        let os = n + 2;
+        let mut got = vec![f32::NAN; rows * os];
+        let mut want = got.clone();
+        scores(pages, &q, rows, &mut got, os, CodeProducts::Int8);
+        scores_ref(pages, &q, rows, &mut want, os);
+        let (mut err2, mut ref2) = (0f64, 0f64);
+        for r in 0..rows {
+            let qr = &q[r * w..(r + 1) * w];
+            let dq = qr.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
+            let qabs: f32 = qr.iter().map(|x| x.abs() + dq / 2.0).sum();
+            for pg in pages.list {
+                for j in 0..pg.n {
+                    let k = pg.off + j;
+                    let xabs: f32 = (0..w)
+                        .map(|i| pages.fmt.value(pages.record(pg, j), i).abs())
+                        .sum();
+                    let s = pages.scale(pg, j).abs();
+                    let (g, e) = (got[r * os + k], want[r * os + k]);
+                    let bound = s * (dq / 2.0 * xabs + dt / 2.0 * qabs)
+                        + 1e-5 * s * w as f32 * dq * 127.0 * xmax;
+                    assert!(
+                        (g - e).abs() <= bound,
+                        "{what} row {r} key {k}: {g} vs {e}, bound {bound}"
+                    );
+                    err2 += f64::from(g - e).powi(2);
+                    ref2 += f64::from(e).powi(2);
+                }
+            }
+            assert!(got[r * os + n..(r + 1) * os].iter().all(|x| x.is_nan()));
+        }
+        (err2, ref2)
+    }
+
     /// Integer scores of table codes stay within the bound of their two roundings: with
     /// `Δq = max|q_r| / 127` and `Δt = max|t| / 127`, a score moves from the exact one by at
     /// most `mul·|s_j|·((Δq/2)·Σ|t(c_i)| + (Δt/2)·Σ(|q_ri| + Δq/2))` (plus f32 rounding),
@@ -672,45 +727,19 @@ mod tests {
         let mut rng = Rng(0x2545_F491_4F6C_DD1D);
         let (mut err2, mut ref2) = (0f64, 0f64);
         for_each_table_case(&mut rng, |rng, c| {
-            let (pages, fmt, bits, w, n, rows) = (c.pages, c.pages.fmt, c.bits, c.w, c.n, c.rows);
-            // Rows of different sizes, one of them zero.
-            let mut q: Vec<f32> = (0..rows * w)
-                .map(|i| rng.next() * (1 + i / w) as f32)
-                .collect();
-            if rows > 2 {
-                q[w..2 * w].fill(0.0);
-            }
-            let os = n + 2;
-            let mut got = vec![f32::NAN; rows * os];
-            let mut want = got.clone();
-            scores(pages, &q, rows, &mut got, os, CodeProducts::Int8);
-            scores_ref(pages, &q, rows, &mut want, os);
-            for r in 0..rows {
-                let qr = &q[r * w..(r + 1) * w];
-                let dq = qr.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
-                let dt = c.tmax / 127.0;
-                let qabs: f32 = qr.iter().map(|x| x.abs() + dq / 2.0).sum();
-                for pg in pages.list {
-                    for j in 0..pg.n {
-                        let k = pg.off + j;
-                        let tabs: f32 = (0..w)
-                            .map(|i| fmt.value(pages.record(pg, j), i).abs())
-                            .sum();
-                        let s = pages.scale(pg, j).abs();
-                        let (g, e) = (got[r * os + k], want[r * os + k]);
-                        let bound = s * (dq / 2.0 * tabs + dt / 2.0 * qabs)
-                            + 1e-5 * s * w as f32 * dq * 127.0 * c.tmax;
-                        assert!(
-                            (g - e).abs() <= bound,
-                            "bits {bits} w {w} n {n} row {r} key {k}: {g} vs {e}, \
-                                     bound {bound}"
-                        );
-                        err2 += f64::from(g - e).powi(2);
-                        ref2 += f64::from(e).powi(2);
-                    }
-                }
-                assert!(got[r * os + n..(r + 1) * os].iter().all(|x| x.is_nan()));
-            }
+            let what = format!("bits {} w {} n {}", c.bits, c.w, c.n);
+            let (e, r) = check_integer_scores(
+                rng,
+                c.pages,
+                c.w,
+                c.n,
+                c.rows,
+                c.tmax / 127.0,
+                c.tmax,
+                &what,
+            );
+            err2 += e;
+            ref2 += r;
         });
         let rel = (err2 / ref2).sqrt();
         assert!(rel < 0.01, "integer scores: {rel:.2e} relative RMS error");
@@ -752,40 +781,11 @@ mod tests {
                     list: &list,
                     next: &[],
                 };
-                let mut q: Vec<f32> = (0..rows * w)
-                    .map(|i| rng.next() * (1 + i / w) as f32)
-                    .collect();
-                if rows > 2 {
-                    q[w..2 * w].fill(0.0);
-                }
-                let os = n + 2;
-                let mut got = vec![f32::NAN; rows * os];
-                let mut want = got.clone();
-                scores(pages, &q, rows, &mut got, os, CodeProducts::Int8);
-                scores_ref(pages, &q, rows, &mut want, os);
-                for r in 0..rows {
-                    let qr = &q[r * w..(r + 1) * w];
-                    let dq = qr.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
-                    for pg in pages.list {
-                        for j in 0..pg.n {
-                            let k = pg.off + j;
-                            let xabs: f32 = (0..w)
-                                .map(|i| fmt.value(pages.record(pg, j), i).abs())
-                                .sum();
-                            let s = pages.scale(pg, j).abs();
-                            let (g, e) = (got[r * os + k], want[r * os + k]);
-                            let bound =
-                                s * dq / 2.0 * xabs + 1e-5 * s * w as f32 * dq * 127.0 * 128.0;
-                            assert!(
-                                (g - e).abs() <= bound,
-                                "w {w} n {n} row {r} key {k}: {g} vs {e}, bound {bound}"
-                            );
-                            err2 += f64::from(g - e).powi(2);
-                            ref2 += f64::from(e).powi(2);
-                        }
-                    }
-                    assert!(got[r * os + n..(r + 1) * os].iter().all(|x| x.is_nan()));
-                }
+                // Int8 records are their own codebook: no table step, only the queries' rounding.
+                let what = format!("int8 w {w} n {n}");
+                let (e, r) = check_integer_scores(&mut rng, pages, w, n, rows, 0.0, 128.0, &what);
+                err2 += e;
+                ref2 += r;
             }
         }
         let rel = (err2 / ref2).sqrt();
