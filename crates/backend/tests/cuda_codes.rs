@@ -865,13 +865,9 @@ fn parts_pools_match_the_cpu_codec_and_attention() {
             run_case(
                 g,
                 &Case {
-                    dtype,
-                    d,
-                    group: 4,
-                    centered: false,
                     window,
                     sliding,
-                    rising_keys: false,
+                    ..Case::plain(dtype, d, 4, false)
                 },
                 seed,
             );
@@ -1018,15 +1014,7 @@ fn negative_value_scales_match_the_cpu_backend() {
     for (dtype, d, group) in [("tq3", 128, 4), ("k4v2", 64, 8), ("k3v2", 128, 1)] {
         let kv_heads = 2;
         let (geo, rope) = geometry(kv_heads, group, d);
-        let case = Case {
-            dtype,
-            d,
-            group,
-            centered: false,
-            window: NO_WINDOW,
-            sliding: None,
-            rising_keys: false,
-        };
+        let case = Case::plain(dtype, d, group, false);
         let layout = layout(&case, kv_heads, &mut r);
         let codec =
             LayerCodec::new(layout.layers[0].dtype, d, 0, &layout.codec_options(0)).unwrap();
@@ -1155,13 +1143,8 @@ fn windowed_coded_pools_match_the_cpu_backend() {
                 run_case(
                     g,
                     &Case {
-                        dtype,
-                        d,
-                        group,
-                        centered,
                         window: windows[(i + j) % windows.len()],
-                        sliding: None,
-                        rising_keys: false,
+                        ..Case::plain(dtype, d, group, centered)
                     },
                     seed,
                 );
@@ -1208,13 +1191,9 @@ fn folded_exact_splits_match_the_cpu_backend() {
             run_case(
                 g,
                 &Case {
-                    dtype,
-                    d,
-                    group,
-                    centered,
                     window,
                     sliding,
-                    rising_keys: false,
+                    ..Case::plain(dtype, d, group, centered)
                 },
                 seed,
             );
@@ -1262,13 +1241,9 @@ fn sliding_windows_over_coded_pools_match_the_cpu_backend() {
                 run_case(
                     g,
                     &Case {
-                        dtype,
-                        d,
-                        group,
-                        centered: (i + j) % 2 == 0,
                         window: exact[(i + 2 * j) % exact.len()],
                         sliding: Some(sliding),
-                        rising_keys: false,
+                        ..Case::plain(dtype, d, group, (i + j) % 2 == 0)
                     },
                     seed,
                 );
@@ -1323,13 +1298,9 @@ fn coded_prefill_on_the_decode_kernels_matches_the_cpu_backend() {
             run_case_within(
                 g,
                 &Case {
-                    dtype,
-                    d,
-                    group,
-                    centered: true,
                     window,
                     sliding,
-                    rising_keys: false,
+                    ..Case::plain(dtype, d, group, true)
                 },
                 seed,
                 FEW_KEY_ROWS_ATOL,
@@ -1373,13 +1344,8 @@ fn coded_prefill_tiles_take_groups_that_do_not_divide_64() {
         run_case(
             g,
             &Case {
-                dtype,
-                d,
-                group,
-                centered: seed % 2 == 0,
                 window,
-                sliding: None,
-                rising_keys: false,
+                ..Case::plain(dtype, d, group, seed % 2 == 0)
             },
             601 + seed as u64,
         );
