@@ -18,7 +18,7 @@
 #   (`bench model --interleave`), from a prompt of DEPTH − ROUNDS·GEN/2 tokens so that the
 #   segments' mean depth is DEPTH: the machine's drift then falls on every format alike.
 #   bench/interleaved_ratios.py turns that run's JSON into preset / plain ratios with
-#   intervals (14 rounds settle a ratio to about ±2% on a 2-vCPU machine).
+#   intervals (14 rounds settle a ratio to about ±2–3% on a 2-vCPU machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 depth=${1:-8000}
