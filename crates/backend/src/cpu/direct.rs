@@ -655,6 +655,19 @@ mod tests {
         }
     }
 
+    /// True, after saying so, when the CPU lacks the integer kernels' AVX-512 VBMI/VNNI (the
+    /// integer tests then have nothing to check).
+    fn skipped_without_vnni() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        let missing = !super::super::direct_vnni::available();
+        #[cfg(not(target_arch = "x86_64"))]
+        let missing = true;
+        if missing {
+            eprintln!("skipped: no AVX-512 VBMI/VNNI on this CPU");
+        }
+        missing
+    }
+
     /// Scores `pages` through int8 products for `rows` random query rows of `w` (of different
     /// sizes, one of them zero) and asserts each within `mul·|s_j|·((Δq/2)·Σ|x_i| +
     /// (dt/2)·Σ(|q_ri| + Δq/2))` of the f32 reference (`Δq = max|q_r| / 127`, `dt` the table's
@@ -717,13 +730,9 @@ mod tests {
     /// chunk), 1–9 rows, ragged pages, scales or none.
     #[test]
     fn integer_scores_stay_within_their_rounding_bound() {
-        #[cfg(target_arch = "x86_64")]
-        if !super::super::direct_vnni::available() {
-            eprintln!("skipped: no AVX-512 VBMI/VNNI on this CPU");
+        if skipped_without_vnni() {
             return;
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        return;
         let mut rng = Rng(0x2545_F491_4F6C_DD1D);
         let (mut err2, mut ref2) = (0f64, 0f64);
         for_each_table_case(&mut rng, |rng, c| {
@@ -752,13 +761,9 @@ mod tests {
     /// pages, padded records, scales or none.
     #[test]
     fn integer_scores_of_int8_records_round_only_the_queries() {
-        #[cfg(target_arch = "x86_64")]
-        if !super::super::direct_vnni::available() {
-            eprintln!("skipped: no AVX-512 VBMI/VNNI on this CPU");
+        if skipped_without_vnni() {
             return;
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        return;
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         let (mut err2, mut ref2) = (0f64, 0f64);
         let fmt = Fmt::Int8;
@@ -807,8 +812,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     fn integer_value_sums_stay_within_their_rounding_bound() {
         use super::super::direct_vnni_values::SPAN;
-        if !super::super::direct_vnni::available() {
-            eprintln!("skipped: no AVX-512 VBMI/VNNI on this CPU");
+        if skipped_without_vnni() {
             return;
         }
         let mut rng = Rng(0x5851_F42D_4C95_7F2D);
