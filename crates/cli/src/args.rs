@@ -491,6 +491,11 @@ pub struct BenchAttentionArgs {
     /// (`TURBOKV_FOLD_EXACT_SPLITS=1`), beside the default, and at each `--coded-splits` count.
     #[arg(long)]
     pub fold_exact_splits: bool,
+    /// Also time windowed coded formats with their exact splits at each of these key counts
+    /// (comma-separated, rounded up to whole 64-key chunks; `TURBOKV_EXACT_SPLIT_KEYS`), beside
+    /// the default.
+    #[arg(long, value_delimiter = ',')]
+    pub exact_split_keys: Vec<usize>,
     /// Skip the PyTorch SDPA peer.
     #[arg(long)]
     pub no_peer: bool,

@@ -240,6 +240,16 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
             Some(true),
         ));
     }
+    for &n in &args.exact_split_keys {
+        configs.push((
+            format!("exact={n}"),
+            CudaOptions {
+                exact_split_keys: Some(n),
+                ..base.clone()
+            },
+            Some(true),
+        ));
+    }
     // The split counts run on the default options, and folded too with --fold-exact-splits.
     let mut split_bases = vec![("", base.clone())];
     if args.fold_exact_splits {

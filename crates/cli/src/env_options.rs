@@ -14,6 +14,7 @@
 //! | `TURBOKV_CODED_INT8_VALUES=0\|1` | with int8 key products, 2- and 3-bit TurboQuant value sums through int8 products too (default 1; 0: as f16) |
 //! | `TURBOKV_SM_LOAD_SPLITS=0\|1` | the int8-product TurboQuant decode kernels' split count from the per-SM load model at small batches and short splits (default 1; 0: the wave model) |
 //! | `TURBOKV_FOLD_EXACT_SPLITS=0\|1` | a windowed coded pool's exact splits run inside its coded blocks instead of as blocks of their own (default 0) |
+//! | `TURBOKV_EXACT_SPLIT_KEYS=N` | keys of each of a windowed coded pool's exact splits, rounded up to whole 64-key chunks (for measurements; unset: 64, one chunk a split) |
 //! | `TURBOKV_CODED_SPLITS=N` | every whole-width coded decode launch cut into N key splits, instead of the split models' count (for measurements; unset: the models') |
 //! | `TURBOKV_CPU_WEIGHTS=native\|f32` | CPU matmuls on the stored weights with 8-bit activations (default), or on weights dequantized to f32 (the exact reference; slow) |
 //! | `TURBOKV_CPU_CODE_PRODUCTS=int8\|f32` | CPU decode scores and value sums of TurboQuant codes, and scores of int8 records (int8 pools, `q8` window copies), through int8 products where AVX-512 VNNI and VBMI are present (default), or in f32 (exact over the decoded codes) |
@@ -96,6 +97,10 @@ fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<EnvOptions> {
     cuda.coded_int8_values = flag("TURBOKV_CODED_INT8_VALUES", cuda.coded_int8_values)?;
     cuda.sm_load_splits = flag("TURBOKV_SM_LOAD_SPLITS", cuda.sm_load_splits)?;
     cuda.fold_exact_splits = flag("TURBOKV_FOLD_EXACT_SPLITS", cuda.fold_exact_splits)?;
+    cuda.exact_split_keys = match get("TURBOKV_EXACT_SPLIT_KEYS") {
+        None => None,
+        Some(_) => Some(count("TURBOKV_EXACT_SPLIT_KEYS", 64, 1)?),
+    };
     cuda.coded_splits = match get("TURBOKV_CODED_SPLITS") {
         None => None,
         Some(_) => Some(count("TURBOKV_CODED_SPLITS", 1, 1)?),

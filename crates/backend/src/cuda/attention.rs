@@ -57,8 +57,10 @@ const MMA_TK: usize = 32;
 const MIN_SPLIT_KEYS: usize = 64;
 /// Warps per block of the coded prefill tile kernel (attention.cu `ATTN_MMA_CODES`).
 const MMA_CODES_WARPS: usize = 4;
-/// Exact (f16) keys of a windowed coded pool per split: attention.cu `EXACT_KEYS_PER_SPLIT`.
-const EXACT_KEYS_PER_SPLIT: usize = 64;
+/// The unit of a windowed coded pool's exact splits: attention.cu `EXACT_CHUNK`, the keys whose
+/// rows one round of staging brings.
+const EXACT_CHUNK: usize = 64;
+
 /// Pipeline stages of the row kernel for splits of fewer tiles than this (they are requested
 /// whole at the start; 3 stages otherwise). On the H200 at llama3-8b batch 1, ctx 4096
 /// (4-tile splits): 5 stages −0.18 ms per decode step; at batch 8 and 32 (long splits) 5 were
@@ -365,11 +367,14 @@ impl CudaBackend {
         let dec_kernel = dec.map(|(i, _)| i);
         let rows_kernel = rows_kernel_index(hd, grp)
             .filter(|_| dec_kernel.is_none() && code_kernel.is_none() && parts_kernel.is_none());
-        // A windowed coded pool's exact keys are splits of their own, EXACT_KEYS_PER_SPLIT
-        // keys each (attention.cu `exact_splits`).
+        // A windowed coded pool's exact keys are splits of their own, `per_split` keys each
+        // (attention.cu `exact_splits`): one chunk by default.
         let exact = pool.exact.as_ref();
+        let per_split = self.exact_split_keys.map_or(EXACT_CHUNK, |keys| {
+            keys.max(1).next_multiple_of(EXACT_CHUNK)
+        });
         let exact_splits = exact.map_or(0, |x| {
-            (x.slots.window.sinks + x.slots.window.recent).div_ceil(EXACT_KEYS_PER_SPLIT)
+            (x.slots.window.sinks + x.slots.window.recent).div_ceil(per_split)
         });
         let splits = match (code_kernel, dec) {
             _ if let Some(i) = parts_kernel => {
@@ -443,14 +448,16 @@ impl CudaBackend {
         let exact_args = match exact {
             Some(x) => {
                 let table = addr(sc.upload_exact(&self.stream, &x.slots.table)?, &self.stream);
-                let [sinks, recent] =
-                    ints("attention", [x.slots.window.sinks, x.slots.window.recent])?;
+                let [sinks, recent, per_split] = ints(
+                    "attention",
+                    [x.slots.window.sinks, x.slots.window.recent, per_split],
+                )?;
                 (
                     [addr(&x.k, &self.stream), addr(&x.v, &self.stream), table],
-                    [sinks, recent, x.q8()],
+                    [sinks, recent, x.q8(), per_split],
                 )
             }
-            None => ([0; 3], [0; 3]),
+            None => ([0; 3], [0; 4]),
         };
         let [width, nh, nkv, d, bs, splits_i] = ints(
             "attention",
@@ -582,8 +589,14 @@ impl CudaBackend {
             .ptr(sinks);
         if let Some(c) = coded {
             a.ptr(addr(&c.desc, &self.stream));
-            let ([xk, xv, xt], [sinks, recent, q8]) = exact_args;
-            a.ptr(xk).ptr(xv).ptr(xt).arg(sinks).arg(recent).arg(q8);
+            let ([xk, xv, xt], [sinks, recent, q8, per_split]) = exact_args;
+            a.ptr(xk)
+                .ptr(xv)
+                .ptr(xt)
+                .arg(sinks)
+                .arg(recent)
+                .arg(q8)
+                .arg(per_split);
         }
         // Every kernel's last parameter.
         a.arg(window_param(window));
@@ -826,6 +839,7 @@ impl CudaBackend {
         .arg(xs)
         .arg(xr)
         .arg(xq)
+        .arg(EXACT_CHUNK as i32) // the prefill tiles read no exact splits
         .arg(window_param(window));
         self.push_unrotate(&mut l, coded, g, rows, op, ob)?;
         let launch = st.admit(l.signature())?;

@@ -281,6 +281,11 @@ pub struct CudaOptions {
     /// beside long coded ones left SMs idle at the end of compact's launch at one coded split
     /// per pair (BENCHMARKS.md, session 41). Off: separate exact blocks.
     pub fold_exact_splits: bool,
+    /// Keys of each of a windowed coded pool's exact splits (rounded up to whole 64-key
+    /// chunks, which a split reads one after the other), for measurements; `None`: one chunk a
+    /// split. Splits of several chunks ran up to 22% faster in attention alone at b8 × 32k, and
+    /// slower in every decode step measured (BENCHMARKS.md, session 45).
+    pub exact_split_keys: Option<usize>,
 }
 
 /// See [`CudaOptions::gemv_max_rows`]. On an H200 (llama3-8b shapes) the GEMV kernel beat
@@ -305,6 +310,7 @@ impl Default for CudaOptions {
             coded_splits: None,
             sm_load_splits: true,
             fold_exact_splits: false,
+            exact_split_keys: None,
         }
     }
 }
@@ -349,6 +355,8 @@ pub struct CudaBackend {
     sm_load_splits: bool,
     /// See [`CudaOptions::fold_exact_splits`].
     fold_exact_splits: bool,
+    /// See [`CudaOptions::exact_split_keys`].
+    exact_split_keys: Option<usize>,
     /// Blocks of each decode variant (index of [`DECODE_VARIANTS`]) resident on the whole GPU
     /// at once, from the occupancy calculator with its pipeline's shared memory.
     decode_slots: Vec<usize>,
@@ -605,6 +613,7 @@ impl CudaBackend {
             coded_splits: opts.coded_splits.map(|s| s.max(1)),
             sm_load_splits: opts.sm_load_splits,
             fold_exact_splits: opts.fold_exact_splits,
+            exact_split_keys: opts.exact_split_keys,
             decode_slots,
             code_slots,
             code_m_slots,

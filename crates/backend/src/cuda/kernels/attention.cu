@@ -916,13 +916,15 @@ ATTN_MMA(attn_mma8_128, 128, 8)
 // `exact_splits` splits more: the first ones read the codes of keys sinks .. kend-recent-1,
 // the last ones (`attn_exact_split`) the exact keys, 64 each; the fused merge treats them as
 // any other split. The copies are f16 rows, or int8 rows with a step each (`q8`; codec.cuh
-// `exact_q8_row`), widened to f16 as they are staged.
+// `exact_q8_row`): the decode splits read those as bytes, the prefill tiles widen them to f16
+// as they are staged.
 struct ExactArgs {
     const u16* k;      // exact K blocks, [slot, n_kv, block_size, D] f16 (null: no window)
     const u16* v;
     const u32* tbl;    // the step's exact table
     int sinks, recent;
     int q8;            // int8 copies
+    int per_split;     // exact keys a split, a multiple of EXACT_CHUNK (CudaOptions::exact_split_keys)
 };
 
 // Stages 8 values (16 bytes of f16) of exact row t (a position in exact block `slot`) of K and V
@@ -944,12 +946,12 @@ __device__ __forceinline__ void stage_exact_piece(const ExactArgs& x, int slot, 
     *(uint4*)vs = widen_q8(*(const uint2*)(vr.codes + piece * 8), f16_to_f32(*vr.step));
 }
 
-// The exact keys (sinks, then the recent window) are split into runs of this many, one split
-// each, so that a long window (a preset's share of a long context) is read by many blocks;
-// `attention.rs` sizes the grid with the same count (EXACT_KEYS_PER_SPLIT).
-constexpr int EXACT_KEYS_PER_SPLIT = 64;
+// The exact keys (sinks, then the recent window) are split into runs of `x.per_split`, one
+// split each, read in chunks of EXACT_CHUNK keys (one chunk a split by default, so that a long
+// window is read by many blocks); `attention.rs` sizes the grid with the same count.
+constexpr int EXACT_CHUNK = 64;
 __device__ __forceinline__ int exact_splits(const ExactArgs& x) {
-    return x.tbl ? (x.sinks + x.recent + EXACT_KEYS_PER_SPLIT - 1) / EXACT_KEYS_PER_SPLIT : 0;
+    return x.tbl ? (x.sinks + x.recent + x.per_split - 1) / x.per_split : 0;
 }
 
 // The coded keys of a query whose keys are 0 .. kend-1: [lo, hi).
@@ -959,16 +961,119 @@ __device__ __forceinline__ CodedRange coded_range(const ExactArgs& x, int kend) 
     return {x.sinks, min(kend, max(x.sinks, kend - x.recent))};
 }
 
+// attn_exact_split's keys lo .. n-1 (at most EXACT_CHUNK) from int8 copies: every
+// key's K and V rows (D bytes each) requested at once into ks / vs (16-byte cp.async, rows past
+// the list zero-filled), each lane's keys' steps loaded while they come; then, per 32 keys,
+// lane j scores key j from its row's bytes (its own starting word, as the f16 rows) and every
+// lane adds its two dims of each value, the value's step folded into the key's weight.
+template <int D, int NW, int HPW>
+__device__ __forceinline__ void exact_chunk_q8(const ExactArgs& x, const float* qs, unsigned char* ks,
+    unsigned char* vs, int g, int kh, int n_kv, u32 seq, int lo, int n, int ns, int rlo, int wlo,
+    int block_size, float (&m)[HPW], float (&l)[HPW], float (&acc)[HPW][D / 32])
+{
+    constexpr int NTH = NW * 32, K = EXACT_CHUNK, PIECES = D / 16, WQ = D / 4, E = D / 64;
+    // Rows of 16 words put lanes j and j + 16 on one bank; a shift by lane / 16 parts them.
+    constexpr int SKEW = WQ < 32 ? 1 : 0;
+    static_assert(K == 64 && WQ % 16 == 0, "64 int8 rows fill the f16 path's 32-row tile");
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    auto list_key = [&](int i) { return i < ns ? i : rlo + (i - ns); };
+    for (int idx = tid; idx < K * PIECES; idx += NTH) {
+        const int j = idx / PIECES, piece = idx % PIECES;
+        unsigned char *kd = ks + j * D + piece * 16, *vd = vs + j * D + piece * 16;
+        if (lo + j < n) {
+            const int t = list_key(lo + j);
+            const int slot = exact_slot(x.tbl, seq, t / block_size), at = t % block_size;
+            cp_async16(smem_addr(kd), exact_q8_row(x.k, slot, n_kv, kh, block_size, at, D).codes + piece * 16, 16);
+            cp_async16(smem_addr(vd), exact_q8_row(x.v, slot, n_kv, kh, block_size, at, D).codes + piece * 16, 16);
+        } else {
+            *(uint4*)kd = make_uint4(0u, 0u, 0u, 0u);
+            *(uint4*)vd = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    cp_async_commit();
+    float kst[2], vst[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        kst[hf] = vst[hf] = 0.f;
+        const int i = lo + 32 * hf + lane;
+        if (i < n) {
+            const int t = list_key(i);
+            const int slot = exact_slot(x.tbl, seq, t / block_size), at = t % block_size;
+            kst[hf] = f16_to_f32(*exact_q8_row(x.k, slot, n_kv, kh, block_size, at, D).step);
+            vst[hf] = f16_to_f32(*exact_q8_row(x.v, slot, n_kv, kh, block_size, at, D).step);
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+        const int c0 = lo + 32 * hf;
+        if (c0 >= n) break;   // uniform in the block
+        const int i = c0 + lane;
+        const bool live = i < n && list_key(i) >= wlo;   // keys before a sliding window are masked
+#pragma unroll
+        for (int hh = 0; hh < HPW; hh++) {
+            const int h = warp + hh * NW;
+            if (h >= g) break;   // uniform in the warp
+            const float* qh = qs + h * D;
+            float s = -INFINITY;
+            if (live) {
+                const u32* kr = (const u32*)(ks + (32 * hf + lane) * D);
+                float a = 0.f;
+#pragma unroll 8
+                for (int w0 = 0; w0 < WQ; w0++) {
+                    const int w = (w0 + lane + SKEW * (lane >> 4)) & (WQ - 1);
+                    const u32 kw = kr[w];
+                    const float4 qv = *(const float4*)(qh + 4 * w);
+                    a = fmaf(qv.x, (float)(signed char)(kw & 0xffu), a);
+                    a = fmaf(qv.y, (float)(signed char)((kw >> 8) & 0xffu), a);
+                    a = fmaf(qv.z, (float)(signed char)((kw >> 16) & 0xffu), a);
+                    a = fmaf(qv.w, (float)(signed char)(kw >> 24), a);
+                }
+                s = a * kst[hf];
+            }
+            float cm = s;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
+            const float mn = fmaxf(m[hh], cm);
+            const float corr = exp2f(m[hh] - mn);
+            const float p = live ? exp2f(s - mn) : 0.f;
+            float ps = p;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+            l[hh] = l[hh] * corr + ps;
+            m[hh] = mn;
+#pragma unroll
+            for (int e2 = 0; e2 < 2 * E; e2++) acc[hh][e2] *= corr;
+            const float pv = p * vst[hf];   // rows past the list are zeros, their weights 0
+#pragma unroll 8
+            for (int j = 0; j < 32; j++) {
+                const float pj = __shfl_sync(0xffffffffu, pv, j);
+                const unsigned short* vr = (const unsigned short*)(vs + (32 * hf + j) * D);
+#pragma unroll
+                for (int e2 = 0; e2 < E; e2++) {
+                    const u32 vw = vr[lane + 32 * e2];
+                    acc[hh][2 * e2] = fmaf(pj, (float)(signed char)(vw & 0xffu), acc[hh][2 * e2]);
+                    acc[hh][2 * e2 + 1] = fmaf(pj, (float)(signed char)(vw >> 8), acc[hh][2 * e2 + 1]);
+                }
+            }
+        }
+    }
+    __syncthreads();   // the merge reuses the shared memory
+}
+
 // The exact split `es` of a windowed pool: for the g query heads of kv head kh of row r
-// (span `seq`, keys 0 .. kend-1), online softmax over the exact keys es·64 .. es·64 + 63 of
-// the row's list (sinks, then recent). The keys come in chunks of 32 whose f16 K and V rows
-// all threads stage in shared memory at once (16-byte cp.async; rows past the list
-// zero-filled), so a chunk's reads are in flight together; then warp w takes query heads w,
+// (span `seq`, keys 0 .. kend-1), online softmax over the exact keys es·P .. es·P + P - 1 of
+// the row's list (sinks, then recent; P = x.per_split). The keys come in chunks of 32 whose
+// f16 K and V rows all threads stage in shared memory at once (16-byte cp.async; rows past
+// the list zero-filled), so a chunk's reads are in flight together; then warp w takes query heads w,
 // w + NW, …: lane j scores key j (reading its row's words from lane j's own starting word,
-// so the 32 lanes hit 32 banks), and every lane adds its dims of the chunk's values. Writes
-// the partial of split `sp` as the coded splits do (max in natural-log units, sum,
-// unnormalised acc; an empty run writes an empty partial). smem: `exact_split_smem_bytes` in
-// codes.rs.
+// so the 32 lanes hit 32 banks), and every lane adds its dims of the chunk's values. Int8
+// copies (`q8`) are staged as they are stored, 64 keys at once (their rows take the bytes of
+// 32 f16 ones), and read as bytes: each key's step scales its score, each
+// value's step its weight. Writes the partial of split `sp` as the coded splits do (max in
+// natural-log units, sum, unnormalised acc; an empty run writes an empty partial). smem:
+// `exact_split_smem_bytes` in codes.rs.
 template <int D, int NW>
 __device__ __noinline__ void attn_exact_split(float* sh, const ExactArgs& x, const float* qrow,
     float qscale, int g, int r, int kh, int sp, int es, int n_heads, int n_kv, int n_splits,
@@ -980,8 +1085,8 @@ __device__ __noinline__ void attn_exact_split(float* sh, const ExactArgs& x, con
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int ns = min(x.sinks, kend);
     const int rlo = coded_range(x, kend).hi;
-    const int lo = es * EXACT_KEYS_PER_SPLIT;
-    const int n = min(ns + (kend - rlo), lo + EXACT_KEYS_PER_SPLIT);
+    const int lo = es * x.per_split;
+    const int n = min(ns + (kend - rlo), lo + x.per_split);
     float* qs = sh;                        // [g][D], pre-scaled
     u32* ks = (u32*)(sh + g * D);          // [C][W] f16 pairs (16-byte aligned: D >= 64)
     u32* vs = ks + C * W;
@@ -994,6 +1099,12 @@ __device__ __noinline__ void attn_exact_split(float* sh, const ExactArgs& x, con
 #pragma unroll
         for (int i = 0; i < 2 * E; i++) acc[hh][i] = 0.f;
     }
+    if (x.q8) {
+        for (int c0 = lo; c0 < n; c0 += EXACT_CHUNK)
+            exact_chunk_q8<D, NW, HPW>(x, qs, (unsigned char*)ks, (unsigned char*)vs, g, kh, n_kv,
+                                       seq, c0, min(n, c0 + EXACT_CHUNK), ns, rlo, wlo, block_size,
+                                       m, l, acc);
+    } else
     for (int c0 = lo; c0 < n; c0 += C) {
         const int cn = min(C, n - c0);
         for (int idx = tid; idx < C * PIECES; idx += NTH) {
@@ -2531,7 +2642,7 @@ constexpr int v8_stages(int d, int kb, int vb) {
 
 // The exact window's kernel parameters (ExactArgs; xtbl null: no window).
 #define ATTN_EXACT_PARAMS const u16* __restrict__ xk, const u16* __restrict__ xv, \
-    const u32* __restrict__ xtbl, int x_sinks, int x_recent, int x_q8
+    const u32* __restrict__ xtbl, int x_sinks, int x_recent, int x_q8, int x_per_split
 // attn_codes_{D}_{KB}_{VB}: the template on coded K / V of KB / VB bits (8: int8, f8: fp8), 128-key
 // tiles, 4 warps; `window` > 0: a sliding window. The list must match CODE_FORMS and
 // CodeVariant::has_template in cuda/codes.rs.
@@ -2539,7 +2650,7 @@ constexpr int v8_stages(int d, int kb, int vb) {
     extern "C" __global__ void __launch_bounds__(128, 3) attn_codes_##D##_##KB##_##VB(ATTN_PARAMS, \
         const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
         extern __shared__ float sh[]; \
-        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8}; \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8, x_per_split}; \
         attn_decode_impl<KvCodes<D, KB, VB>, D, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt, xa, \
                                                                                    window); \
     }
@@ -2549,7 +2660,7 @@ constexpr int v8_stages(int d, int kb, int vb) {
     extern "C" __global__ void __launch_bounds__(128, MB) attn_codes_m_##D##_##KB##_##VB(ATTN_PARAMS, \
         const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
         extern __shared__ float sh[]; \
-        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8}; \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8, x_per_split}; \
         attn_codes_m_impl<D, KB, VB, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt, xa, window); \
     }
 #define ATTN_CODES_BOTH(D, KB, VB) ATTN_CODES(D, KB, VB) ATTN_CODES_M(D, KB, VB, 4)
@@ -2567,7 +2678,7 @@ ATTN_CODES_FORMS(ATTN_CODES_BOTH, 128)
     extern "C" __global__ void __launch_bounds__(128, 4) attn_codes_k8_##D##_##KB##_##VB(ATTN_PARAMS, \
         const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
         extern __shared__ float sh[]; \
-        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8}; \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8, x_per_split}; \
         attn_codes_k8_impl<D, KB, VB, 128, code_stages(D, KB, VB, 128), 4>(sh, ATTN_ARGS, fmt, xa, window); \
     }
 #define ATTN_CODES_TQ_FORMS(X, ...) \
@@ -2588,7 +2699,7 @@ ATTN_CODES_TQ_FORMS(ATTN_CODES_K8, 128)
     extern "C" __global__ void __launch_bounds__(128, 3) attn_codes_k8v_##D##_##KB##_##VB(ATTN_PARAMS, \
         const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
         extern __shared__ float sh[]; \
-        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8}; \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8, x_per_split}; \
         attn_codes_k8_impl<D, KB, VB, v8_tile(D, KB, VB), v8_stages(D, KB, VB), 4, true>( \
             sh, ATTN_ARGS, fmt, xa, window); \
     }
@@ -2848,7 +2959,7 @@ ATTN_CODES_FORMS(CODES_DEQUANT, 128)
         const u32* tiles, float* out, u16* out_bf16, const float* sinks, ATTN_EXACT_PARAMS, \
         int window) { \
         extern __shared__ float shf[]; \
-        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8}; \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8, x_per_split}; \
         attn_mma_codes_impl<D, 4>((u16*)shf, qkv, width, n_heads, n_kv, scale, tok_pos, tok_seq, \
                                   base, dk, dv, xa, block_size, tiles, out, out_bf16, window, sinks); \
     }
@@ -3387,7 +3498,7 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
     extern "C" __global__ void __launch_bounds__(128) attn_parts_##D##_##G(ATTN_PARAMS, \
         const u32* __restrict__ fmt, ATTN_EXACT_PARAMS, int window) { \
         extern __shared__ float sh[]; \
-        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8}; \
+        const ExactArgs xa{xk, xv, xtbl, x_sinks, x_recent, x_q8, x_per_split}; \
         attn_parts_impl<D, G>(sh, ATTN_ARGS, fmt, xa, window); \
     }
 ATTN_PARTS(64, 2)
