@@ -961,6 +961,30 @@ __device__ __forceinline__ CodedRange coded_range(const ExactArgs& x, int kend) 
     return {x.sinks, min(kend, max(x.sinks, kend - x.recent))};
 }
 
+// One 32-key chunk's online-softmax step of an exact split for one query head: lane j holds
+// key j's score `s` (log2 units; `live` false where masked), `m` and `l` the head's running
+// max and sum (the same in every lane), `acc` the lane's sums, rescaled here. Returns key j's
+// weight exp2(s − m), 0 where masked.
+template <int N>
+__device__ __forceinline__ float exact_softmax_step(float s, bool live, float& m, float& l,
+                                                    float (&acc)[N])
+{
+    float cm = s;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
+    const float mn = fmaxf(m, cm);
+    const float corr = exp2f(m - mn);
+    const float p = live ? exp2f(s - mn) : 0.f;
+    float ps = p;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+    l = l * corr + ps;
+    m = mn;
+#pragma unroll
+    for (int i = 0; i < N; i++) acc[i] *= corr;
+    return p;
+}
+
 // attn_exact_split's keys lo .. n-1 (at most EXACT_CHUNK) from int8 copies: every
 // key's K and V rows (D bytes each) requested at once into ks / vs (16-byte cp.async, rows past
 // the list zero-filled), each lane's keys' steps loaded while they come; then, per 32 keys,
@@ -1032,19 +1056,7 @@ __device__ __forceinline__ void exact_chunk_q8(const ExactArgs& x, const float* 
                 }
                 s = a * kst[hf];
             }
-            float cm = s;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
-            const float mn = fmaxf(m[hh], cm);
-            const float corr = exp2f(m[hh] - mn);
-            const float p = live ? exp2f(s - mn) : 0.f;
-            float ps = p;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
-            l[hh] = l[hh] * corr + ps;
-            m[hh] = mn;
-#pragma unroll
-            for (int e2 = 0; e2 < 2 * E; e2++) acc[hh][e2] *= corr;
+            const float p = exact_softmax_step(s, live, m[hh], l[hh], acc[hh]);
             const float pv = p * vst[hf];   // rows past the list are zeros, their weights 0
 #pragma unroll 8
             for (int j = 0; j < 32; j++) {
@@ -1143,19 +1155,7 @@ __device__ __noinline__ void attn_exact_split(float* sh, const ExactArgs& x, con
                 }
                 s = a;
             }
-            float cm = s;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) cm = fmaxf(cm, __shfl_xor_sync(0xffffffffu, cm, o));
-            const float mn = fmaxf(m[hh], cm);
-            const float corr = exp2f(m[hh] - mn);
-            const float p = live ? exp2f(s - mn) : 0.f;
-            float ps = p;
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
-            l[hh] = l[hh] * corr + ps;
-            m[hh] = mn;
-#pragma unroll
-            for (int e2 = 0; e2 < 2 * E; e2++) acc[hh][e2] *= corr;
+            const float p = exact_softmax_step(s, live, m[hh], l[hh], acc[hh]);
             // Rows past the list are zeros and their weights 0: no bound needed.
 #pragma unroll 8
             for (int j = 0; j < C; j++) {
