@@ -151,6 +151,8 @@ mod tests {
         assert_eq!(o.cuda.coded_int8_keys, d.coded_int8_keys);
         assert_eq!(o.cuda.coded_int8_values, d.coded_int8_values);
         assert_eq!(o.cuda.sm_load_splits, d.sm_load_splits);
+        assert_eq!(o.cuda.fold_exact_splits, d.fold_exact_splits);
+        assert_eq!(o.cuda.exact_split_keys, None);
         assert_eq!(o.cuda.coded_splits, None);
         assert_eq!(o.cpu, CpuOptions::default());
     }
@@ -167,6 +169,8 @@ mod tests {
             ("TURBOKV_CODED_INT8_KEYS", "0"),
             ("TURBOKV_CODED_INT8_VALUES", "0"),
             ("TURBOKV_SM_LOAD_SPLITS", "0"),
+            ("TURBOKV_FOLD_EXACT_SPLITS", "1"),
+            ("TURBOKV_EXACT_SPLIT_KEYS", "256"),
             ("TURBOKV_CODED_SPLITS", "2"),
             ("TURBOKV_CPU_WEIGHTS", "f32"),
             ("TURBOKV_CPU_CODE_PRODUCTS", "f32"),
@@ -179,6 +183,8 @@ mod tests {
         assert!(!o.cuda.coded_int8_keys);
         assert!(!o.cuda.coded_int8_values);
         assert!(!o.cuda.sm_load_splits);
+        assert!(o.cuda.fold_exact_splits);
+        assert_eq!(o.cuda.exact_split_keys, Some(256));
         assert_eq!(o.cuda.coded_splits, Some(2));
         assert!(!o.step_graphs);
         assert!(!o.cuda.pdl);
@@ -199,6 +205,9 @@ mod tests {
             ("TURBOKV_CODED_INT8_KEYS", "on"),
             ("TURBOKV_CODED_INT8_VALUES", "true"),
             ("TURBOKV_CODED_SPLITS", "0"),
+            ("TURBOKV_FOLD_EXACT_SPLITS", "2"),
+            ("TURBOKV_EXACT_SPLIT_KEYS", "0"),
+            ("TURBOKV_EXACT_SPLIT_KEYS", "many"),
             ("TURBOKV_CPU_WEIGHTS", "q8"),
             ("TURBOKV_CPU_CODE_PRODUCTS", "int4"),
         ] {
