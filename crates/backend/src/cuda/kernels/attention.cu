@@ -1078,13 +1078,13 @@ __device__ __forceinline__ void exact_chunk_q8(const ExactArgs& x, const float* 
 // (span `seq`, keys 0 .. kend-1), online softmax over the exact keys es·P .. es·P + P - 1 of
 // the row's list (sinks, then recent; P = x.per_split). The keys come in chunks of 32 whose
 // f16 K and V rows all threads stage in shared memory at once (16-byte cp.async; rows past
-// the list zero-filled), so a chunk's reads are in flight together; then warp w takes query heads w,
-// w + NW, …: lane j scores key j (reading its row's words from lane j's own starting word,
-// so the 32 lanes hit 32 banks), and every lane adds its dims of the chunk's values. Int8
-// copies (`q8`) are staged as they are stored, 64 keys at once (their rows take the bytes of
-// 32 f16 ones), and read as bytes: each key's step scales its score, each
-// value's step its weight. Writes the partial of split `sp` as the coded splits do (max in
-// natural-log units, sum, unnormalised acc; an empty run writes an empty partial). smem:
+// the list zero-filled), so a chunk's reads are in flight together; then warp w takes query
+// heads w, w + NW, …: lane j scores key j (reading its row's words from lane j's own starting
+// word, so the 32 lanes hit 32 banks), and every lane adds its dims of the chunk's values.
+// Int8 copies (`q8`, exact_chunk_q8) are staged as they are stored, 64 keys at once (their
+// rows take the bytes of 32 f16 ones), and read as bytes: each key's step scales its score,
+// each value's step its weight. Writes the partial of split `sp` as the coded splits do (max
+// in natural-log units, sum, unnormalised acc; an empty run writes an empty partial). smem:
 // `exact_split_smem_bytes` in codes.rs.
 template <int D, int NW>
 __device__ __noinline__ void attn_exact_split(float* sh, const ExactArgs& x, const float* qrow,
