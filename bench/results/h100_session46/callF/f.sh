@@ -1,0 +1,2 @@
+# Session 46, call F (inline command; the model and main's binary already on the machine from calls D, E):
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64; mkdir -p $OUT/f && for c in 1024 4096; do TMPDIR=/tmp/c timeout 250 .gpu/m3/turbokv eval ppl --model /root/models/m.gguf --device cuda --text .gpu/m4/code.txt,.gpu/m4/dialogue.txt,.gpu/m4/wiki.txt --ctx $c --windows 4 --kv bf16,tiny --json $OUT/f/ppl_cuda_domains_ctx$c.json > $OUT/f/ppl_$c.txt 2>&1; done
