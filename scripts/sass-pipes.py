@@ -12,7 +12,7 @@ iteration. An SMSP issues one warp instruction a cycle; the ALU pipe (logic, shi
 integer adds and compares, float min/max and compares) and the integer half of the FMA pipe
 (IMAD, IMUL) take one every two cycles, the XU (MUFU, conversions) one every eight (sm_80 /
 sm_90). A loop whose ALU cycles exceed its issue cycles is bound by the ALU pipe: moving
-shifts and complements to IMAD (attention.cu `shr_fma`, `not_fma`) then pays. Counts are
+shifts and complements to IMAD (`IMAD.HI` by 2^(32-n) is a right shift by n) then pays. Counts are
 static: a branch inside the loop that rarely runs (a fallback, a rescale) is counted as if
 it always did: read the listing (`--sass FILE`) and leave such a block out with `--skip`
 (the int8-value kernels' f16 fallback: from the branch after `VOTE.ALL` to its target).
