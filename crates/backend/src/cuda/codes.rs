@@ -390,9 +390,8 @@ pub(crate) fn descriptor(
                 w[28 + j / 4] |= u32::from(bits >> 8) << (8 * (j % 4));
             }
             w[32..32 + h.sign_masks.len()].copy_from_slice(&h.sign_masks);
-            // Sign-magnitude records look up magnitudes and their negatives (and, for the
-            // kernels with int8 value products, the one-sided pair); the others the signed
-            // centroids.
+            // Sign-magnitude records: magnitudes and their negatives, and the one-sided pair
+            // that the int8-key kernels look up; the others the signed centroids.
             // (At most 126 for the pair's |c| + 1.)
             let sign_magnitude = record == RecordLayout::SignMagnitude4;
             let (bytes, inv_alpha) = int8_table(table, if sign_magnitude { 126 } else { 127 });

@@ -1649,14 +1649,6 @@ template <int R> struct Codes<4, R> {
         a = prmt(l, h, 0x5140u);
         b = prmt(l, h, 0x7362u);
     }
-    // As int8 bytes: the magnitudes (tab[0..2)) where positive, their negatives (tab[2..4))
-    // elsewhere, `pos` as above.
-    __device__ static __forceinline__ u32 int8(const u32* w, int g, const u32* tab) {
-        const u32 sel = w[g >> 1] >> (16 * (g & 1));
-        const u32 mags = ~sel & 0x7777u;
-        const u32 pos = prmt(sel << 4, sel, 0xd9c8u);
-        return (prmt(tab[0], tab[1], mags) & pos) | (prmt(tab[2], tab[3], mags) & ~pos);
-    }
     // As two int8 operands whose sum is the signed centroid, each one prmt: the stored nibble
     // is its own selector, and a set bit 3 (a positive code) asks prmt for the sign of the
     // selected byte instead of the byte. `neg` = tab[0..2) by the stored nibbles: byte 7 - m
@@ -2470,8 +2462,9 @@ __device__ __forceinline__ void keys_as_m_values_s8(float (&o)[D / 16][4], float
     }
 }
 
-// V8: values through keys_as_m_values_s8 (2- and 3-bit value codes) and 4-bit keys as
-// Codes<4>::int8_pair; else values as f16 and 4-bit keys through Codes<4>::int8.
+// V8: values through keys_as_m_values_s8 (2- and 3-bit value codes), else as f16. 4-bit keys
+// are Codes<4>::int8_pair in both: two MMAs more than one signed lookup per four codes, but
+// no select (tq4 measured faster so: BENCHMARKS.md, session 48).
 template <int D, int KB, int VB, int TK, int STAGES, int NW, bool V8 = false>
 __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const u32* fmt,
                                                    const ExactArgs& xa, int window)
@@ -2494,7 +2487,7 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
     u32 ktab[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) ktab[i] = fmt[INT8_TABLE_WORD + i];
-    u32 ptab[4];   // 4-bit keys' one-sided tables (V8 kernels)
+    u32 ptab[4];   // 4-bit keys' one-sided tables
 #pragma unroll
     for (int i = 0; i < 4; i++) ptab[i] = fmt[INT8_PAIR_WORD + i];
     const u32 vtab[2] = {fmt[CODE_DESC_WORDS + INT8_VALUE_WORD], fmt[CODE_DESC_WORDS + INT8_VALUE_WORD + 1]};
@@ -2569,7 +2562,7 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
 #pragma unroll
             for (int kk = 0; kk < D / 32; kk++) {
                 const uint4 qk = qf[32 * kk];
-                if constexpr (KB == 4 && V8) {
+                if constexpr (KB == 4) {
                     // Two operands per four codes (Codes<4>::int8_pair), each multiplied by
                     // both query terms.
                     u32 n[4], p[4];
