@@ -11,8 +11,11 @@ count of its instructions, by pipe, and what each pipe costs an SM sub-partition
 iteration. An SMSP issues one warp instruction a cycle; the ALU pipe (logic, shifts, prmt,
 integer adds and compares, float min/max and compares) and the integer half of the FMA pipe
 (IMAD, IMUL) take one every two cycles, the XU (MUFU, conversions) one every eight (sm_80 /
-sm_90). A loop whose ALU cycles exceed its issue cycles is bound by the ALU pipe: moving
-shifts and complements to IMAD (`IMAD.HI` by 2^(32-n) is a right shift by n) then pays. Counts are
+sm_90). A loop whose ALU cycles exceed its issue cycles cannot issue faster than that pipe
+allows. That is a bound, not a measurement: a kernel that waits on latency (few warps
+eligible) runs below it whatever the pipes' counts, as the int8-product decode kernels do
+(ncu: ALU pipe at 43% of its peak, BENCHMARKS.md session 48), and moving their shifts to
+IMAD gained nothing there. Ask ncu which limit holds before acting on these counts. Counts are
 static: a branch inside the loop that rarely runs (a fallback, a rescale) is counted as if
 it always did: read the listing (`--sass FILE`) and leave such a block out with `--skip`
 (the int8-value kernels' f16 fallback: from the branch after `VOTE.ALL` to its target).
