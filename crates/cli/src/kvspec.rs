@@ -139,10 +139,10 @@ impl KvDefaults {
 /// (BENCHMARKS.md, issue 19): name → spec. A trailing `+c` centers the preset (its
 /// calibration pass runs at load), `+n` corrects its norms; `[L:DTYPE]` gives layer L another
 /// dtype; `q8` keeps a window's copies in int8 (tiny's: twice the tokens at the bits of f16
-/// copies). Their windows are shares of the context (45, 12 and 30 tokens at 1024), so they
+/// copies). Their windows are shares of the context (20, 12 and 30 tokens at 1024), so they
 /// cost the same bits per element at every context and hold their quality at longer ones.
 pub const PRESETS: &[(&str, &str)] = &[
-    ("balanced", "k4v3@w4.4%s1[1:k4v4]"),
+    ("balanced", "k4v3@w2%s1[1:k4v4]"),
     ("compact", "k4v2@w1.2%s1+n[1:k4v4]"),
     ("tiny", "tq2@w2.9%s1q8+cn[17-18:k3v2][23-24:k3v2]"),
 ];
@@ -286,7 +286,7 @@ impl KvSpec {
 
     /// The name printed in tables: the preset or dtype, `/prod` for prod keys, the window
     /// when it has one, the flags (`+c` centered, `+n` corrected norms), then the overrides
-    /// (`tq4/prod`, `tq3+c`, `balanced(k4v3@w4.4%s1[1:tq4])+c`, `k4v2@w15s1[1:tq4]`).
+    /// (`tq4/prod`, `tq3+c`, `balanced(k4v3@w2%s1[1:tq4])+c`, `k4v2@w15s1[1:tq4]`).
     pub fn label(&self, spec: &str) -> String {
         let mut inner = self.dtype.to_string();
         if self.key_mode == KeyMode::Prod {
@@ -636,7 +636,7 @@ mod tests {
         // Bits as BENCHMARKS.md reports them for the demo model (30 layers), overrides,
         // windows and centers included.
         for (name, budget, reported) in [
-            ("balanced", 4.5, 4.485),
+            ("balanced", 4.5, 4.095),
             ("compact", 3.5, 3.486),
             ("tiny", 2.6, 2.598),
         ] {
@@ -840,8 +840,8 @@ mod tests {
         );
         assert_eq!(all.label("k4v3/prod@w16s1+c"), "k4v3/prod@w16s1+c");
         let preset = KvSpec::parse("balanced/prod+c", none).unwrap();
-        // Its window is a share of the context: 45 tokens at 1024, 180 at 4096.
-        for (ctx, recent) in [(1024, 45), (4096, 180)] {
+        // Its window is a share of the context: 20 tokens at 1024, 82 at 4096.
+        for (ctx, recent) in [(1024, 20), (4096, 82)] {
             assert_eq!(
                 preset.window_at(ctx),
                 KvWindow {
@@ -853,7 +853,7 @@ mod tests {
         }
         assert_eq!(
             preset.label("balanced/prod+c"),
-            "balanced(k4v3/prod@w4.4%s1[1:tq4])+c"
+            "balanced(k4v3/prod@w2%s1[1:tq4])+c"
         );
         // Command-line defaults, and a spec that overrides them.
         let d = KvDefaults {
