@@ -12,7 +12,7 @@
 //! | `TURBOKV_CODED_PREFILL_TILES=0\|1` | prefill over coded caches through tensor cores (default 1; 0: the decode kernels per row) |
 //! | `TURBOKV_CODED_INT8_KEYS=0\|1` | decode over TurboQuant caches with int8 key products (default 1; 0: the f16 kernel) |
 //! | `TURBOKV_CODED_INT8_VALUES=0\|1` | with int8 key products, 2- and 3-bit TurboQuant value sums through int8 products too (default 1; 0: as f16) |
-//! | `TURBOKV_SM_LOAD_SPLITS=0\|1` | the int8-product TurboQuant decode kernels' split count from the per-SM load model at small batches and short splits (default 1; 0: the wave model) |
+//! | `TURBOKV_SM_LOAD_SPLITS=0\|1` | the int8-product TurboQuant decode kernels' split count from the per-SM load model where splits are short (default 1; 0: the wave model) |
 //! | `TURBOKV_FOLD_EXACT_SPLITS=0\|1` | a windowed coded pool's exact splits run inside its coded blocks instead of as blocks of their own (default 0) |
 //! | `TURBOKV_EXACT_SPLIT_KEYS=N` | keys of each of a windowed coded pool's exact splits, rounded up to whole 64-key chunks (for measurements; unset: 64, one chunk a split) |
 //! | `TURBOKV_CODED_SPLITS=N` | every whole-width coded decode launch cut into N key splits, instead of the split models' count (for measurements; unset: the models') |

@@ -47,9 +47,7 @@ const SM_KEY_COST: [usize; 3] = [130, 105, 100];
 const SM_BLOCK_KEYS: usize = 555;
 /// Splits of the wave model at least this long keep its count in [`sm_load_splits`]: there a
 /// block's fixed cost is a small part of it, both models' counts ran within a few percent, and
-/// at b4–b8 × 128k the per-SM count was 1–2% slower for tq4 and k4v3 (H100, session 39). So
-/// do launches of at least as many (row, kv head) pairs as SMs: at b32 its one split per
-/// pair ran faster alone but made compact's decode step 3–7% slower (session 39).
+/// at b4–b8 × 128k the per-SM count was 1–2% slower for tq4 and k4v3 (H100, session 39).
 const SM_LOAD_MAX_SPLIT_KEYS: usize = 8192;
 /// Keys per K/V tile of the tensor-core kernel (see attention.cu).
 const MMA_TK: usize = 32;
@@ -398,7 +396,7 @@ impl CudaBackend {
                 // The int8-product kernels are bound by their issue rate, the others (int8,
                 // fp8 codes; f16 sums) closer to their bytes.
                 let model = if self.sm_load_splits && int8_keys.is_some() {
-                    sm_load_splits(pairs, max_ctx, self.sms, slots, tile)
+                    sm_load_splits(pairs, max_ctx, self.sms, slots, tile, exact_splits > 0)
                 } else {
                     wave_splits(pairs, max_ctx, slots, tile)
                 };
@@ -935,26 +933,34 @@ pub(super) fn wave_splits(pairs: usize, max_ctx: usize, slots: usize, tile: usiz
 
 /// The split count of a launch of an issue-bound coded decode kernel (the int8-product
 /// TurboQuant kernels) with `pairs` (row, kv head) pairs over at most `max_ctx` keys, on
-/// `sms` SMs holding `slots` blocks at once. Where there are at least as many pairs as SMs,
-/// or [`wave_splits`]' splits are long (at least [`SM_LOAD_MAX_SPLIT_KEYS`]), its count
-/// stands. Otherwise: the count whose busiest SM finishes first. That SM runs
+/// `sms` SMs holding `slots` blocks at once; `exact`: the launch also has a window's exact
+/// splits. Where [`wave_splits`]' splits are long (at least [`SM_LOAD_MAX_SPLIT_KEYS`]), its
+/// count stands. Otherwise: the count whose busiest SM finishes first. That SM runs
 /// `⌈pairs·s / sms⌉` blocks in waves of as many as stay resident, each block paying
 /// [`SM_BLOCK_KEYS`], and each wave's keys cost the [`SM_KEY_COST`] of its own number of
 /// blocks, so a last wave of one block is dear. [`wave_splits`] counts each resident block
 /// as a whole block's throughput, which these kernels do not get: at b8 × 8k it chose 6
-/// splits where 4 ran 15% faster. Key counts are rounded up to a power of two first, as
-/// there; ties go to fewer splits.
+/// splits where 4 ran 15% faster, at b32 × 8k 3 where 1 ran 5–7% faster. Key counts are
+/// rounded up to a power of two first, as there; ties go to fewer splits.
+///
+/// With exact splits and at least as many pairs as SMs, the coded blocks alone must fill
+/// the GPU's slots: where fewer long coded blocks than slots share the launch with the short
+/// exact ones, the SMs that take more of the long ones set its end (compact at b32 × 8k: one
+/// coded split 19–33% slower than three, two 4% faster; H100 and H200, sessions 41 and 46).
+/// Below that many pairs the count stands as the model gives it (measured there since
+/// session 39).
 pub(super) fn sm_load_splits(
     pairs: usize,
     max_ctx: usize,
     sms: usize,
     slots: usize,
     tile: usize,
+    exact: bool,
 ) -> usize {
     let wave = wave_splits(pairs, max_ctx, slots, tile);
     let ctx = max_ctx.max(1).next_power_of_two();
     let (pairs, sms) = (pairs.max(1), sms.max(1));
-    if pairs >= sms || ctx.div_ceil(wave) >= SM_LOAD_MAX_SPLIT_KEYS {
+    if ctx.div_ceil(wave) >= SM_LOAD_MAX_SPLIT_KEYS {
         return wave;
     }
     let resident = (slots / sms).clamp(1, SM_KEY_COST.len());
@@ -971,7 +977,11 @@ pub(super) fn sm_load_splits(
         }
         keys * key_cost / 100 + blocks * SM_BLOCK_KEYS
     };
-    (1..=most).min_by_key(|&s| (cost(s), s)).unwrap_or(1)
+    let best = (1..=most).min_by_key(|&s| (cost(s), s)).unwrap_or(1);
+    if exact && pairs >= sms && pairs * best < slots {
+        return slots.div_ceil(pairs).min(most);
+    }
+    best
 }
 
 /// The query tiles of a tensor-core prefill launch as `[first row, rows]` pairs: each span cut
@@ -1018,8 +1028,8 @@ fn rows_kernel_index(head_dim: usize, group: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::{
-        DECODE_SETS, DECODE_VARIANTS, MIN_SPLIT_KEYS, decode_choice, keys_seen, sm_load_splits,
-        wave_splits, window_param,
+        DECODE_SETS, DECODE_VARIANTS, MIN_SPLIT_KEYS, SM_LOAD_MAX_SPLIT_KEYS, decode_choice,
+        keys_seen, sm_load_splits, wave_splits, window_param,
     };
 
     #[test]
@@ -1079,39 +1089,65 @@ mod tests {
         // H100: 132 SMs, three blocks of the int8-value kernels each, 256-key tiles
         // (BENCHMARKS.md, sessions 38–39: the fastest counts of k4v2 and tq3).
         let (sms, slots, tile) = (132, 396, 256);
-        assert_eq!(sm_load_splits(8 * 8, 8192, sms, slots, tile), 4);
-        assert_eq!(sm_load_splits(8 * 8, 32768, sms, slots, tile), 4);
+        for exact in [false, true] {
+            assert_eq!(sm_load_splits(8 * 8, 8192, sms, slots, tile, exact), 4);
+            assert_eq!(sm_load_splits(8 * 8, 32768, sms, slots, tile, exact), 4);
+        }
         // One sequence (8 pairs) at 32k: fewer, longer splits than the wave model's 43.
         assert_eq!(wave_splits(8, 32768, slots, tile), 43);
-        assert_eq!(sm_load_splits(8, 32768, sms, slots, tile), 16);
-        // At least as many pairs as SMs (b32), or long splits: the wave model's count.
+        assert_eq!(sm_load_splits(8, 32768, sms, slots, tile, false), 16);
+        // b32 and b64 at 8k (session 46: k4v2 and tq3 fastest at one split, 5-7% and 2-4%
+        // faster than the wave model's three); with a window, one at b64 (7% faster) but two
+        // at b32, where one coded block a pair leaves slots to the exact blocks (19% slower).
+        assert_eq!(wave_splits(32 * 8, 8192, slots, tile), 3);
+        assert_eq!(sm_load_splits(32 * 8, 8192, sms, slots, tile, false), 1);
+        assert_eq!(sm_load_splits(64 * 8, 8192, sms, slots, tile, false), 1);
+        assert_eq!(sm_load_splits(32 * 8, 8192, sms, slots, tile, true), 2);
+        assert_eq!(sm_load_splits(64 * 8, 8192, sms, slots, tile, true), 1);
+        // Long splits keep the wave model's count (b32 × 32k: three, the fastest measured).
         for (pairs, ctx) in [
-            (32 * 8, 8192),
             (32 * 8, 32768),
+            (64 * 8, 32768),
             (8 * 8, 131072),
             (4 * 8, 131072),
         ] {
-            assert_eq!(
-                sm_load_splits(pairs, ctx, sms, slots, tile),
-                wave_splits(pairs, ctx, slots, tile),
-                "{pairs} pairs, {ctx} keys"
-            );
+            for exact in [false, true] {
+                assert_eq!(
+                    sm_load_splits(pairs, ctx, sms, slots, tile, exact),
+                    wave_splits(pairs, ctx, slots, tile),
+                    "{pairs} pairs, {ctx} keys"
+                );
+            }
         }
         // A last wave of one block is dear: 100 pairs at 8k in 5 splits would leave the
         // busiest SMs four blocks (three at once, then one alone).
-        let s = sm_load_splits(100, 8192, sms, slots, tile);
+        let s = sm_load_splits(100, 8192, sms, slots, tile, false);
         assert_ne!((100 * s).div_ceil(sms) % 3, 1, "{s} splits");
-        // Every choice: at least one split, and no split shorter than MIN_SPLIT_KEYS keys.
-        for pairs in [1, 3, 8, 24, 64, 100, 256, 1024] {
+        // Every choice: at least one split, and no split shorter than MIN_SPLIT_KEYS keys;
+        // with exact splits at many pairs, the coded blocks fill the slots where they can.
+        for pairs in [1, 3, 8, 24, 64, 100, 132, 256, 1024] {
             for ctx in [1, 64, 1000, 4096, 65536, 131072] {
-                let s = sm_load_splits(pairs, ctx, sms, slots, tile);
-                assert!(s >= 1 && (s == 1 || ctx.div_ceil(s) >= MIN_SPLIT_KEYS));
+                for exact in [false, true] {
+                    let s = sm_load_splits(pairs, ctx, sms, slots, tile, exact);
+                    assert!(s >= 1 && (s == 1 || ctx.div_ceil(s) >= MIN_SPLIT_KEYS));
+                    let most = ctx
+                        .div_ceil(MIN_SPLIT_KEYS)
+                        .clamp(1, 4 * slots.div_ceil(pairs));
+                    if exact
+                        && pairs >= sms
+                        && s < most
+                        && ctx.div_ceil(wave_splits(pairs, ctx, slots, tile))
+                            < SM_LOAD_MAX_SPLIT_KEYS
+                    {
+                        assert!(pairs * s >= slots, "{pairs} pairs, {ctx} keys: {s} splits");
+                    }
+                }
             }
         }
         // Stable while a sequence grows within a power of two.
         assert_eq!(
-            sm_load_splits(64, 20_000, sms, slots, tile),
-            sm_load_splits(64, 32_000, sms, slots, tile)
+            sm_load_splits(64, 20_000, sms, slots, tile, false),
+            sm_load_splits(64, 32_000, sms, slots, tile, false)
         );
     }
 

@@ -270,10 +270,11 @@ pub struct CudaOptions {
     /// (`turbokv bench attention --coded-splits`). `None`: the model's.
     pub coded_splits: Option<usize>,
     /// The int8-product TurboQuant decode kernels take their split count from the per-SM load
-    /// model (`sm_load_splits` in `cuda/attention.rs`) where there are fewer (row, kv head)
-    /// pairs than SMs and the wave model's splits are short. Default on: attention 5–29%
-    /// faster at b1–b8 up to 32k on an H100, compact's decode step 1–2% faster at b1 × 32k
-    /// and b8 × 8k (BENCHMARKS.md, session 39). Off: the wave model for every kernel.
+    /// model (`sm_load_splits` in `cuda/attention.rs`) where the wave model's splits are
+    /// short (under 8,192 keys); with a window's exact splits at as many (row, kv head) pairs
+    /// as SMs, the coded blocks then fill the GPU's slots. Default on: attention 5–29% faster
+    /// at b1–b8 up to 32k on an H100, compact's decode step 1–2% faster at b1 × 32k and
+    /// b8 × 8k (BENCHMARKS.md, session 39). Off: the wave model for every kernel.
     pub sm_load_splits: bool,
     /// A windowed coded pool's exact splits (its sinks and recent keys, 64 a split) run inside
     /// the coded blocks — coded block `s` of `n` also takes exact splits `s`, `s + n`, … after
