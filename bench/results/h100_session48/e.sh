@@ -4,7 +4,7 @@
 # kernels at b32 x 32k, main's build (tq4's one-sided pairs landed).
 # Needs (ignored, local): .gpu/s48t = main's release turbokv and cub.tar.xz of its cubins.
 # Run: `run` with carry [".gpu/s48t"], command `bash bench/results/h100_session48/e.sh`.
-# Not yet run (session 48 had no device time left): the first call of the next session.
+# Run in session 49 from bench/results/session49/a.sh (results in bench/results/session49/callA/).
 set -uo pipefail
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64
 OUT=${OUT:-/tmp/out}; R=$OUT/e; mkdir -p "$R" /tmp/d/turbokv-ptx
