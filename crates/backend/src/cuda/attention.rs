@@ -940,8 +940,10 @@ pub(super) fn wave_splits(pairs: usize, max_ctx: usize, slots: usize, tile: usiz
 /// [`SM_BLOCK_KEYS`], and each wave's keys cost the [`SM_KEY_COST`] of its own number of
 /// blocks, so a last wave of one block is dear. [`wave_splits`] counts each resident block
 /// as a whole block's throughput, which these kernels do not get: at b8 × 8k it chose 6
-/// splits where 4 ran 15% faster, at b32 × 8k 3 where 1 ran 5–7% faster. Key counts are
-/// rounded up to a power of two first, as there; ties go to fewer splits.
+/// splits where 4 ran 15% faster, at b32 × 8k 3 where 1 ran 5–7% faster (a decode step at
+/// b32 × 8k: compact 1.4% and tq3 2.2% faster than with the wave model's count; H100,
+/// session 49). Key counts are rounded up to a power of two first, as there; ties go to
+/// fewer splits.
 ///
 /// With exact splits and at least as many pairs as SMs, the coded blocks alone must fill
 /// the GPU's slots: where fewer long coded blocks than slots share the launch with the short
