@@ -62,6 +62,8 @@ struct Variant {
     int8_products: bool,
     /// Also measure against exact attention over the vectors before encoding.
     exact_reference: bool,
+    /// Each kv head's dtype ([`turbokv_cache::LayerKv::head_dtypes`]); `None` = the layer's.
+    heads: Option<&'static [&'static str]>,
 }
 
 /// [`check`] with sink and recent-window tokens: the reference reads those positions from
@@ -159,8 +161,19 @@ fn check_with(
     } else {
         (vec![0.0; n_kv * d], vec![0.0; n_kv * d])
     };
+    let head_dtypes: Vec<KvDtype> = match variant.heads {
+        Some(hs) => hs.iter().map(|h| h.parse().unwrap()).collect(),
+        None => vec![dtype; n_kv],
+    };
+    if variant.heads.is_some() {
+        layout.layers[0].head_dtypes = head_dtypes.clone();
+    }
     let mut pool = b.kv_pool(&layout, 0).unwrap();
-    let codec = LayerCodec::new(dtype, d, 0, &layout.codec).unwrap();
+    // The reference codes each head with its own dtype.
+    let codecs: Vec<LayerCodec> = head_dtypes
+        .iter()
+        .map(|&hd| LayerCodec::new(hd, d, 0, &layout.codec).unwrap())
+        .collect();
     // Scatter logical blocks over the pool to exercise the block table.
     let nb = total.div_ceil(BLOCK);
     let blocks: Vec<u32> = (0..nb as u32).map(|i| (i * 7) % nb as u32).collect();
@@ -214,12 +227,12 @@ fn check_with(
             };
             ks.push(
                 (0..n_kv)
-                    .map(|h| roundtrip(&codec.key, &k[h * d..(h + 1) * d]))
+                    .map(|h| roundtrip(&codecs[h].key, &k[h * d..(h + 1) * d]))
                     .collect::<Vec<_>>(),
             );
             vs.push(
                 (0..n_kv)
-                    .map(|h| uncenter(h, roundtrip(&codec.value, &v[h * d..(h + 1) * d])))
+                    .map(|h| uncenter(h, roundtrip(&codecs[h].value, &v[h * d..(h + 1) * d])))
                     .collect::<Vec<_>>(),
             );
             let copy = match window.copies {
@@ -228,12 +241,12 @@ fn check_with(
             };
             kx.push(
                 (0..n_kv)
-                    .map(|h| copy(&codec.key, &k[h * d..(h + 1) * d]))
+                    .map(|h| copy(&codecs[h].key, &k[h * d..(h + 1) * d]))
                     .collect::<Vec<_>>(),
             );
             vx.push(
                 (0..n_kv)
-                    .map(|h| uncenter(h, copy(&codec.value, &v[h * d..(h + 1) * d])))
+                    .map(|h| uncenter(h, copy(&codecs[h].value, &v[h * d..(h + 1) * d])))
                     .collect::<Vec<_>>(),
             );
             if variant.exact_reference {
@@ -660,4 +673,56 @@ fn centers_of_the_wrong_shape_are_refused() {
     assert!(b.kv_pool(&layout, 0).is_ok());
     let err = b.kv_pool(&layout, 1).unwrap_err().to_string();
     assert!(err.contains("layer 1"), "{err}");
+}
+
+#[test]
+fn heads_of_other_widths_match_the_reference_in_prefill_split_decode_and_windows() {
+    // A layer of tq2 whose kv heads take 3- and 4-bit keys: each head's output is attention
+    // over its own dtype's codes, with the window copies, the centers and split-K decode
+    // (ctx > 1024) of the layer, through the tiled prefill and the direct decode kernels.
+    const HEADS: &[&str] = &["k3v2", "tq2", "tq4"];
+    let window = KvWindow {
+        recent: 37,
+        sinks: 1,
+        copies: WindowCopies::Int8,
+    };
+    for (seed, int8_products) in [(91, false), (92, true)] {
+        let v = Variant {
+            centered: true,
+            int8_products,
+            exact_reference: true,
+            heads: Some(HEADS),
+            ..Variant::default()
+        };
+        // 1,104 keys: 69 blocks, which the scattered block table (`i · 7 mod 69`) permutes.
+        let chunks = [200, 1, 1, 900, 1, 1];
+        let (err, codes) = check_with("tq2".parse().unwrap(), window, v, 9, 3, 64, &chunks, seed);
+        // Int8 products round the scores by about a quarter of what the codes do (as in
+        // `int8_products_stay_close_to_the_decoded_reference`).
+        let bound = if int8_products {
+            2.5e-2f64.max(0.25 * codes)
+        } else {
+            2e-4
+        };
+        assert!(
+            err < bound,
+            "int8 products {int8_products}: error {err} (codes against exact: {codes})"
+        );
+    }
+}
+
+#[test]
+fn a_head_width_with_another_working_basis_is_refused() {
+    let b = CpuBackend::new();
+    let mut layout = KvLayout::uniform(1, 2, 64, "tq2".parse().unwrap(), BLOCK, 64).unwrap();
+    // Set directly, past KvPolicy's check: fractional widths rotate in two parts.
+    layout.layers[0].head_dtypes = vec!["tq2".parse().unwrap(), "tq2.5".parse().unwrap()];
+    let Err(err) = b.kv_pool(&layout, 0) else {
+        panic!("a tq2.5 head in a tq2 layer was accepted");
+    };
+    let err = err.to_string();
+    assert!(
+        err.contains("tq2.5") && err.contains("working basis"),
+        "{err}"
+    );
 }

@@ -109,6 +109,12 @@ impl CacheIdentity {
             let name = layout.layers[l].dtype.to_string();
             h.update(&(name.len() as u64).to_le_bytes());
             h.update(name.as_bytes());
+            // Only layers with per-head dtypes add bytes, so other identities stay the same.
+            for d in &layout.layers[l].head_dtypes {
+                let name = format!("head:{d}");
+                h.update(&(name.len() as u64).to_le_bytes());
+                h.update(name.as_bytes());
+            }
             for o in [&opts.key_outliers, &opts.value_outliers] {
                 match o {
                     None => h.update(&u64::MAX.to_le_bytes()),

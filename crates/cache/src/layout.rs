@@ -16,6 +16,19 @@ pub struct LayerKv {
     pub key_outliers: Option<OutlierChannels>,
     /// Outlier channels of this layer's values when their width is fractional.
     pub value_outliers: Option<OutlierChannels>,
+    /// Per-kv-head dtypes, `head_dtypes[h]` for head `h`; empty = every head in `dtype`.
+    /// Only whole TurboQuant widths in a layer of one ([`KvPolicy`](crate::KvPolicy) checks):
+    /// the widths then share the layer's rotation, so a query is rotated once for all heads.
+    /// Spends bits on the heads whose keys must match sharply (those that copy from far back)
+    /// rather than on whole layers.
+    pub head_dtypes: Vec<KvDtype>,
+}
+
+impl LayerKv {
+    /// The dtype of kv head `head`.
+    pub fn head_dtype(&self, head: usize) -> KvDtype {
+        self.head_dtypes.get(head).copied().unwrap_or(self.dtype)
+    }
 }
 
 /// Tokens of each sequence kept at 16-bit precision beside the codes of a compressed pool.
@@ -207,6 +220,7 @@ impl KvLayout {
                     dtype,
                     key_outliers: None,
                     value_outliers: None,
+                    head_dtypes: Vec::new(),
                 };
                 n_layers
             ],
@@ -235,12 +249,16 @@ impl KvLayout {
         self.kv_heads * self.block_size * self.head_dim
     }
 
-    /// Bytes of K plus V per token per layer for a layer's dtype, side information included.
+    /// Bytes of K plus V per token per layer for its heads' dtypes, side information included.
     pub fn bytes_per_token(&self, layer: usize) -> f64 {
-        let bits = self.layers[layer]
-            .dtype
-            .bits_per_element(self.head_dim, self.codec.key_mode);
-        2.0 * bits * (self.kv_heads * self.head_dim) as f64 / 8.0
+        let l = &self.layers[layer];
+        let bits: f64 = (0..self.kv_heads)
+            .map(|h| {
+                l.head_dtype(h)
+                    .bits_per_element(self.head_dim, self.codec.key_mode)
+            })
+            .sum();
+        2.0 * bits * self.head_dim as f64 / 8.0
     }
 
     /// Bytes of K plus V per token over all layers.

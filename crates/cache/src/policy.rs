@@ -15,6 +15,10 @@ pub struct KvPolicy {
     pub window: KvWindow,
     /// `(layer, dtype)`: a layer index, negative from the end (`-1` = last layer).
     pub layers: Vec<(i64, KvDtype)>,
+    /// `(layer, kv head, dtype)`: one head's dtype, applied after `layers`. Both the layer's
+    /// dtype and this one must be whole TurboQuant widths (see
+    /// [`crate::LayerKv::head_dtypes`]).
+    pub heads: Vec<(i64, usize, KvDtype)>,
     /// How TurboQuant keys are coded (`mse` or `prod`); goes to `layout.codec.key_mode`.
     pub key_mode: KeyMode,
     /// What TurboQuant's stored norms mean; goes to `layout.codec.norm`. `Corrected` rescales
@@ -38,6 +42,33 @@ impl KvPolicy {
             out.extend(Self::parse_override(item)?);
         }
         Ok(out)
+    }
+
+    /// Parses one head override, `LAYER.HEAD:DTYPE` (a negative layer counts from the end).
+    pub fn parse_head_override(item: &str) -> Result<(i64, usize, KvDtype), CacheError> {
+        let item = item.trim();
+        let bad = |why: String| {
+            CacheError::InvalidLayout(format!(
+                "head override `{item}`: {why} (expected LAYER.HEAD:DTYPE, e.g. 18.2:k3v2)"
+            ))
+        };
+        let (target, d) = item.split_once(':').ok_or_else(|| bad("no `:`".into()))?;
+        let (l, h) = target
+            .split_once('.')
+            .ok_or_else(|| bad("no `.` between layer and head".into()))?;
+        let layer = l
+            .trim()
+            .parse::<i64>()
+            .map_err(|e| bad(format!("layer `{l}`: {e}")))?;
+        let head = h
+            .trim()
+            .parse::<usize>()
+            .map_err(|e| bad(format!("head `{h}`: {e}")))?;
+        let dtype = d
+            .trim()
+            .parse::<KvDtype>()
+            .map_err(|e| bad(format!("dtype `{d}`: {e}")))?;
+        Ok((layer, head, dtype))
     }
 
     /// Parses one override, `LAYER:DTYPE` or `FIRST-LAST:DTYPE` (an inclusive range of
@@ -91,6 +122,49 @@ impl KvPolicy {
                 )));
             }
             layout.layers[idx as usize].dtype = dtype;
+        }
+        for &(layer, head, dtype) in &self.heads {
+            let idx = if layer < 0 { n + layer } else { layer };
+            let heads = layout.kv_heads;
+            let bad = |why: String| {
+                CacheError::InvalidLayout(format!("head override {layer}.{head}:{dtype}: {why}"))
+            };
+            if !(0..n).contains(&idx) {
+                return Err(bad(format!(
+                    "the model has {n} layers with a KV cache, valid layers are 0..={} or -{n}..=-1",
+                    n - 1
+                )));
+            }
+            if head >= heads {
+                return Err(bad(format!(
+                    "each layer has {heads} kv heads, valid heads are 0..={}",
+                    heads - 1
+                )));
+            }
+            let l = &mut layout.layers[idx as usize];
+            // Whole TurboQuant widths share one rotation of the head dim; fractional ones
+            // rotate their outlier and ordinary channels apart, so a query has another basis.
+            let whole_tq = |d: KvDtype| {
+                matches!(d, KvDtype::Tq { key_bits, value_bits }
+                    if !key_bits.is_fractional() && !value_bits.is_fractional())
+            };
+            if !whole_tq(l.dtype) || !whole_tq(dtype) {
+                return Err(bad(format!(
+                    "layer {idx} is {}; a head may take another whole TurboQuant width (tq2, \
+                     k3v2, tq4, …) only in a layer of whole TurboQuant widths, whose rotation \
+                     its heads share",
+                    l.dtype
+                )));
+            }
+            if l.head_dtypes.is_empty() {
+                l.head_dtypes = vec![l.dtype; heads];
+            }
+            l.head_dtypes[head] = dtype;
+        }
+        for l in &mut layout.layers {
+            if l.head_dtypes.iter().all(|&d| d == l.dtype) {
+                l.head_dtypes.clear();
+            }
         }
         if let Some(c) = &self.centers {
             let (layers, heads, dim) = (layout.layers.len(), layout.kv_heads, layout.head_dim);
@@ -286,5 +360,88 @@ mod tests {
         };
         assert!((w8.bits_overhead(1024, 64) - 8.25 * 5.0 / 1024.0).abs() < 1e-12);
         assert_eq!(w8.bits_overhead(2, 128), 8.125);
+    }
+
+    #[test]
+    fn a_head_override_gives_one_head_its_dtype_after_the_layer_overrides() {
+        let mut l = layout();
+        let p = KvPolicy {
+            layers: KvPolicy::parse_layers("2:tq2").unwrap(),
+            heads: vec![
+                KvPolicy::parse_head_override("2.1:k3v2").unwrap(),
+                KvPolicy::parse_head_override("-1.0:tq4").unwrap(),
+            ],
+            ..Default::default()
+        };
+        p.apply(&mut l).unwrap();
+        let d = |t: &str| t.parse::<KvDtype>().unwrap();
+        assert!(l.layers[0].head_dtypes.is_empty() && l.layers[1].head_dtypes.is_empty());
+        assert_eq!(l.layers[2].dtype, d("tq2"));
+        assert_eq!(l.layers[2].head_dtypes, [d("tq2"), d("k3v2")]);
+        assert_eq!(l.layers[3].head_dtype(0), d("tq4"));
+        assert_eq!(l.layers[3].head_dtype(1), d("tq3"));
+        // Two heads at 3 and 4 bits average 3.5 bits of codes (plus their norms).
+        let plain = KvLayout::uniform(4, 2, 64, d("tq3"), 16, 64).unwrap();
+        let mean = (plain.bytes_per_token(3)
+            + KvLayout::uniform(4, 2, 64, d("tq4"), 16, 64)
+                .unwrap()
+                .bytes_per_token(3))
+            / 2.0;
+        assert!((l.bytes_per_token(3) - mean).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_head_override_that_names_its_layers_dtype_leaves_the_layer_uniform() {
+        let mut l = layout();
+        let p = KvPolicy {
+            heads: vec![KvPolicy::parse_head_override("1.0:tq3").unwrap()],
+            ..Default::default()
+        };
+        p.apply(&mut l).unwrap();
+        assert!(l.layers.iter().all(|x| x.head_dtypes.is_empty()));
+    }
+
+    #[test]
+    fn bad_head_overrides_are_refused_with_what_is_valid() {
+        for (item, want) in [
+            ("4.0:tq2", "0..=3"),
+            ("0.2:tq2", "0..=1"),
+            ("0.1:int8", "TurboQuant"),
+            ("0.1:tq3.5", "whole TurboQuant"),
+        ] {
+            let p = KvPolicy {
+                heads: vec![KvPolicy::parse_head_override(item).unwrap()],
+                ..Default::default()
+            };
+            let err = p.apply(&mut layout()).unwrap_err().to_string();
+            assert!(err.contains(want) && err.contains(item), "{item}: {err}");
+        }
+        let bf16_layer = KvPolicy {
+            layers: KvPolicy::parse_layers("0:bf16").unwrap(),
+            heads: vec![KvPolicy::parse_head_override("0.0:tq2").unwrap()],
+            ..Default::default()
+        };
+        let err = bf16_layer.apply(&mut layout()).unwrap_err().to_string();
+        assert!(err.contains("layer 0 is bf16"), "{err}");
+        for bad in ["3:tq2", "3.x:tq2", "a.1:tq2", "3.1:tq9", "3.1"] {
+            let err = KvPolicy::parse_head_override(bad).unwrap_err().to_string();
+            assert!(err.contains("LAYER.HEAD:DTYPE"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn per_head_dtypes_change_the_cache_identity() {
+        let mut a = layout();
+        let mut b = layout();
+        KvPolicy {
+            heads: vec![KvPolicy::parse_head_override("1.0:k4v3").unwrap()],
+            ..Default::default()
+        }
+        .apply(&mut b)
+        .unwrap();
+        let ia = crate::CacheIdentity::new(&[7; 32], &a);
+        assert_ne!(ia, crate::CacheIdentity::new(&[7; 32], &b));
+        KvPolicy::default().apply(&mut a).unwrap();
+        assert_eq!(ia, crate::CacheIdentity::new(&[7; 32], &a));
     }
 }

@@ -146,6 +146,12 @@ pub struct EvalSensitivityArgs {
     /// Also write every probe as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Probe each kv head of each layer instead of whole layers (whole widths only; ranked
+    /// by ΔKL per bit; `--budget` then refused). From a near-lossless spec with a negative
+    /// step (`--kv tq4@w2.9%s1q8+cn --steps -2`), the heads whose coarse keys hurt most: the
+    /// candidates for `[LAYER.HEAD:DTYPE]` overrides.
+    #[arg(long)]
+    pub heads: bool,
 }
 
 /// `turbokv eval ppl`.
@@ -173,7 +179,9 @@ pub struct EvalPplArgs {
     /// presets (balanced, compact, tiny), or a dtype with its own full-precision window,
     /// `k4v3@w16s1` (16 most recent tokens and 1 sink token exact); `/prod` or `/mse` after the
     /// dtype sets the key mode of that entry (`tq4/prod`), a trailing `+c` centers it (`tq3+c`).
-    #[arg(long, value_delimiter = ',', default_value = "f16")]
+    /// A list may hold head overrides whose own commas sit inside brackets
+    /// (`tiny,tq2[18.2,23.0:k3v2]`).
+    #[arg(long, default_value = "f16")]
     pub kv: Vec<String>,
     #[command(flatten)]
     pub kv_opts: KvOptArgs,
@@ -383,7 +391,7 @@ pub struct BenchModelArgs {
     /// reversed every other round, so the machine's drift falls on every cache alike (after
     /// one untimed warm-up prefill). The caches keep their tokens, so round r decodes from
     /// depth prompt + r·gen.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long)]
     pub interleave: Vec<String>,
     /// Text to take prompts from (default: the cleaned Wikipedia text, if fetched).
     #[arg(long)]

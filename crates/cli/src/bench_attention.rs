@@ -151,19 +151,19 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
     let ctxs = parse_list(&args.ctx)?;
     // Each format as its label, dtype and window (presets and `…@w…s…` carry one; a share
     // of the context is resolved per context below).
-    let formats: Vec<(String, KvDtype, WindowSpec)> = args
-        .kv
-        .split(',')
-        .map(|s| {
-            let spec = crate::kvspec::KvSpec::parse(s, Default::default())?;
-            let window = if spec.dtype.is_compressed() {
-                spec.window
-            } else {
-                WindowSpec::default()
-            };
-            Ok((s.trim().to_string(), spec.dtype, window))
-        })
-        .collect::<Result<_>>()?;
+    let formats: Vec<(String, KvDtype, WindowSpec)> =
+        crate::kvspec::split_list(std::slice::from_ref(&args.kv))
+            .iter()
+            .map(|s| {
+                let spec = crate::kvspec::KvSpec::parse(s, Default::default())?;
+                let window = if spec.dtype.is_compressed() {
+                    spec.window
+                } else {
+                    WindowSpec::default()
+                };
+                Ok((s.trim().to_string(), spec.dtype, window))
+            })
+            .collect::<Result<_>>()?;
     if args.heads == 0 || args.kv_heads == 0 || !args.heads.is_multiple_of(args.kv_heads) {
         bail!(
             "--heads {} must be a positive multiple of --kv-heads {}",

@@ -403,7 +403,8 @@ fn capacity(cfg: &ModelConfig, ctx: usize, budget_gb: f64) -> Result<Vec<Capacit
         .iter()
         .map(|f| {
             let spec = crate::kvspec::KvSpec::parse(f, Default::default())?;
-            let bits = spec.bits_per_element(cfg.head_dim, ctx, cfg.kv_layers(), &[]);
+            let bits =
+                spec.bits_per_element((cfg.head_dim, cfg.n_kv_heads), ctx, cfg.kv_layers(), &[]);
             // K and V: 2 · bits per element.
             let bytes_per_seq = ctx as f64 * elems * 2.0 * bits / 8.0;
             Ok(CapacityRow {

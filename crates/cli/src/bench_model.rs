@@ -151,7 +151,7 @@ fn interleaved<B: turbokv_backend::Backend>(
         turbokv_cache::KvPolicy::parse_layers(&args.cache.kv_layers).context("--kv-layers")?;
     let mut caches = vec![(loaded.kv_label.clone(), loaded.kv, loaded.policy.clone())];
     let mut cal = None;
-    for text in &args.interleave {
+    for text in &crate::kvspec::split_list(&args.interleave) {
         let spec = KvSpec::parse(text, defaults)?;
         let label = spec.label(text);
         let policy = build_policy(

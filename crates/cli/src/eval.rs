@@ -125,8 +125,7 @@ fn run_on<B: Backend>(backend: B, args: &EvalPplArgs) -> Result<()> {
     let layers = KvPolicy::parse_layers(&args.kv_layers).context("--kv-layers")?;
     // `--kv-layers` overrides every entry: its labels say so, as a spec's own overrides do.
     let extra: String = layers.iter().map(|(l, d)| format!(" [{l}:{d}]")).collect();
-    let specs: Vec<(String, KvSpec)> = args
-        .kv
+    let specs: Vec<(String, KvSpec)> = crate::kvspec::split_list(&args.kv)
         .iter()
         .map(|s| Ok(KvSpec::parse(s, defaults).map(|k| (k.label(s), k))?))
         .collect::<Result<Vec<_>>>()?
@@ -507,7 +506,7 @@ fn row<B: Backend>(
     let cfg = loaded.model.transformer.config();
     let head_dim = cfg.head_dim;
     // Layers with a KV cache only (LFM2's conv layers have none).
-    let bits = kv.bits_per_element(head_dim, ctx, cfg.kv_layers(), layers);
+    let bits = kv.bits_per_element((head_dim, cfg.n_kv_heads), ctx, cfg.kv_layers(), layers);
     Row {
         kv: name.to_string(),
         bits_per_element: bits,

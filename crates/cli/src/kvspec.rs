@@ -110,6 +110,8 @@ pub struct KvSpec {
     /// `(layer, dtype)` overrides of the spec itself (a preset's, then its own `[…]`); a
     /// negative layer counts from the end.
     pub layers: Vec<(i64, KvDtype)>,
+    /// `(layer, kv head, dtype)` overrides (`[18.2:k3v2]`), applied after the layer overrides.
+    pub heads: Vec<(i64, usize, KvDtype)>,
 }
 
 /// What a spec without its own window, mode or `+c` gets (from `--kv-window`/`--kv-sinks`,
@@ -150,9 +152,10 @@ pub const PRESETS: &[(&str, &str)] = &[
 const GRAMMAR: &str = "a spec is DTYPE or PRESET, then optionally /mse or /prod, \
                        @w<recent>s<sinks> (recent: tokens, or a share of the context as w1.2%; \
                        a trailing q8 keeps their copies in int8), \
-                       +c (center), +n (corrected norms) or +cn, and [LAYER:DTYPE] overrides, \
+                       +c (center), +n (corrected norms) or +cn, and [LAYER:DTYPE] overrides \
+                       (layers 2-5, kv heads 18.2 of whole TurboQuant widths, comma-separated), \
                        e.g. tq3, tq4/prod, k4v3@w32s1+c, tq2+cn, balanced+c, \
-                       k4v2@w1.2%s1[1:k4v4]";
+                       k4v2@w1.2%s1[1:k4v4], tq2+cn[18.2,23.0:k3v2]";
 
 /// Why a `--kv` spec does not parse.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -215,7 +218,7 @@ impl KvSpec {
             Some((s, f)) if s.ends_with(']') => (s, Flags::parse(spec, f)?),
             _ => (spec, Flags::default()),
         };
-        let (head, own_layers) = split_overrides(with_layers)?;
+        let (head, own) = split_overrides(with_layers)?;
         let (body, early) = Flags::split(spec, head)?;
         // A preset's own window, unless the spec gives one.
         let (head, window) = match body.split_once('@') {
@@ -232,17 +235,19 @@ impl KvSpec {
             ),
             None => (head, defaults.key_mode),
         };
-        let (dtype_text, preset_window, preset_flags, mut layers) =
+        let (dtype_text, preset_window, preset_flags, mut overrides) =
             match PRESETS.iter().find(|(n, _)| *n == base.trim()) {
                 Some((_, p)) => {
-                    let (p, preset_layers) = split_overrides(p)?;
+                    let (p, preset_overrides) = split_overrides(p)?;
                     let (p, f) = Flags::split(spec, p)?;
                     let (d, w) = p.split_once('@').unwrap_or((p, ""));
-                    (d, Some(parse_window(spec, w)?), f, preset_layers)
+                    (d, Some(parse_window(spec, w)?), f, preset_overrides)
                 }
-                None => (base, None, Flags::default(), Vec::new()),
+                None => (base, None, Flags::default(), Overrides::default()),
             };
-        layers.extend(own_layers);
+        overrides.layers.extend(own.layers);
+        overrides.heads.extend(own.heads);
+        let Overrides { layers, heads } = overrides;
         let flags = early.or(late).or(preset_flags);
         let center = defaults.center || flags.center;
         let norm = if flags.corrected {
@@ -276,6 +281,7 @@ impl KvSpec {
             center,
             norm,
             layers,
+            heads,
         })
     }
 
@@ -296,11 +302,16 @@ impl KvSpec {
             inner.push('@');
             inner.push_str(&self.window.text());
         }
-        let overrides: String = self
+        let mut overrides: String = self
             .layers
             .iter()
             .map(|(l, d)| format!("[{l}:{d}]"))
             .collect();
+        // Heads of one dtype in a row share a group: `[18.2,23.0:k3v2]`.
+        for run in self.heads.chunk_by(|a, b| a.2 == b.2) {
+            let targets: Vec<String> = run.iter().map(|(l, h, _)| format!("{l}.{h}")).collect();
+            overrides.push_str(&format!("[{}:{}]", targets.join(","), run[0].2));
+        }
         let base = spec.trim().split('[').next().unwrap_or("");
         let base = base.split('+').next().unwrap_or(base);
         let base = base.split(['/', '@']).next().unwrap_or(base).trim();
@@ -336,28 +347,56 @@ impl KvSpec {
     }
 
     /// Bits per element of this spec's cache, K and V averaged, at `ctx` tokens of context,
-    /// averaged over the `n_layers` layers with a KV cache after the overrides (the spec's
-    /// and `extra`): each layer's codes and their side scalars, plus for a compressed layer
-    /// the f16 copies of its sink and recent tokens and (centered) one f32 center per head
-    /// dimension for K and for V, both amortised over `ctx`.
+    /// averaged over the `n_layers` layers of `kv_heads` heads with a KV cache after the
+    /// overrides (the spec's and `extra`, then the head overrides): each head's codes and
+    /// their side scalars, plus for a compressed layer the copies of its sink and recent
+    /// tokens and (centered) one f32 center per head dimension for K and for V, both amortised
+    /// over `ctx`.
     pub fn bits_per_element(
         &self,
-        head_dim: usize,
+        (head_dim, kv_heads): (usize, usize),
         ctx: usize,
         n_layers: usize,
         extra: &[(i64, KvDtype)],
     ) -> f64 {
-        let dtypes = self.layer_dtypes(n_layers.max(1), extra);
-        let layer_bits = |d: KvDtype| {
-            let side = if d.is_compressed() {
+        let dtypes = self.head_dtypes(n_layers.max(1), kv_heads.max(1), extra);
+        let layer_bits = |heads: &[KvDtype]| {
+            let side = if heads[0].is_compressed() {
                 self.window_at(ctx).bits_overhead(ctx, head_dim)
                     + if self.center { 32.0 / ctx as f64 } else { 0.0 }
             } else {
                 0.0
             };
-            d.bits_per_element(head_dim, self.key_mode) + side
+            let codes: f64 = heads
+                .iter()
+                .map(|d| d.bits_per_element(head_dim, self.key_mode))
+                .sum();
+            codes / heads.len() as f64 + side
         };
-        dtypes.iter().map(|&d| layer_bits(d)).sum::<f64>() / dtypes.len() as f64
+        dtypes.iter().map(|h| layer_bits(h)).sum::<f64>() / dtypes.len() as f64
+    }
+
+    /// The dtype of each kv head of each layer: [`Self::layer_dtypes`], then the head
+    /// overrides (those outside the model skipped; [`check_spec`] refuses them).
+    pub fn head_dtypes(
+        &self,
+        n_layers: usize,
+        kv_heads: usize,
+        extra: &[(i64, KvDtype)],
+    ) -> Vec<Vec<KvDtype>> {
+        let n = n_layers as i64;
+        let mut out: Vec<Vec<KvDtype>> = self
+            .layer_dtypes(n_layers, extra)
+            .into_iter()
+            .map(|d| vec![d; kv_heads])
+            .collect();
+        for &(l, h, d) in &self.heads {
+            let i = if l < 0 { n + l } else { l };
+            if (0..n).contains(&i) && h < kv_heads {
+                out[i as usize][h] = d;
+            }
+        }
+        out
     }
 
     /// The cache policy of this spec for sequences of up to `ctx` tokens, with its own
@@ -371,6 +410,7 @@ impl KvSpec {
         KvPolicy {
             window: self.window_at(ctx),
             layers: self.all_layers(extra),
+            heads: self.heads.clone(),
             key_mode: self.key_mode,
             norm: self.norm,
             centers: if self.center { centers } else { None },
@@ -382,6 +422,29 @@ impl KvSpec {
     pub fn all_layers(&self, extra: &[(i64, KvDtype)]) -> Vec<(i64, KvDtype)> {
         self.layers.iter().chain(extra).copied().collect()
     }
+}
+
+/// The specs of a `--kv` list: each argument split at the commas outside `[…]` (head
+/// overrides list their targets with commas: `tiny,tq2[18.2,23.0:k3v2]`), empty items dropped.
+pub fn split_list(args: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for arg in args {
+        let (mut depth, mut start) = (0i32, 0);
+        for (i, c) in arg.char_indices() {
+            match c {
+                '[' => depth += 1,
+                ']' => depth -= 1,
+                ',' if depth <= 0 => {
+                    out.push(arg[start..i].trim().to_string());
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        out.push(arg[start..].trim().to_string());
+    }
+    out.retain(|s| !s.is_empty());
+    out
 }
 
 /// The flags of a spec (`+c`, `+n`, `+cn`).
@@ -439,10 +502,18 @@ impl Flags {
     }
 }
 
-/// `(layer, dtype)` overrides, a negative layer counting from the end.
-type Overrides = Vec<(i64, KvDtype)>;
+/// The overrides of a spec's `[…]` groups, a negative layer counting from the end.
+#[derive(Debug, Default)]
+struct Overrides {
+    /// `(layer, dtype)`.
+    layers: Vec<(i64, KvDtype)>,
+    /// `(layer, kv head, dtype)`.
+    heads: Vec<(i64, usize, KvDtype)>,
+}
 
-/// Splits `spec` into what comes before its first `[` and the overrides of its `[…]` groups.
+/// Splits `spec` into what comes before its first `[` and the overrides of its `[…]` groups:
+/// each `[TARGETS:DTYPE]`, TARGETS a comma-separated list of layers (`3`, `-1`), ranges of
+/// layers (`2-5`) and kv heads of a layer (`18.2`).
 fn split_overrides(spec: &str) -> Result<(&str, Overrides), KvSpecError> {
     let Some(open) = spec.find('[') else {
         if spec.contains(']') {
@@ -451,9 +522,9 @@ fn split_overrides(spec: &str) -> Result<(&str, Overrides), KvSpecError> {
                 why: "`]` without `[`".into(),
             });
         }
-        return Ok((spec, Vec::new()));
+        return Ok((spec, Overrides::default()));
     };
-    let mut layers = Vec::new();
+    let mut out = Overrides::default();
     let mut rest = &spec[open..];
     while !rest.is_empty() {
         let bad = |why: String| KvSpecError::Override {
@@ -472,10 +543,22 @@ fn split_overrides(spec: &str) -> Result<(&str, Overrides), KvSpecError> {
         if item.contains('[') {
             return Err(bad(format!("override `[{item}` has no closing `]`")));
         }
-        layers.extend(KvPolicy::parse_override(item).map_err(|e| bad(e.to_string()))?);
+        let (targets, dtype) = item
+            .rsplit_once(':')
+            .ok_or_else(|| bad(format!("override `[{item}]` has no `:`")))?;
+        for target in targets.split(',') {
+            let one = format!("{}:{dtype}", target.trim());
+            if target.contains('.') {
+                out.heads
+                    .push(KvPolicy::parse_head_override(&one).map_err(|e| bad(e.to_string()))?);
+            } else {
+                out.layers
+                    .extend(KvPolicy::parse_override(&one).map_err(|e| bad(e.to_string()))?);
+            }
+        }
         rest = &inner[close + 1..];
     }
-    Ok((&spec[..open], layers))
+    Ok((&spec[..open], out))
 }
 
 /// Refuses a spec the model or backend cannot hold, before any work: an override index (the
@@ -494,13 +577,18 @@ pub fn check_spec<B: Backend>(
     let mut probe = KvLayout::uniform(n_layers, kv_heads, head_dim, spec.dtype, 16, 16)?;
     KvPolicy {
         layers: spec.all_layers(layers),
+        heads: spec.heads.clone(),
         ..Default::default()
     }
     .apply(&mut probe)
     .with_context(|| format!("--kv {label} with --kv-layers"))?;
     let dtypes: Vec<KvDtype> = probe.layers.iter().map(|l| l.dtype).collect();
     let mut seen: Vec<KvDtype> = Vec::new();
-    for &d in &dtypes {
+    let every = probe
+        .layers
+        .iter()
+        .flat_map(|l| std::iter::once(l.dtype).chain(l.head_dtypes.iter().copied()));
+    for d in every {
         if seen.contains(&d) {
             continue;
         }
@@ -641,13 +729,13 @@ mod tests {
             ("tiny", 2.6, 2.598),
         ] {
             let spec = KvSpec::parse(name, KvDefaults::default()).unwrap();
-            let bits = spec.bits_per_element(64, 1024, 30, &[]);
+            let bits = spec.bits_per_element((64, 3), 1024, 30, &[]);
             assert!(bits <= budget, "{name}: {bits} bits > {budget}");
             assert!((bits - reported).abs() < 5e-4, "{name}: {bits} bits");
             // Longer contexts stay within the budget (the presets' windows grow with the
             // context, their sinks and centers are amortised).
             for ctx in [2048, 4096, 8192, 32768] {
-                let at = spec.bits_per_element(64, ctx, 30, &[]);
+                let at = spec.bits_per_element((64, 3), ctx, 30, &[]);
                 assert!(at <= budget, "{name} at {ctx}: {at} bits");
             }
         }
@@ -665,7 +753,7 @@ mod tests {
         );
         // Plain formats pay for nothing but their codes.
         let f16 = KvSpec::parse("f16", KvDefaults::default()).unwrap();
-        assert_eq!(f16.bits_per_element(64, 1024, 30, &[]), 16.0);
+        assert_eq!(f16.bits_per_element((64, 3), 1024, 30, &[]), 16.0);
     }
 
     #[test]
@@ -673,7 +761,7 @@ mod tests {
         let none = KvDefaults::default();
         let f = KvSpec::parse("fp8", none).unwrap();
         assert_eq!(f.dtype, KvDtype::Fp8);
-        assert_eq!(f.bits_per_element(64, 1024, 30, &[]), 8.25);
+        assert_eq!(f.bits_per_element((64, 3), 1024, 30, &[]), 8.25);
         assert_eq!(KvSpec::parse("e4m3", none).unwrap().dtype, KvDtype::Fp8);
         let w = KvSpec::parse("fp8@w16s1+c", none).unwrap();
         assert!(w.center && w.window.is_active());
@@ -722,8 +810,8 @@ mod tests {
         assert_eq!(s.label("tq3@w1.5%s1"), "tq3@w1.5%s1");
         // The same bits per element at every context, up to the sink's share.
         let (a, b) = (
-            s.bits_per_element(64, 2000, 30, &[]),
-            s.bits_per_element(64, 8000, 30, &[]),
+            s.bits_per_element((64, 3), 2000, 30, &[]),
+            s.bits_per_element((64, 3), 8000, 30, &[]),
         );
         assert!((a - b).abs() < 16.0 / 2000.0 + 1e-9, "{a} vs {b}");
         assert!(
@@ -759,8 +847,8 @@ mod tests {
         assert_eq!(label, "tq2@w3%s1q8+cn[17:k3v2]");
         assert_eq!(KvSpec::parse(&label, none).unwrap(), q8);
         // 32 copied tokens at ctx 1024: 16 bits an element each in f16, 8 + 16/64 in int8.
-        let saved =
-            f16.bits_per_element(64, 1024, 30, &[]) - q8.bits_per_element(64, 1024, 30, &[]);
+        let saved = f16.bits_per_element((64, 3), 1024, 30, &[])
+            - q8.bits_per_element((64, 3), 1024, 30, &[]);
         assert!((saved - 32.0 * 7.75 / 1024.0).abs() < 1e-9, "{saved}");
         assert_eq!(
             KvSpec::parse("tq3@w16s1q16", none).unwrap(),
@@ -1002,20 +1090,70 @@ mod tests {
         let none = KvDefaults::default();
         // 30 layers of k4v2 (3.25 bits) with 16 f16 tokens over 1024 (0.25 bits): 3.5.
         let plain = KvSpec::parse("k4v2@w15s1", none).unwrap();
-        assert!((plain.bits_per_element(64, 1024, 30, &[]) - 3.5).abs() < 1e-12);
+        assert!((plain.bits_per_element((64, 3), 1024, 30, &[]) - 3.5).abs() < 1e-12);
         // One layer's values at 4 bits: (4.25 + 4.25) / 2 + 0.25 on 1 of 30 layers.
         let one = KvSpec::parse("k4v2@w15s1[1:k4v4]", none).unwrap();
         let want = (29.0 * 3.5 + 4.5) / 30.0;
-        assert!((one.bits_per_element(64, 1024, 30, &[]) - want).abs() < 1e-12);
+        assert!((one.bits_per_element((64, 3), 1024, 30, &[]) - want).abs() < 1e-12);
         // A 16-bit layer pays 16 bits and no window; --kv-layers counts the same way.
         let exact = KvSpec::parse("k4v2@w15s1[-1:bf16]", none).unwrap();
         let want = (29.0 * 3.5 + 16.0) / 30.0;
-        assert!((exact.bits_per_element(64, 1024, 30, &[]) - want).abs() < 1e-12);
+        assert!((exact.bits_per_element((64, 3), 1024, 30, &[]) - want).abs() < 1e-12);
         let d: KvDtype = "bf16".parse().unwrap();
         assert_eq!(
-            plain.bits_per_element(64, 1024, 30, &[(29, d)]),
-            exact.bits_per_element(64, 1024, 30, &[])
+            plain.bits_per_element((64, 3), 1024, 30, &[(29, d)]),
+            exact.bits_per_element((64, 3), 1024, 30, &[])
         );
+    }
+
+    #[test]
+    fn head_overrides_parse_label_count_their_bits_and_reach_the_policy() {
+        let none = KvDefaults::default();
+        let d = |t: &str| t.parse::<KvDtype>().unwrap();
+        let text = "tq2@w2.9%s1q8+cn[18.2,23.0:k3v2][1:k4v2][-1.1:tq4]";
+        let s = KvSpec::parse(text, none).unwrap();
+        assert_eq!(s.layers, [(1, d("k4v2"))]);
+        assert_eq!(
+            s.heads,
+            [(18, 2, d("k3v2")), (23, 0, d("k3v2")), (-1, 1, d("tq4"))]
+        );
+        let label = s.label(text);
+        assert_eq!(label, "tq2@w2.9%s1q8+cn[1:k4v2][18.2,23.0:k3v2][-1.1:tq4]");
+        assert_eq!(KvSpec::parse(&label, none).unwrap(), s);
+        // Each 3-bit head adds one bit to a sixth of its layer's elements (keys of one of 3
+        // heads), the 4-bit head two bits to its keys and values each.
+        let plain = KvSpec::parse("tq2@w2.9%s1q8+cn[1:k4v2]", none).unwrap();
+        let extra = 2.0 * (1.0 / 6.0) + 2.0 / 3.0;
+        let got = s.bits_per_element((64, 3), 1024, 30, &[]);
+        let want = plain.bits_per_element((64, 3), 1024, 30, &[]) + extra / 30.0;
+        assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+        let heads = s.head_dtypes(30, 3, &[]);
+        assert_eq!(heads[18], [d("tq2"), d("tq2"), d("k3v2")]);
+        assert_eq!(heads[29], [d("tq2"), d("tq4"), d("tq2")]);
+        assert_eq!(s.policy(1024, &[], None).heads, s.heads);
+        // The model refuses a head it does not have, and a head of a layer another override
+        // made 16-bit.
+        let cpu = turbokv_backend::cpu::CpuBackend::new();
+        let err = check_spec(&cpu, 30, 3, 64, &s, &label, &[]).map(|_| ());
+        assert!(err.is_ok(), "{err:?}");
+        let bad = KvSpec::parse("tq2[3.3:k3v2]", none).unwrap();
+        let err = check_spec(&cpu, 30, 3, 64, &bad, "x", &[]).unwrap_err();
+        assert!(format!("{err:#}").contains("0..=2"), "{err:#}");
+        let err = check_spec(&cpu, 30, 3, 64, &s, "x", &[(18, d("bf16"))]).unwrap_err();
+        assert!(format!("{err:#}").contains("layer 18 is bf16"), "{err:#}");
+    }
+
+    #[test]
+    fn a_kv_list_splits_at_commas_outside_brackets() {
+        let args = [
+            "tiny,tq2[18.2,23.0:k3v2]+cn".to_string(),
+            " int8 ,".to_string(),
+        ];
+        assert_eq!(
+            split_list(&args),
+            ["tiny", "tq2[18.2,23.0:k3v2]+cn", "int8"]
+        );
+        assert_eq!(split_list(&["balanced".to_string()]), ["balanced"]);
     }
 
     #[test]
@@ -1030,6 +1168,9 @@ mod tests {
             "k4v2[1:k9v9]",
             "k4v2[3-1:tq3]",
             "k4v2[[1:tq3]]",
+            "k4v2[1.x:tq3]",
+            "k4v2[1.2,:tq3]",
+            "k4v2[.2:tq3]",
         ] {
             let err = KvSpec::parse(bad, none).unwrap_err();
             assert!(

@@ -1,5 +1,5 @@
-//! `turbokv eval sensitivity`: which layers' keys and values a KV spec's loss sits in, and a
-//! per-layer bit allocation from it.
+//! `turbokv eval sensitivity`: which layers' (or, with `--heads`, which kv heads') keys and
+//! values a KV spec's loss sits in, and a per-layer bit allocation from it.
 //!
 //! For every layer and side (keys, values) the probe moves that one width by each `--steps`
 //! amount and measures the KL from a bf16 cache over calibration text — the built-in probe
@@ -31,11 +31,14 @@ pub enum Side {
     Value,
 }
 
-/// One probe: one layer's key or value width moved.
+/// One probe: one layer's (or one kv head's) key or value width moved.
 #[derive(Clone, Debug, Serialize)]
 pub struct Probe {
     /// The layer (among those with a KV cache).
     pub layer: usize,
+    /// The kv head, when the probe moved one head's width (`--heads`) instead of the layer's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub head: Option<usize>,
     /// Which width moved.
     pub side: Side,
     /// The layer's dtype in the probed spec.
@@ -256,6 +259,11 @@ fn run_on<B: Backend>(backend: B, args: &EvalSensitivityArgs) -> Result<()> {
         "--ctx {}: a probe window needs 2 tokens",
         args.ctx
     );
+    ensure!(
+        !(args.heads && args.budget.is_some()),
+        "--budget allocates whole layers; with --heads the probe ranks kv heads, whose \
+         overrides ([LAYER.HEAD:DTYPE]) you choose from the ranking"
+    );
     let spec = KvSpec::parse(&args.kv, KvDefaults::default())?;
     let label = spec.label(&args.kv);
     let texts = probe_texts(&args.text)?;
@@ -263,6 +271,7 @@ fn run_on<B: Backend>(backend: B, args: &EvalSensitivityArgs) -> Result<()> {
     let loaded = load(backend, &args.model, &cache)?;
     let cfg = loaded.model.transformer.config();
     let (n_layers, head_dim, vocab) = (cfg.kv_layers(), cfg.head_dim, cfg.vocab_size);
+    let kv_heads = cfg.n_kv_heads;
     let mut cal = None;
     let base_policy = build_policy(
         &loaded.model.transformer,
@@ -308,47 +317,80 @@ fn run_on<B: Backend>(backend: B, args: &EvalSensitivityArgs) -> Result<()> {
         kls.iter().zip(&positions).map(|(k, n)| k * n).sum::<f64>() / positions.iter().sum::<f64>()
     };
     let base_kl = kl_of(spec.dtype, &base_policy)?;
-    let base_bits = spec.bits_per_element(head_dim, args.budget_ctx, n_layers, &[]);
+    let base_bits = spec.bits_per_element((head_dim, kv_heads), args.budget_ctx, n_layers, &[]);
     eprintln!(
         "turbokv: probing {label} ({base_bits:.3} bits/el at ctx {}): KL {:.5} over {} texts",
         args.budget_ctx,
         pooled(&base_kl),
         windows.len()
     );
-    let dtypes = spec.layer_dtypes(n_layers, &[]);
+    // What each probe moves: a whole layer, or with --heads one kv head of it.
+    let heads = spec.head_dtypes(n_layers, kv_heads, &[]);
+    let targets: Vec<(usize, Option<usize>, KvDtype)> = heads
+        .iter()
+        .enumerate()
+        .flat_map(|(layer, hs)| {
+            if args.heads {
+                hs.iter()
+                    .enumerate()
+                    .map(|(h, &d)| (layer, Some(h), d))
+                    .collect::<Vec<_>>()
+            } else {
+                vec![(layer, None, spec.layer_dtypes(n_layers, &[])[layer])]
+            }
+        })
+        .collect();
     let mut probes = Vec::new();
     let mut moves = Vec::new();
-    let bar = indicatif::ProgressBar::new((n_layers * 2 * args.steps.len()) as u64);
-    for (layer, &from) in dtypes.iter().enumerate() {
+    let bar = indicatif::ProgressBar::new((targets.len() * 2 * args.steps.len()) as u64);
+    for &(layer, head, from) in &targets {
         for side in [Side::Key, Side::Value] {
             for &step in &args.steps {
                 bar.inc(1);
                 let Some((to, bits)) = stepped(from, side, step) else {
                     continue;
                 };
-                let extra = [(layer as i64, to)];
+                // A head takes whole widths only (they share the layer's rotation).
+                if head.is_some() && bits.is_fractional() {
+                    continue;
+                }
+                let (probe_spec, extra) = match head {
+                    None => (spec.clone(), vec![(layer as i64, to)]),
+                    Some(h) => {
+                        let mut s = spec.clone();
+                        s.heads.push((layer as i64, h, to));
+                        (s, Vec::new())
+                    }
+                };
                 let policy = build_policy(
                     &loaded.model.transformer,
                     &loaded.tokenizer,
-                    &spec,
+                    &probe_spec,
                     &label,
                     (args.ctx, &extra),
                     &mut cal,
                 )?;
                 let kl = kl_of(spec.dtype, &policy)?;
-                let delta_bits =
-                    spec.bits_per_element(head_dim, args.budget_ctx, n_layers, &extra) - base_bits;
+                let delta_bits = probe_spec.bits_per_element(
+                    (head_dim, kv_heads),
+                    args.budget_ctx,
+                    n_layers,
+                    &extra,
+                ) - base_bits;
                 let per_text: Vec<f64> = kl.iter().zip(&base_kl).map(|(a, b)| a - b).collect();
                 let delta_kl = pooled(&kl) - pooled(&base_kl);
-                moves.push(Move {
-                    layer,
-                    side,
-                    to: bits,
-                    delta_bits,
-                    delta_kl,
-                });
+                if head.is_none() {
+                    moves.push(Move {
+                        layer,
+                        side,
+                        to: bits,
+                        delta_bits,
+                        delta_kl,
+                    });
+                }
                 probes.push(Probe {
                     layer,
+                    head,
                     side,
                     from: from.to_string(),
                     to: to.to_string(),
@@ -361,12 +403,19 @@ fn run_on<B: Backend>(backend: B, args: &EvalSensitivityArgs) -> Result<()> {
     }
     bar.finish_and_clear();
     let names: Vec<&str> = windows.iter().map(|(n, _, _)| n.as_str()).collect();
+    if args.heads {
+        // Ranked: the heads whose width moves KL most per bit first.
+        probes.sort_by(|a, b| {
+            let merit = |p: &Probe| (p.delta_kl / p.delta_bits).abs();
+            merit(b).total_cmp(&merit(a))
+        });
+    }
     print_probes(&label, &probes, &names);
     let proposal = args.budget.map(|budget| {
         let chosen = allocate(&moves, base_bits, budget);
         let layers = overrides(&spec, n_layers, &chosen);
         let text: String = layers.iter().map(|(l, d)| format!("[{l}:{d}]")).collect();
-        let bits = spec.bits_per_element(head_dim, args.budget_ctx, n_layers, &layers);
+        let bits = spec.bits_per_element((head_dim, kv_heads), args.budget_ctx, n_layers, &layers);
         let predicted: f64 = chosen.iter().map(|m| m.delta_kl).sum();
         println!(
             "proposal within {budget} bits/el at ctx {}: --kv '{}{text}' ({bits:.3} bits/el, \
@@ -395,7 +444,12 @@ fn run_on<B: Backend>(backend: B, args: &EvalSensitivityArgs) -> Result<()> {
 }
 
 fn print_probes(label: &str, probes: &[Probe], texts: &[&str]) {
-    println!("{label}: one layer's keys or values moved, ΔKL from bf16 (negative = better)");
+    let what = if probes.iter().any(|p| p.head.is_some()) {
+        "one kv head's (layer.head) keys or values moved, most ΔKL per bit first"
+    } else {
+        "one layer's keys or values moved"
+    };
+    println!("{label}: {what}, ΔKL from bf16 (negative = better)");
     print!(
         "{:>5} {:>5} {:>6} {:>6} {:>9} {:>10} {:>11}",
         "layer", "side", "from", "to", "Δbits", "ΔKL", "ΔKL/bit"
@@ -407,7 +461,10 @@ fn print_probes(label: &str, probes: &[Probe], texts: &[&str]) {
     for p in probes {
         print!(
             "{:>5} {:>5} {:>6} {:>6} {:>+9.4} {:>+10.5} {:>+11.4}",
-            p.layer,
+            match p.head {
+                Some(h) => format!("{}.{h}", p.layer),
+                None => p.layer.to_string(),
+            },
             match p.side {
                 Side::Key => "K",
                 Side::Value => "V",

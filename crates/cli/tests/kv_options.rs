@@ -244,3 +244,105 @@ fn eval_sensitivity_probes_every_layer_and_proposes_overrides_within_the_budget(
         );
     }
 }
+
+#[test]
+fn eval_sensitivity_ranks_kv_heads_and_their_overrides_evaluate_in_a_list() {
+    let Some(model) = demo_model() else { return };
+    let dir = std::env::temp_dir().join(format!("turbokv-heads-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("heads.json");
+    let own = dir.join("own.txt");
+    std::fs::write(
+        &own,
+        "The ferry leaves at seven; bring a coat, the deck is cold.",
+    )
+    .unwrap();
+    let o = turbokv(&[
+        "eval",
+        "sensitivity",
+        "--model",
+        &model,
+        "--text",
+        own.to_str().unwrap(),
+        "--kv",
+        "tq3@w2s1",
+        "--ctx",
+        "12",
+        "--steps",
+        "-1",
+        "--heads",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    // 30 layers × 3 kv heads × (keys, values), each one step down.
+    let probes = doc["probes"].as_array().unwrap();
+    assert_eq!(probes.len(), 180);
+    let merit = |p: &serde_json::Value| {
+        (p["delta_kl"].as_f64().unwrap() / p["delta_bits"].as_f64().unwrap()).abs()
+    };
+    for (i, p) in probes.iter().enumerate() {
+        assert!(p["head"].as_u64().unwrap() < 3);
+        assert!(["k2v3", "k3v2"].contains(&p["to"].as_str().unwrap()));
+        // One head's keys (or values) one bit down: a sixth of a bit of its layer, over 30.
+        let bits = p["delta_bits"].as_f64().unwrap();
+        assert!((bits + 1.0 / 6.0 / 30.0).abs() < 1e-9, "{bits}");
+        if i > 0 {
+            assert!(merit(&probes[i - 1]) >= merit(p), "ranked by ΔKL per bit");
+        }
+    }
+    let o = turbokv(&[
+        "eval",
+        "sensitivity",
+        "--model",
+        &model,
+        "--heads",
+        "--budget",
+        "3",
+    ]);
+    assert!(!o.status.success() && stderr(&o).contains("--budget allocates whole layers"));
+
+    // The top-ranked head's override, in a --kv list beside the plain format: its commas stay
+    // inside the brackets, and its bits are counted (keys of 1 head in 90 at 4 bits).
+    let top = &probes[0];
+    let target = format!("{}.{}", top["layer"], top["head"]);
+    let Some(text) = asset("TURBOKV_EVAL_WIKI", "data/eval/wiki.txt") else {
+        return;
+    };
+    let spec = format!("tq3@w2s1[{target},0.0:k4v3]");
+    let o = turbokv(&[
+        "eval",
+        "ppl",
+        "--model",
+        &model,
+        "--text",
+        text.to_str().unwrap(),
+        "--ctx",
+        "48",
+        "--windows",
+        "1",
+        "--kv",
+        &format!("tq3@w2s1,{spec}"),
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let bits = |label: &str| -> f64 {
+        let line = out
+            .lines()
+            .map(str::trim_start)
+            .find(|l| l.starts_with(label));
+        let line = line.unwrap_or_else(|| panic!("no {label} row in {out}"));
+        line[label.len()..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let plain = bits("tq3@w2s1 ");
+    let heads = bits(&spec);
+    let want = if target == "0.0" { 1.0 } else { 2.0 } * 0.5 / 3.0 / 30.0;
+    assert!((heads - plain - want).abs() < 1.5e-3, "{out}");
+}

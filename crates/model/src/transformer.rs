@@ -219,7 +219,9 @@ impl<B: Backend> Transformer<B> {
         )?;
         policy.apply(&mut layout)?;
         for l in &layout.layers {
-            self.backend.supports_attention(&self.geometry, l.dtype)?;
+            for &d in std::iter::once(&l.dtype).chain(&l.head_dtypes) {
+                self.backend.supports_attention(&self.geometry, d)?;
+            }
         }
         let max_tokens_per_seq = max_tokens_per_seq.min(self.config.max_context);
         let rings = self.new_rings(block_size, max_tokens, max_tokens_per_seq);

@@ -84,15 +84,30 @@ pub(crate) fn attend(
         ));
     }
     let tasks = plan(spans, g, pool);
-    let views = decode::Views::of(pool, g.head_dim).map(|v| v.with_products(products));
+    let views = head_views(pool, g, products);
     let partials: Vec<Partial> = tasks
         .par_iter()
-        .map(|&t| match &views {
+        .map(|&t| match &views[t.head] {
             Some(v) if spans[t.span].n_tokens == 1 => decode::run(t, qkv, g, spans, pool, v),
-            _ => run_task(t, qkv, g, spans, pool, views.as_ref()),
+            v => run_task(t, qkv, g, spans, pool, v.as_ref()),
         })
         .collect::<Result<_, _>>()?;
     merge_into(partials, g, spans, pool, out)
+}
+
+/// The decode views of each kv head of `pool` ([`decode::Views::of`]): one computed and
+/// shared unless the heads' dtypes differ.
+pub(super) fn head_views(
+    pool: &CpuKvPool,
+    g: &AttnGeometry,
+    products: CodeProducts,
+) -> Vec<Option<decode::Views>> {
+    let of = |h| decode::Views::of(pool, g.head_dim, h).map(|v| v.with_products(products));
+    if pool.codec().is_some_and(|c| c.heads.is_some()) {
+        (0..g.n_kv_heads).map(of).collect()
+    } else {
+        vec![of(0); g.n_kv_heads]
+    }
 }
 
 /// Keys per task of split decode (whole blocks) for a sequence of `ctx` keys: its decode work

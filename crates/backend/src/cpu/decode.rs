@@ -67,7 +67,7 @@ impl Views {
     /// The views of `pool` when both halves are direct formats whose runs the SIMD kernels
     /// take whole (multiples of 8 coordinates) and the CPU has them; `None` sends decode
     /// through the tiled path.
-    pub(super) fn of(pool: &CpuKvPool, head_dim: usize) -> Option<Views> {
+    pub(super) fn of(pool: &CpuKvPool, head_dim: usize, head: usize) -> Option<Views> {
         if !direct::has_simd() {
             return None;
         }
@@ -95,7 +95,7 @@ impl Views {
                 products: CodeProducts::F32,
             },
             KvStorage::Codec => {
-                let c = pool.codec()?;
+                let (codec, k_layout, v_layout) = pool.codec()?.head(head);
                 let view =
                     |half, codec: &turbokv_codec::VectorCodec, l: &turbokv_codec::BlockLayout| {
                         let runs = codec.direct_codes()?;
@@ -117,8 +117,8 @@ impl Views {
                         })
                     };
                 Views {
-                    k: view(Half::K, &c.codec.key, &c.k_layout)?,
-                    v: view(Half::V, &c.codec.value, &c.v_layout)?,
+                    k: view(Half::K, &codec.key, k_layout)?,
+                    v: view(Half::V, &codec.value, v_layout)?,
                     products: CodeProducts::F32,
                 }
             }
@@ -497,7 +497,7 @@ mod tests {
                 blocks: &blocks,
             };
             pool.store(&qkv, &g, &[span]).unwrap();
-            let views = Views::of(&pool, d).unwrap_or_else(|| panic!("{name}: no views"));
+            let views = Views::of(&pool, d, 0).unwrap_or_else(|| panic!("{name}: no views"));
             let codec = pool.codec();
             let wk = codec.map_or(d, |c| c.codec.key.work_dim());
             let wv = codec.map_or(d, |c| c.codec.value.work_dim());

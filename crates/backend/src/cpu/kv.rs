@@ -78,6 +78,45 @@ pub(crate) struct CodecStore {
     /// write, so this holds at most about `sequences × (recent / block_size + sink blocks + 2)`
     /// blocks after prefill.
     shadow: Shadows,
+    /// Per-head codecs and block layouts where the layer's heads differ in dtype
+    /// ([`turbokv_cache::LayerKv::head_dtypes`]); `None` = every head uses `codec`.
+    pub(crate) heads: Option<Vec<HeadCodec>>,
+    /// Bytes of one (block, head) of K and of V: the widest head's layout, so (block `b`,
+    /// head `h`) starts at `(b · kv_heads + h) · stride` whatever the heads' widths.
+    k_stride: usize,
+    v_stride: usize,
+}
+
+/// One kv head's codecs and block layouts.
+#[derive(Debug)]
+pub(crate) struct HeadCodec {
+    pub(crate) codec: LayerCodec,
+    pub(crate) k_layout: BlockLayout,
+    pub(crate) v_layout: BlockLayout,
+}
+
+impl CodecStore {
+    /// The codecs and block layouts of kv head `head`.
+    pub(crate) fn head(&self, head: usize) -> (&LayerCodec, &BlockLayout, &BlockLayout) {
+        match &self.heads {
+            Some(hs) => (&hs[head].codec, &hs[head].k_layout, &hs[head].v_layout),
+            None => (&self.codec, &self.k_layout, &self.v_layout),
+        }
+    }
+}
+
+/// Whether two codecs of a layer bring vectors into the same working basis (whole TurboQuant
+/// widths share the layer's rotation; fractional ones rotate two parts apart): compared on
+/// one probe vector.
+fn same_basis(a: &LayerCodec, b: &LayerCodec) -> Result<bool, Error> {
+    let d = a.key.head_dim();
+    let probe: Vec<f32> = (0..d).map(|i| ((i * 37 % 11) as f32 - 5.0) / 7.0).collect();
+    let work = |c: &turbokv_codec::VectorCodec| -> Result<Vec<f32>, Error> {
+        let mut out = vec![0f32; c.work_dim()];
+        c.query_to_work(&probe, &mut out)?;
+        Ok(out)
+    };
+    Ok(work(&a.key)? == work(&b.key)? && work(&a.value)? == work(&b.value)?)
 }
 
 /// The blocks' exact K and V: rounded to f16 and then brought into the codec's working basis
@@ -443,12 +482,43 @@ impl CpuKvPool {
                 )?;
                 let k_layout = codec.key.block_layout(layout.block_size)?;
                 let v_layout = codec.value.block_layout(layout.block_size)?;
-                let k_len = blocks
-                    .checked_mul(k_layout.total_bytes)
-                    .ok_or_else(overflow)?;
-                let v_len = blocks
-                    .checked_mul(v_layout.total_bytes)
-                    .ok_or_else(overflow)?;
+                let own = &codec;
+                let heads = if lk.head_dtypes.is_empty() {
+                    None
+                } else {
+                    let opts = layout.codec_options(layer);
+                    let one = |d: KvDtype| -> Result<HeadCodec, Error> {
+                        let codec = LayerCodec::new(d, layout.head_dim, layer as u32, &opts)?;
+                        // Queries and window copies are rotated once for every head.
+                        if !same_basis(&codec, own)? {
+                            return Err(shape(
+                                "kv_pool",
+                                format!(
+                                    "layer {layer}: head dtype {d} has another working basis \
+                                     than the layer's {}",
+                                    lk.dtype
+                                ),
+                            ));
+                        }
+                        Ok(HeadCodec {
+                            k_layout: codec.key.block_layout(layout.block_size)?,
+                            v_layout: codec.value.block_layout(layout.block_size)?,
+                            codec,
+                        })
+                    };
+                    Some(
+                        (0..layout.kv_heads)
+                            .map(|h| one(lk.head_dtype(h)))
+                            .collect::<Result<Vec<_>, _>>()?,
+                    )
+                };
+                let widest = |own: usize, of: fn(&HeadCodec) -> usize| {
+                    heads.iter().flatten().map(of).fold(own, usize::max)
+                };
+                let k_stride = widest(k_layout.total_bytes, |h| h.k_layout.total_bytes);
+                let v_stride = widest(v_layout.total_bytes, |h| h.v_layout.total_bytes);
+                let k_len = blocks.checked_mul(k_stride).ok_or_else(overflow)?;
+                let v_len = blocks.checked_mul(v_stride).ok_or_else(overflow)?;
                 let centers = match &layout.centers {
                     None => None,
                     Some(c) => Some(
@@ -472,6 +542,9 @@ impl CpuKvPool {
                     v: vec![0; v_len],
                     window: layout.window,
                     shadow: Shadows::new(layout.num_blocks, layout.kv_heads, shadow_shape),
+                    heads,
+                    k_stride,
+                    v_stride,
                 }))
             }
         };
@@ -576,18 +649,22 @@ impl CpuKvPool {
                                 }
                             };
                             let bi = block * self.kv_heads + h;
-                            let kl = c.k_layout.total_bytes;
-                            let vl = c.v_layout.total_bytes;
-                            c.codec.key.encode_slot(
+                            let (kl, vl) = (c.k_stride, c.v_stride);
+                            let cs = &mut **c;
+                            let (codec, k_layout, v_layout) = match &cs.heads {
+                                Some(hs) => (&hs[h].codec, &hs[h].k_layout, &hs[h].v_layout),
+                                None => (&cs.codec, &cs.k_layout, &cs.v_layout),
+                            };
+                            codec.key.encode_slot(
                                 k,
-                                &mut c.k[bi * kl..(bi + 1) * kl],
-                                &c.k_layout,
+                                &mut cs.k[bi * kl..][..k_layout.total_bytes],
+                                k_layout,
                                 slot,
                             )?;
-                            c.codec.value.encode_slot(
+                            codec.value.encode_slot(
                                 v,
-                                &mut c.v[bi * vl..(bi + 1) * vl],
-                                &c.v_layout,
+                                &mut cs.v[bi * vl..][..v_layout.total_bytes],
+                                v_layout,
                                 slot,
                             )?;
                             if c.window.is_active() {
@@ -688,13 +765,20 @@ impl CpuKvPool {
                 format!("block {block} outside the pool of {}", self.num_blocks),
             ));
         }
-        if let Store::Codec(c) = &self.store
-            && c.window.is_active()
-        {
-            return Err(Error::Unsupported {
-                op,
-                why: "a cache with a full-precision window keeps exact copies outside its blocks",
-            });
+        if let Store::Codec(c) = &self.store {
+            if c.window.is_active() {
+                return Err(Error::Unsupported {
+                    op,
+                    why: "a cache with a full-precision window keeps exact copies outside its \
+                          blocks",
+                });
+            }
+            if c.heads.is_some() {
+                return Err(Error::Unsupported {
+                    op,
+                    why: "block snapshots hold one dtype a layer; this layer's heads differ",
+                });
+            }
         }
         Ok(())
     }
@@ -759,12 +843,11 @@ impl CpuKvPool {
                 self.load(Half::V, block, head, slots, values);
             }
             Some(c) => {
-                let kb = self.codec_block(Half::K, block, head);
-                c.codec
-                    .key
-                    .decode_tile(kb, &c.k_layout, slots.clone(), keys)?;
-                let vb = self.codec_block(Half::V, block, head);
-                c.codec.value.decode_tile(vb, &c.v_layout, slots, values)?;
+                let (codec, kl, vl) = c.head(head);
+                let kb = &self.codec_block(Half::K, block, head)[..kl.total_bytes];
+                codec.key.decode_tile(kb, kl, slots.clone(), keys)?;
+                let vb = &self.codec_block(Half::V, block, head)[..vl.total_bytes];
+                codec.value.decode_tile(vb, vl, slots, values)?;
             }
         }
         Ok(())
@@ -796,8 +879,8 @@ impl CpuKvPool {
                 )
             }
             Store::Codec(c) => match half {
-                Half::K => (&c.k, c.k_layout.total_bytes),
-                Half::V => (&c.v, c.v_layout.total_bytes),
+                Half::K => (&c.k, c.k_stride),
+                Half::V => (&c.v, c.v_stride),
             },
         }
     }

@@ -113,10 +113,12 @@ pub(super) fn attend(
             }
         }
     }
-    let views = decode::Views::of(pool, g.head_dim);
+    let views: Vec<_> = (0..g.n_kv_heads)
+        .map(|h| decode::Views::of(pool, g.head_dim, h))
+        .collect();
     let results: Vec<Vec<f32>> = tasks
         .par_iter()
-        .map(|&t| run_task(t, qkv, g, spans, pool, views.as_ref(), variant))
+        .map(|&t| run_task(t, qkv, g, spans, pool, views[t.head].as_ref(), variant))
         .collect::<Result<_, _>>()?;
     let (d, group, width) = (g.head_dim, g.group(), out.cols());
     let data = out.as_mut_slice();
