@@ -63,7 +63,7 @@ fn key_mode_and_center_on_eval_ppl() {
     let Command::Eval(EvalCommand::Ppl(a)) = &cli.command else {
         panic!("eval ppl")
     };
-    assert_eq!(a.kv, ["tq4", "tq3+c"]);
+    assert_eq!(crate::kvspec::split_list(&a.kv), ["tq4", "tq3+c"]);
     assert_eq!(a.kv_opts.key_mode, KeyModeArg::Prod);
     assert!(a.kv_opts.kv_center);
     let cli = parse(&["eval", "ppl", "--kv-layers", "-1:bf16"]);
