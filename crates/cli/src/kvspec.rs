@@ -669,7 +669,7 @@ pub fn build_policy<B: Backend>(
 }
 
 /// Whether `dtype` splits keys or values into outlier and ordinary channels (`tq3.5`, …).
-fn has_fractional_width(dtype: KvDtype) -> bool {
+pub(crate) fn has_fractional_width(dtype: KvDtype) -> bool {
     matches!(dtype, KvDtype::Tq { key_bits, value_bits }
         if key_bits.is_fractional() || value_bits.is_fractional())
 }

@@ -351,7 +351,7 @@ fn run_on<B: Backend>(backend: B, args: &EvalSensitivityArgs) -> Result<()> {
                     continue;
                 };
                 // A head takes whole widths only (they share the layer's rotation).
-                if head.is_some() && bits.is_fractional() {
+                if head.is_some() && crate::kvspec::has_fractional_width(to) {
                     continue;
                 }
                 let (probe_spec, extra) = match head {

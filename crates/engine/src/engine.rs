@@ -229,10 +229,21 @@ impl<B: Backend> Engine<B> {
     /// Persists prefix blocks in `snapshots` (evicted ones and, at shutdown, every cached
     /// one) and restores them from it on prefix misses. Requires prefix caching.
     pub fn set_snapshots(&mut self, snapshots: Snapshots) {
-        if self.opts.prefix_caching {
-            self.snapshots = Some(snapshots);
-        } else {
+        if !self.opts.prefix_caching {
             tracing::warn!("prefix snapshots need prefix caching, which is off for this cache");
+        } else if self
+            .cache
+            .layout()
+            .layers
+            .iter()
+            .any(|l| !l.head_dtypes.is_empty())
+        {
+            // A block snapshot holds one dtype a layer; the backends refuse to export others.
+            tracing::warn!(
+                "prefix snapshots are off: this cache's kv heads differ in dtype within a layer"
+            );
+        } else {
+            self.snapshots = Some(snapshots);
         }
     }
 

@@ -225,6 +225,45 @@ fn a_shared_prefix_hits_the_cache_with_the_same_output() {
 }
 
 #[test]
+fn a_cache_whose_heads_differ_in_dtype_shares_prefixes_but_writes_no_snapshots() {
+    let Some(path) = demo_model() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let policy = KvPolicy {
+        heads: vec![KvPolicy::parse_head_override("3.1:tq4").unwrap()],
+        ..KvPolicy::default()
+    };
+    let long = "A recipe for bread: mix flour, water, salt and yeast in a large bowl, knead the dough for ten minutes until it is smooth, let it rise for an hour in a warm place, then shape it and";
+    {
+        let r = common::start_with_policy(
+            &path,
+            "tq3".parse().unwrap(),
+            &policy,
+            EngineOptions::default(),
+            Some(dir.path()),
+        );
+        let p = prompt(&r.handle, long);
+        let run = || {
+            collect(
+                r.handle
+                    .submit(GenerateRequest::greedy(p.clone(), 6))
+                    .unwrap(),
+            )
+        };
+        let (first, _, _) = run();
+        let (again, _, usage) = run();
+        assert_eq!(again, first);
+        assert_eq!(
+            usage.cached_tokens,
+            (p.len() - 1) / 16 * 16,
+            "prefix shared"
+        );
+    }
+    // Shut down: a snapshot store would now hold every cached block.
+    let files = std::fs::read_dir(dir.path()).unwrap().count();
+    assert_eq!(files, 0, "no block snapshots of a layer whose heads differ");
+}
+
+#[test]
 fn prefix_blocks_survive_a_restart_and_bad_files_are_refused() {
     let Some(path) = demo_model() else { return };
     let dir = tempfile::tempdir().unwrap();

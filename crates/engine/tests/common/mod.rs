@@ -54,16 +54,20 @@ pub fn start(
     opts: EngineOptions,
     snapshot_dir: Option<&std::path::Path>,
 ) -> Running {
+    start_with_policy(path, dtype, &KvPolicy::default(), opts, snapshot_dir)
+}
+
+pub fn start_with_policy(
+    path: &std::path::Path,
+    dtype: KvDtype,
+    policy: &KvPolicy,
+    opts: EngineOptions,
+    snapshot_dir: Option<&std::path::Path>,
+) -> Running {
     let model = Model::load(path, CpuBackend::new(), &LoadOptions::default()).unwrap();
     let tokenizer = Tokenizer::from_gguf(&model.gguf.as_ref().unwrap().metadata).unwrap();
-    let (mut engine, handle) = Engine::new(
-        model.transformer,
-        Arc::new(tokenizer),
-        dtype,
-        &KvPolicy::default(),
-        opts,
-    )
-    .unwrap();
+    let (mut engine, handle) =
+        Engine::new(model.transformer, Arc::new(tokenizer), dtype, policy, opts).unwrap();
     if let Some(dir) = snapshot_dir {
         engine.set_snapshots(Snapshots::new(Box::new(
             DirStore::open(dir, 1 << 30).unwrap(),
