@@ -325,21 +325,19 @@ fn run_on<B: Backend>(backend: B, args: &EvalSensitivityArgs) -> Result<()> {
         windows.len()
     );
     // What each probe moves: a whole layer, or with --heads one kv head of it.
-    let heads = spec.head_dtypes(n_layers, kv_heads, &[]);
-    let targets: Vec<(usize, Option<usize>, KvDtype)> = heads
-        .iter()
-        .enumerate()
-        .flat_map(|(layer, hs)| {
-            if args.heads {
+    let targets: Vec<(usize, Option<usize>, KvDtype)> = if args.heads {
+        let heads = spec.head_dtypes(n_layers, kv_heads, &[]);
+        (heads.iter().enumerate())
+            .flat_map(|(layer, hs)| {
                 hs.iter()
                     .enumerate()
-                    .map(|(h, &d)| (layer, Some(h), d))
-                    .collect::<Vec<_>>()
-            } else {
-                vec![(layer, None, spec.layer_dtypes(n_layers, &[])[layer])]
-            }
-        })
-        .collect();
+                    .map(move |(h, &d)| (layer, Some(h), d))
+            })
+            .collect()
+    } else {
+        let layers = spec.layer_dtypes(n_layers, &[]).into_iter().enumerate();
+        layers.map(|(layer, d)| (layer, None, d)).collect()
+    };
     let mut probes = Vec::new();
     let mut moves = Vec::new();
     let bar = indicatif::ProgressBar::new((targets.len() * 2 * args.steps.len()) as u64);

@@ -179,19 +179,25 @@ fn kv_center_calibrates_and_labels_the_cache() {
     }
 }
 
-#[test]
-fn eval_sensitivity_probes_every_layer_and_proposes_overrides_within_the_budget() {
-    let Some(model) = demo_model() else { return };
-    let dir = std::env::temp_dir().join(format!("turbokv-sens-{}", std::process::id()));
+/// A scratch directory for a sensitivity probe and, in it, `own.txt`: one short calibration
+/// text of the test's own, which keeps the probes cheap.
+fn probe_dir(tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("turbokv-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("sens.json");
-    // One short calibration text of the test's own keeps the 90 probes cheap.
     let own = dir.join("own.txt");
     std::fs::write(
         &own,
         "The ferry leaves at seven; bring a coat, the deck is cold.",
     )
     .unwrap();
+    (dir, own)
+}
+
+#[test]
+fn eval_sensitivity_probes_every_layer_and_proposes_overrides_within_the_budget() {
+    let Some(model) = demo_model() else { return };
+    let (dir, own) = probe_dir("sens");
+    let json = dir.join("sens.json");
     let o = turbokv(&[
         "eval",
         "sensitivity",
@@ -248,15 +254,8 @@ fn eval_sensitivity_probes_every_layer_and_proposes_overrides_within_the_budget(
 #[test]
 fn eval_sensitivity_ranks_kv_heads_and_their_overrides_evaluate_in_a_list() {
     let Some(model) = demo_model() else { return };
-    let dir = std::env::temp_dir().join(format!("turbokv-heads-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let (dir, own) = probe_dir("heads");
     let json = dir.join("heads.json");
-    let own = dir.join("own.txt");
-    std::fs::write(
-        &own,
-        "The ferry leaves at seven; bring a coat, the deck is cold.",
-    )
-    .unwrap();
     let o = turbokv(&[
         "eval",
         "sensitivity",

@@ -98,10 +98,23 @@ pub(crate) struct HeadCodec {
 impl CodecStore {
     /// The codecs and block layouts of kv head `head`.
     pub(crate) fn head(&self, head: usize) -> (&LayerCodec, &BlockLayout, &BlockLayout) {
-        match &self.heads {
-            Some(hs) => (&hs[head].codec, &hs[head].k_layout, &hs[head].v_layout),
-            None => (&self.codec, &self.k_layout, &self.v_layout),
-        }
+        head_codec(
+            &self.heads,
+            (&self.codec, &self.k_layout, &self.v_layout),
+            head,
+        )
+    }
+}
+
+/// Head `head`'s entry of `heads`, or the layer's own codec and layouts.
+fn head_codec<'a>(
+    heads: &'a Option<Vec<HeadCodec>>,
+    own: (&'a LayerCodec, &'a BlockLayout, &'a BlockLayout),
+    head: usize,
+) -> (&'a LayerCodec, &'a BlockLayout, &'a BlockLayout) {
+    match heads {
+        Some(hs) => (&hs[head].codec, &hs[head].k_layout, &hs[head].v_layout),
+        None => own,
     }
 }
 
@@ -651,10 +664,8 @@ impl CpuKvPool {
                             let bi = block * self.kv_heads + h;
                             let (kl, vl) = (c.k_stride, c.v_stride);
                             let cs = &mut **c;
-                            let (codec, k_layout, v_layout) = match &cs.heads {
-                                Some(hs) => (&hs[h].codec, &hs[h].k_layout, &hs[h].v_layout),
-                                None => (&cs.codec, &cs.k_layout, &cs.v_layout),
-                            };
+                            let own = (&cs.codec, &cs.k_layout, &cs.v_layout);
+                            let (codec, k_layout, v_layout) = head_codec(&cs.heads, own, h);
                             codec.key.encode_slot(
                                 k,
                                 &mut cs.k[bi * kl..][..k_layout.total_bytes],

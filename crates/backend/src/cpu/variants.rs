@@ -9,7 +9,8 @@
 
 use rayon::prelude::*;
 
-use super::attention::{BlockReader, finish_row, queries_in_work_basis};
+use super::CodeProducts;
+use super::attention::{BlockReader, finish_row, head_views, queries_in_work_basis};
 use super::kv::CpuKvPool;
 use super::{CpuTensor, ROWS_PER_TASK, decode, expect_cols, ops, shape};
 use crate::Error;
@@ -113,9 +114,7 @@ pub(super) fn attend(
             }
         }
     }
-    let views: Vec<_> = (0..g.n_kv_heads)
-        .map(|h| decode::Views::of(pool, g.head_dim, h))
-        .collect();
+    let views = head_views(pool, g, CodeProducts::F32);
     let results: Vec<Vec<f32>> = tasks
         .par_iter()
         .map(|&t| run_task(t, qkv, g, spans, pool, views[t.head].as_ref(), variant))
