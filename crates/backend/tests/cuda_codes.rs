@@ -171,6 +171,9 @@ struct Case {
     sliding: Option<usize>,
     /// Scores of keys from position `RISE_AT` on lifted by `RISE_LOG2` (`lift_late_scores`).
     rising_keys: bool,
+    /// Each kv head's dtype (a layer with per-head formats of the layer's `dtype`), or two
+    /// kv heads of `dtype`.
+    heads: Option<&'static [&'static str]>,
 }
 
 impl Case {
@@ -184,6 +187,7 @@ impl Case {
             window: NO_WINDOW,
             sliding: None,
             rising_keys: false,
+            heads: None,
         }
     }
 }
@@ -249,6 +253,9 @@ fn layout(case: &Case, kv_heads: usize, r: &mut Rng) -> KvLayout {
         _ => {}
     }
     l.window = case.window;
+    if let Some(heads) = case.heads {
+        l.layers[0].head_dtypes = heads.iter().map(|d| d.parse().unwrap()).collect();
+    }
     if case.centered {
         l.centers = Some(Arc::new(KvCenters {
             kv_heads,
@@ -500,7 +507,7 @@ fn run_case(g: &CudaBackend, case: &Case, seed: u64) -> (usize, usize) {
 fn run_case_within(g: &CudaBackend, case: &Case, seed: u64, atol: f32) -> (usize, usize) {
     let c = cpu_reference();
     let mut r = Rng(seed);
-    let kv_heads = 2;
+    let kv_heads = case.heads.map_or(2, |h| h.len());
     let (geo, rope) = geometry(kv_heads, case.group, case.d);
     let layout = layout(case, kv_heads, &mut r);
     let codec =
@@ -517,9 +524,14 @@ fn run_case_within(g: &CudaBackend, case: &Case, seed: u64, atol: f32) -> (usize
     let seqs = [(1100usize, 1usize), (37, 1), (20, 5), (0, 19)];
     let (mut same, mut total) = (0, 0);
     let windowed = case.window.is_active();
+    // Block I/O is refused for windowed pools (their exact copies are not in the blocks) and
+    // for per-head formats: only the attention is compared.
+    let attention_only = windowed || case.heads.is_some();
     let what = format!(
-        "{} d={} group {}{}{}{}",
+        "{}{} d={} group {}{}{}{}",
         case.dtype,
+        case.heads
+            .map_or(String::new(), |h| format!(" heads {h:?}")),
         case.d,
         case.group,
         if case.centered { " centered" } else { "" },
@@ -565,7 +577,7 @@ fn run_case_within(g: &CudaBackend, case: &Case, seed: u64, atol: f32) -> (usize
             &spans,
             (&mut cpool, &mut gpool),
         );
-        if !windowed {
+        if !attention_only {
             let (s, t) =
                 compare_touched_blocks((&c, g), (&mut cpool, &gpool), &spans, &codec, &what, step);
             same += s;
@@ -579,10 +591,9 @@ fn run_case_within(g: &CudaBackend, case: &Case, seed: u64, atol: f32) -> (usize
                 .map(|_| 1.0 + 2.0 * r.f())
                 .collect::<Vec<f32>>()
         });
-        // Windowed pools: only the attention is compared (block I/O is refused for them,
-        // their exact copies are not in the blocks); plain pools: with sinks or a sliding
-        // window here, plain below beside the blocks.
-        if windowed || sinks.is_some() || case.sliding.is_some() {
+        // Windowed and per-head pools: only the attention; plain pools: with sinks or a
+        // sliding window here, plain below beside the blocks.
+        if attention_only || sinks.is_some() || case.sliding.is_some() {
             let e = compare_attention(
                 g,
                 &c,
@@ -596,7 +607,7 @@ fn run_case_within(g: &CudaBackend, case: &Case, seed: u64, atol: f32) -> (usize
                 step,
                 atol,
             );
-            if !windowed {
+            if !attention_only {
                 eprintln!("{what} step {step}: attention with sinks max err {e:.2e}");
             } else {
                 if step % 8 == 0 {
@@ -916,6 +927,7 @@ fn parts_pools_match_the_cpu_codec_and_attention() {
             },
             sliding: Some(200),
             rising_keys: false,
+            heads: None,
         },
         seed,
     );
@@ -967,6 +979,7 @@ fn value_sums_match_the_cpu_backend(g: &CudaBackend, mut seed: u64) {
                     },
                     sliding: None,
                     rising_keys: false,
+                    heads: None,
                 },
                 seed,
             );
@@ -1388,6 +1401,73 @@ fn coded_prefill_tiles_take_groups_that_do_not_divide_64() {
     }
 }
 
+/// Layers with per-head formats (tiny's kind: 3-bit keys on a few kv heads of a 2-bit layer):
+/// each group of heads is its own launch of its format's kernels over the shared pool, whose
+/// (block, head) slots are as wide as the widest format's; one write launch encodes each head
+/// with its group's codebooks. Groups whose heads are not consecutive, centered or not, with a
+/// window of int8 or f16 copies, on the tensor-core prefill and on the decode kernels'.
+#[test]
+fn per_head_formats_match_the_cpu_backend() {
+    let (Some(g), Some(rows)) = (gpu(), gpu_rows()) else {
+        return;
+    };
+    let mut seed = 901;
+    let tiny_window = KvWindow {
+        recent: 30,
+        sinks: 1,
+        copies: WindowCopies::Int8,
+    };
+    let cases: [(&[&str], usize, KvWindow); 4] = [
+        (&["tq2", "k3v2", "tq2", "k3v2"], 4, NO_WINDOW),
+        (&["k3v2", "tq2", "tq2"], 3, tiny_window),
+        (&["tq3", "tq2", "k4v2", "tq2"], 1, NO_WINDOW),
+        (
+            &["tq2", "tq2", "k2v3", "k3v2"],
+            8,
+            KvWindow {
+                recent: 15,
+                sinks: 1,
+                ..Default::default()
+            },
+        ),
+    ];
+    for d in [64, 128] {
+        for (i, &(heads, group, window)) in cases.iter().enumerate() {
+            let case = Case {
+                window,
+                heads: Some(heads),
+                ..Case::plain("tq2", d, group, i % 2 == 0)
+            };
+            let atol = match window.copies {
+                WindowCopies::Int8 => Q8_WINDOW_ATOL,
+                WindowCopies::F16 => ATTN_ATOL,
+            };
+            for backend in [g, rows] {
+                seed += 1;
+                run_case_within(backend, &case, seed, atol);
+            }
+        }
+    }
+    // Block I/O has no format for such a layer, on either backend.
+    let layout = layout(
+        &Case {
+            heads: Some(&["tq2", "k3v2"]),
+            ..Case::plain("tq2", 64, 4, false)
+        },
+        2,
+        &mut Rng(3),
+    );
+    let pool = g.kv_pool(&layout, 0).unwrap();
+    let err = g
+        .read_kv_block(&pool, 0, &mut Vec::new())
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        err.as_deref().is_some_and(|e| e.contains("per-head")),
+        "read_kv_block: {err:?}"
+    );
+}
+
 #[test]
 fn unsupported_coded_pools_are_refused() {
     let Some(g) = gpu() else { return };
@@ -1421,6 +1501,11 @@ fn unsupported_coded_pools_are_refused() {
     gaussian.codec.key_mode = KeyMode::Prod;
     gaussian.codec.qjl = turbokv_codec::QjlSketch::Gaussian;
     refused(gaussian, "a Gaussian QJL matrix");
+    // Per-head formats take the direct kernels only: prod keys (the parts kernels') are not.
+    let mut prod_heads = base("tq2", 128);
+    prod_heads.codec.key_mode = KeyMode::Prod;
+    prod_heads.layers[0].head_dtypes = vec!["tq2".parse().unwrap(), "k3v2".parse().unwrap()];
+    refused(prod_heads, "per-head formats of prod keys");
     assert!(g.check_kv_dtype("tq3.5".parse().unwrap(), 128).is_ok());
     assert!(g.check_kv_dtype("tq3.5".parse().unwrap(), 256).is_ok());
     assert!(g.check_kv_dtype("tq3.5".parse().unwrap(), 96).is_err());

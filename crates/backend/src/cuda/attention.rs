@@ -302,35 +302,36 @@ impl CudaBackend {
             }
             _ => 0,
         };
-        let variant = coded.and_then(|c| c.variant);
-        let coded_max_group = variant.map(|v| v.max_group());
-        if let Some(most) = coded_max_group.filter(|&most| grp > most) {
-            return Err(shape(
-                "attention",
-                format!(
-                    "{grp} query heads per kv head over a coded pool of head_dim {} (at most \
-                     {most})",
-                    g.head_dim
-                ),
-            ));
+        let groups = launch_groups(coded, g.n_kv_heads);
+        for v in groups.iter().filter_map(|lg| lg.variant) {
+            if grp > v.max_group() {
+                return Err(shape(
+                    "attention",
+                    format!(
+                        "{grp} query heads per kv head over a coded pool of head_dim {} (at \
+                         most {})",
+                        g.head_dim,
+                        v.max_group()
+                    ),
+                ));
+            }
         }
-        let code_kernel = match variant {
-            Some(c) => Some(
-                CodeVariant::all()
-                    .iter()
-                    .position(|v| *v == c)
-                    .ok_or_else(|| shape("attention", format!("no kernel for {c:?}")))?,
-            ),
-            None => None,
-        };
-        if let Some(i) = code_kernel
+        if let Some(i) = groups[0].variant.map(kernel_index).transpose()?
             && self.coded_prefill_tiles
-            && variant.is_some_and(|v| v.has_prefill())
+            && groups
+                .iter()
+                .all(|lg| lg.variant.is_some_and(|v| v.has_prefill()))
             && spans.iter().any(|s| s.n_tokens >= MMA_MIN_ROWS)
         {
             drop(st);
             return self.attention_mma_codes(qkv, g, spans, pool, window, sinks, out, Some(i));
         }
+        // The most keys one row attends (its window, if narrower): what the splits divide.
+        let max_ctx = spans
+            .iter()
+            .map(|s| keys_seen((s.first_pos + s.n_tokens).saturating_sub(1), window))
+            .max()
+            .unwrap_or(1);
         if coded.is_none()
             && matches!(g.head_dim, 64 | 128)
             && (16 * self.prefill_warps).is_multiple_of(grp)
@@ -339,297 +340,347 @@ impl CudaBackend {
             drop(st);
             return self.attention_mma(qkv, g, spans, pool, window, sinks, out);
         }
-        // The most keys one row attends (its window, if narrower): what the splits divide.
-        let max_ctx = spans
-            .iter()
-            .map(|s| keys_seen((s.first_pos + s.n_tokens).saturating_sub(1), window))
-            .max()
-            .unwrap_or(1);
-        let hd = g.head_dim;
-        // The tensor-core split kernel, else the row-parallel kernel where it is
-        // instantiated, else the tiled one.
-        let pairs = rows * g.n_kv_heads;
-        // (Head dims above the template's have only these: the group was checked above.)
-        let keys_as_m = grp <= KEYS_AS_M_MAX_GROUP;
-        // The kernel with int8 key products where it exists for the pool's forms.
-        let int8_keys = code_kernel
-            .filter(|&i| keys_as_m && self.coded_int8_keys && self.k.attn_codes_k8[i].is_some());
-        let int8_values =
-            int8_keys.filter(|&i| self.coded_int8_values && self.k.attn_codes_k8v[i].is_some());
-        let dec = match code_kernel.or(parts_kernel) {
-            Some(_) => None,
-            None => (self.dec_mma && grp <= dec_max_group(hd))
-                .then(|| self.decode_choice(hd, pairs, max_ctx))
-                .flatten(),
-        };
-        let dec_kernel = dec.map(|(i, _)| i);
-        let rows_kernel = rows_kernel_index(hd, grp)
-            .filter(|_| dec_kernel.is_none() && code_kernel.is_none() && parts_kernel.is_none());
-        // A windowed coded pool's exact keys are splits of their own, `per_split` keys each
-        // (attention.cu `exact_splits`): one chunk by default.
-        let exact = pool.exact.as_ref();
-        let per_split = self.exact_split_keys.map_or(EXACT_CHUNK, |keys| {
-            keys.max(1).next_multiple_of(EXACT_CHUNK)
-        });
-        let exact_splits = exact.map_or(0, |x| {
-            (x.slots.window.sinks + x.slots.window.recent).div_ceil(per_split)
-        });
-        let splits = match (code_kernel, dec) {
-            _ if let Some(i) = parts_kernel => {
-                let slots = self.parts_slots(i, parts_smem)?;
-                wave_splits(pairs, max_ctx, slots, parts::DECODE_TILE) + exact_splits
-            }
-            (Some(i), _) => {
-                let slots = if int8_values.is_some() {
-                    self.code_k8v_slots[i]
-                } else if int8_keys.is_some() {
-                    self.code_k8_slots[i]
-                } else if keys_as_m {
-                    self.code_m_slots[i]
-                } else {
-                    self.code_slots[i]
-                };
-                let tile = match (int8_values, variant) {
-                    (Some(_), Some(v)) => v.int8_values_tiling().0,
-                    _ => CODE_TILE,
-                };
-                // The int8-product kernels are bound by their issue rate, the others (int8,
-                // fp8 codes; f16 sums) closer to their bytes.
-                let model = if self.sm_load_splits && int8_keys.is_some() {
-                    sm_load_splits(pairs, max_ctx, self.sms, slots, tile, exact_splits > 0)
-                } else {
-                    wave_splits(pairs, max_ctx, slots, tile)
-                };
-                self.coded_splits.unwrap_or(model) + exact_splits
-            }
-            (None, Some((_, s))) => s,
-            (None, None) => self.split_count(rows, g.n_kv_heads, max_ctx),
-        };
-        // A split short enough to be requested in one go gets the row kernel's deeper
-        // pipeline (the decode kernel's 3 stages of 64-key tiles keep 2 tiles in flight).
-        let deep = max_ctx.div_ceil(splits).div_ceil(ATTN_TILE) < ATTN_DEEP_STAGES;
-        let parts = rows * g.n_heads * splits;
-        let may_alloc = !sc.defer;
-        let ob = addr(
-            grow(
+        // One launch per group of kv heads (see `launch_groups`), each with its own split
+        // count: the launches run in stream order, so they reuse the partial buffers.
+        for (gi, lg) in groups.iter().enumerate() {
+            let last = gi + 1 == groups.len();
+            let sc = st.sc();
+            let variant = lg.variant;
+            let code_kernel = variant.map(kernel_index).transpose()?;
+            let hd = g.head_dim;
+            // The tensor-core split kernel, else the row-parallel kernel where it is
+            // instantiated, else the tiled one.
+            let pairs = rows * lg.heads;
+            // (Head dims above the template's have only these: the group was checked above.)
+            let keys_as_m = grp <= KEYS_AS_M_MAX_GROUP;
+            // The kernel with int8 key products where it exists for the pool's forms.
+            let int8_keys = code_kernel.filter(|&i| {
+                keys_as_m && self.coded_int8_keys && self.k.attn_codes_k8[i].is_some()
+            });
+            let int8_values =
+                int8_keys.filter(|&i| self.coded_int8_values && self.k.attn_codes_k8v[i].is_some());
+            let dec = match code_kernel.or(parts_kernel) {
+                Some(_) => None,
+                None => (self.dec_mma && grp <= dec_max_group(hd))
+                    .then(|| self.decode_choice(hd, pairs, max_ctx))
+                    .flatten(),
+            };
+            let dec_kernel = dec.map(|(i, _)| i);
+            let rows_kernel = rows_kernel_index(hd, grp).filter(|_| {
+                dec_kernel.is_none() && code_kernel.is_none() && parts_kernel.is_none()
+            });
+            // A windowed coded pool's exact keys are splits of their own, `per_split` keys each
+            // (attention.cu `exact_splits`): one chunk by default.
+            let exact = pool.exact.as_ref();
+            let per_split = self.exact_split_keys.map_or(EXACT_CHUNK, |keys| {
+                keys.max(1).next_multiple_of(EXACT_CHUNK)
+            });
+            let exact_splits = exact.map_or(0, |x| {
+                (x.slots.window.sinks + x.slots.window.recent).div_ceil(per_split)
+            });
+            let splits = match (code_kernel, dec) {
+                _ if let Some(i) = parts_kernel => {
+                    let slots = self.parts_slots(i, parts_smem)?;
+                    wave_splits(pairs, max_ctx, slots, parts::DECODE_TILE) + exact_splits
+                }
+                (Some(i), _) => {
+                    let slots = if int8_values.is_some() {
+                        self.code_k8v_slots[i]
+                    } else if int8_keys.is_some() {
+                        self.code_k8_slots[i]
+                    } else if keys_as_m {
+                        self.code_m_slots[i]
+                    } else {
+                        self.code_slots[i]
+                    };
+                    let tile = match (int8_values, variant) {
+                        (Some(_), Some(v)) => v.int8_values_tiling().0,
+                        _ => CODE_TILE,
+                    };
+                    // The int8-product kernels are bound by their issue rate, the others (int8,
+                    // fp8 codes; f16 sums) closer to their bytes.
+                    let model = if self.sm_load_splits && int8_keys.is_some() {
+                        sm_load_splits(pairs, max_ctx, self.sms, slots, tile, exact_splits > 0)
+                    } else {
+                        wave_splits(pairs, max_ctx, slots, tile)
+                    };
+                    self.coded_splits.unwrap_or(model) + exact_splits
+                }
+                (None, Some((_, s))) => s,
+                (None, None) => self.split_count(rows, g.n_kv_heads, max_ctx),
+            };
+            // A split short enough to be requested in one go gets the row kernel's deeper
+            // pipeline (the decode kernel's 3 stages of 64-key tiles keep 2 tiles in flight).
+            let deep = max_ctx.div_ceil(splits).div_ceil(ATTN_TILE) < ATTN_DEEP_STAGES;
+            let parts = rows * g.n_heads * splits;
+            let may_alloc = !sc.defer;
+            let ob = addr(
+                grow(
+                    &self.stream,
+                    &mut sc.bf16,
+                    rows * g.n_heads * g.head_dim,
+                    may_alloc,
+                )?,
                 &self.stream,
-                &mut sc.bf16,
-                rows * g.n_heads * g.head_dim,
-                may_alloc,
-            )?,
-            &self.stream,
-        );
-        let ml = addr(
-            grow(&self.stream, &mut sc.part_ml, 2 * parts, may_alloc)?,
-            &self.stream,
-        );
-        let acc = addr(
-            grow(
+            );
+            let ml = addr(
+                grow(&self.stream, &mut sc.part_ml, 2 * parts, may_alloc)?,
                 &self.stream,
-                &mut sc.part_acc,
-                parts * g.head_dim,
-                may_alloc,
-            )?,
-            &self.stream,
-        );
-        // Arrival counters of the fused merge: zero when allocated, reset by the kernel.
-        let counters = addr(
-            grow(
+            );
+            let acc = addr(
+                grow(
+                    &self.stream,
+                    &mut sc.part_acc,
+                    parts * g.head_dim,
+                    may_alloc,
+                )?,
                 &self.stream,
-                &mut sc.attn_counters,
-                rows * g.n_kv_heads,
-                may_alloc,
-            )?,
-            &self.stream,
-        );
-        let meta = sc.meta()?.addrs(&self.stream);
-        let exact_args = match exact {
-            Some(x) => {
-                let table = addr(sc.upload_exact(&self.stream, &x.slots.table)?, &self.stream);
-                let [sinks, recent, per_split] = ints(
-                    "attention",
-                    [x.slots.window.sinks, x.slots.window.recent, per_split],
-                )?;
-                (
-                    [addr(&x.k, &self.stream), addr(&x.v, &self.stream), table],
-                    [sinks, recent, x.q8(), per_split],
-                )
-            }
-            None => ([0; 3], [0; 4]),
-        };
-        let [width, nh, nkv, d, bs, splits_i] = ints(
-            "attention",
-            [
-                g.qkv_width(),
-                g.n_heads,
-                g.n_kv_heads,
-                g.head_dim,
-                pool.block_size,
-                splits,
-            ],
-        )?;
-        let is_bf16 = i32::from(pool.is_bf16);
-        // Decode right behind the kernel that wrote this step's keys (`write_kv`, or the qkv
-        // GEMV's rope-write epilogue, both of which trigger at their start): the kernel
-        // starts as its programmatic dependent and fetches the older keys meanwhile
-        // (attention.cu).
-        let prefetch = code_kernel.is_none()
-            && (rows_kernel.is_some() || dec_kernel.is_some())
-            && self.pdl
-            && st.last_write_kv
-            && spans.iter().all(|s| s.n_tokens == 1);
-        let prefetch_i = i32::from(prefetch);
-        let kernel_smem = match (dec_kernel, rows_kernel) {
-            _ if parts_kernel.is_some() => parts_smem,
-            _ if int8_values.is_some() => variant.map_or(0, |v| v.int8_values_smem_bytes()),
-            _ if code_kernel.is_some() => variant.map_or(0, |v| v.smem_bytes()),
-            // The pipeline's stages of a 64-key K tile and V tile (rows padded by 8 halves),
-            // then the 4 warps' states of 16 × (hd + 2) floats.
-            (Some(i), _) => DECODE_VARIANTS[i].smem_bytes(),
-            // 4 warps × (32 / (hd / dims per lane)) keys per warp partial states of
-            // grp × (hd + 2) floats; 16 dims per lane for up to 4 heads per kv head, else 8.
-            (None, Some(i)) => {
-                let partials = 4 * (32 * (16 >> (i % 2)) / hd) * grp * (hd + 2) * 4;
-                // The pipeline's stages of a 32-key K tile and V tile of 16-bit values.
-                let stages = if deep { ATTN_DEEP_STAGES } else { 3 };
-                partials.max(stages * 2 * ATTN_TILE * hd * 2)
-            }
-            (None, None) => {
-                (grp * hd + ATTN_TILE * (hd + 4) + ATTN_TILE * hd + grp * ATTN_TILE + 3 * grp) * 4
-            }
-        };
-        // The fused merge's split weights and normalisers.
-        let smem = kernel_smem.max(grp * (2 * splits + 1) * 4);
-        if smem > self.smem_limit {
-            return Err(shape(
+            );
+            // Arrival counters of the fused merge: zero when allocated, reset by the kernel.
+            let counters = addr(
+                grow(
+                    &self.stream,
+                    &mut sc.attn_counters,
+                    rows * g.n_kv_heads,
+                    may_alloc,
+                )?,
+                &self.stream,
+            );
+            let meta = sc.meta()?.addrs(&self.stream);
+            let exact_args = match exact {
+                Some(x) => {
+                    let table = addr(sc.upload_exact(&self.stream, &x.slots.table)?, &self.stream);
+                    let [sinks, recent, per_split] = ints(
+                        "attention",
+                        [x.slots.window.sinks, x.slots.window.recent, per_split],
+                    )?;
+                    (
+                        [addr(&x.k, &self.stream), addr(&x.v, &self.stream), table],
+                        [sinks, recent, x.q8(), per_split],
+                    )
+                }
+                None => ([0; 3], [0; 4]),
+            };
+            let [width, nh, nkv, d, bs, splits_i] = ints(
                 "attention",
-                format!(
-                    "needs {smem} bytes of shared memory, the GPU allows {}",
-                    self.smem_limit
+                [
+                    g.qkv_width(),
+                    g.n_heads,
+                    g.n_kv_heads,
+                    g.head_dim,
+                    pool.block_size,
+                    splits,
+                ],
+            )?;
+            let is_bf16 = i32::from(pool.is_bf16);
+            // Decode right behind the kernel that wrote this step's keys (`write_kv`, or the qkv
+            // GEMV's rope-write epilogue, both of which trigger at their start): the kernel
+            // starts as its programmatic dependent and fetches the older keys meanwhile
+            // (attention.cu).
+            let prefetch = code_kernel.is_none()
+                && (rows_kernel.is_some() || dec_kernel.is_some())
+                && self.pdl
+                && st.last_write_kv
+                && spans.iter().all(|s| s.n_tokens == 1);
+            let prefetch_i = i32::from(prefetch);
+            let kernel_smem = match (dec_kernel, rows_kernel) {
+                _ if parts_kernel.is_some() => parts_smem,
+                _ if int8_values.is_some() => variant.map_or(0, |v| v.int8_values_smem_bytes()),
+                _ if code_kernel.is_some() => variant.map_or(0, |v| v.smem_bytes()),
+                // The pipeline's stages of a 64-key K tile and V tile (rows padded by 8 halves),
+                // then the 4 warps' states of 16 × (hd + 2) floats.
+                (Some(i), _) => DECODE_VARIANTS[i].smem_bytes(),
+                // 4 warps × (32 / (hd / dims per lane)) keys per warp partial states of
+                // grp × (hd + 2) floats; 16 dims per lane for up to 4 heads per kv head, else 8.
+                (None, Some(i)) => {
+                    let partials = 4 * (32 * (16 >> (i % 2)) / hd) * grp * (hd + 2) * 4;
+                    // The pipeline's stages of a 32-key K tile and V tile of 16-bit values.
+                    let stages = if deep { ATTN_DEEP_STAGES } else { 3 };
+                    partials.max(stages * 2 * ATTN_TILE * hd * 2)
+                }
+                (None, None) => {
+                    (grp * hd + ATTN_TILE * (hd + 4) + ATTN_TILE * hd + grp * ATTN_TILE + 3 * grp)
+                        * 4
+                }
+            };
+            // The fused merge's split weights and normalisers.
+            let smem = kernel_smem.max(grp * (2 * splits + 1) * 4);
+            if smem > self.smem_limit {
+                return Err(shape(
+                    "attention",
+                    format!(
+                        "needs {smem} bytes of shared memory, the GPU allows {}",
+                        self.smem_limit
+                    ),
+                ));
+            }
+            let (qp, kp, vp, op) = (
+                addr(&qkv.buf, &self.stream),
+                addr(&pool.k, &self.stream),
+                addr(&pool.v, &self.stream),
+                addr(&out.buf, &self.stream),
+            );
+            let f = match (dec_kernel, rows_kernel) {
+                _ if let Some(i) = parts_kernel => &self.k.attn_parts[i],
+                _ if int8_values.is_some() => self.k.attn_codes_k8v[int8_values.unwrap_or(0)]
+                    .as_ref()
+                    .ok_or_else(|| {
+                        shape("attention", "no int8-value kernel for these forms".into())
+                    })?,
+                _ if int8_keys.is_some() => self.k.attn_codes_k8[int8_keys.unwrap_or(0)]
+                    .as_ref()
+                    .ok_or_else(|| {
+                    shape("attention", "no int8-key kernel for these forms".into())
+                })?,
+                _ if code_kernel.is_some() && keys_as_m => {
+                    &self.k.attn_codes_m[code_kernel.unwrap_or(0)]
+                }
+                _ if code_kernel.is_some() => self.k.attn_codes[code_kernel.unwrap_or(0)]
+                    .as_ref()
+                    .ok_or_else(|| {
+                        shape("attention", "no template kernel at this head_dim".into())
+                    })?,
+                (Some(i), _) => &self.k.attn_dec[i],
+                (None, Some(i)) => &self.k.attn_rows[2 * i + usize::from(deep)],
+                (None, None) => {
+                    &self.k.attn_partial[match hd {
+                        64 => 0,
+                        128 => 1,
+                        256 => 2,
+                        _ => 3,
+                    }]
+                }
+            };
+            // Folded exact splits run inside the coded blocks (attention.cu `coded_block_end`):
+            // the grid has only the coded splits, the kernel still counts every partial.
+            let grid_splits = if self.fold_exact_splits && code_kernel.or(parts_kernel).is_some() {
+                splits - exact_splits
+            } else {
+                splits
+            };
+            let cfg = LaunchConfig {
+                grid_dim: (rows as u32, lg.heads as u32, grid_splits as u32),
+                block_dim: (
+                    match (code_kernel.or(parts_kernel), dec_kernel) {
+                        (Some(_), _) => 32 * CODE_WARPS,
+                        (None, Some(i)) => DECODE_VARIANTS[i].threads(),
+                        (None, None) => ATTN_THREADS,
+                    } as u32,
+                    1,
+                    1,
                 ),
-            ));
-        }
-        let (qp, kp, vp, op) = (
-            addr(&qkv.buf, &self.stream),
-            addr(&pool.k, &self.stream),
-            addr(&pool.v, &self.stream),
-            addr(&out.buf, &self.stream),
-        );
-        let f = match (dec_kernel, rows_kernel) {
-            _ if let Some(i) = parts_kernel => &self.k.attn_parts[i],
-            _ if int8_values.is_some() => self.k.attn_codes_k8v[int8_values.unwrap_or(0)]
-                .as_ref()
-                .ok_or_else(|| shape("attention", "no int8-value kernel for these forms".into()))?,
-            _ if int8_keys.is_some() => self.k.attn_codes_k8[int8_keys.unwrap_or(0)]
-                .as_ref()
-                .ok_or_else(|| shape("attention", "no int8-key kernel for these forms".into()))?,
-            _ if code_kernel.is_some() && keys_as_m => {
-                &self.k.attn_codes_m[code_kernel.unwrap_or(0)]
+                shared_mem_bytes: smem as u32,
+            };
+            let mut l = Launches::new(opc::ATTN);
+            let a = l
+                .kernel("attention", f, cfg, prefetch)
+                .ptr(qp)
+                .arg(width)
+                .arg(nh)
+                .arg(nkv)
+                .arg(d)
+                .arg(g.scale)
+                .ptr(meta[0])
+                .ptr(meta[1])
+                .ptr(meta[2])
+                .ptr(meta[3])
+                .ptr(kp)
+                .ptr(vp)
+                .arg(bs)
+                .arg(is_bf16)
+                .arg(splits_i)
+                .ptr(ml)
+                .ptr(acc)
+                .ptr(counters)
+                .ptr(op)
+                .ptr(ob)
+                .arg(prefetch_i)
+                .ptr(sinks);
+            if let Some(c) = coded {
+                a.ptr(addr(&c.desc, &self.stream) + 4 * lg.desc_offset as u64);
+                let ([xk, xv, xt], [sinks, recent, q8, per_split]) = exact_args;
+                a.ptr(xk)
+                    .ptr(xv)
+                    .ptr(xt)
+                    .arg(sinks)
+                    .arg(recent)
+                    .arg(q8)
+                    .arg(per_split);
             }
-            _ if code_kernel.is_some() => self.k.attn_codes[code_kernel.unwrap_or(0)]
-                .as_ref()
-                .ok_or_else(|| shape("attention", "no template kernel at this head_dim".into()))?,
-            (Some(i), _) => &self.k.attn_dec[i],
-            (None, Some(i)) => &self.k.attn_rows[2 * i + usize::from(deep)],
-            (None, None) => {
-                &self.k.attn_partial[match hd {
-                    64 => 0,
-                    128 => 1,
-                    256 => 2,
-                    _ => 3,
-                }]
+            // Every kernel's last parameter.
+            a.arg(window_param(window));
+            if let Some(c) = coded.filter(|_| last) {
+                self.push_unrotate(&mut l, c, g, rows, op, ob)?;
             }
-        };
-        // Folded exact splits run inside the coded blocks (attention.cu `coded_block_end`):
-        // the grid has only the coded splits, the kernel still counts every partial.
-        let grid_splits = if self.fold_exact_splits && code_kernel.or(parts_kernel).is_some() {
-            splits - exact_splits
-        } else {
-            splits
-        };
-        let cfg = LaunchConfig {
-            grid_dim: (rows as u32, g.n_kv_heads as u32, grid_splits as u32),
-            block_dim: (
-                match (code_kernel.or(parts_kernel), dec_kernel) {
-                    (Some(_), _) => 32 * CODE_WARPS,
-                    (None, Some(i)) => DECODE_VARIANTS[i].threads(),
-                    (None, None) => ATTN_THREADS,
-                } as u32,
-                1,
-                1,
-            ),
-            shared_mem_bytes: smem as u32,
-        };
-        let mut l = Launches::new(opc::ATTN);
-        let a = l
-            .kernel("attention", f, cfg, prefetch)
-            .ptr(qp)
-            .arg(width)
-            .arg(nh)
-            .arg(nkv)
-            .arg(d)
-            .arg(g.scale)
-            .ptr(meta[0])
-            .ptr(meta[1])
-            .ptr(meta[2])
-            .ptr(meta[3])
-            .ptr(kp)
-            .ptr(vp)
-            .arg(bs)
-            .arg(is_bf16)
-            .arg(splits_i)
-            .ptr(ml)
-            .ptr(acc)
-            .ptr(counters)
-            .ptr(op)
-            .ptr(ob)
-            .arg(prefetch_i)
-            .ptr(sinks);
-        if let Some(c) = coded {
-            a.ptr(addr(&c.desc, &self.stream));
-            let ([xk, xv, xt], [sinks, recent, q8, per_split]) = exact_args;
-            a.ptr(xk)
-                .ptr(xv)
-                .ptr(xt)
-                .arg(sinks)
-                .arg(recent)
-                .arg(q8)
-                .arg(per_split);
+            let launch = st.admit(l.signature())?;
+            st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
+            if !launch {
+                continue;
+            }
+            // SAFETY: spans tile the rows and their blocks are inside the pool (checked above; a
+            // window only narrows the keys each row reads); sinks, when not null, hold n_heads
+            // floats;
+            // partial buffers hold rows·n_heads·splits entries and the counters rows·n_kv_heads
+            // (zero between launches: the last block of each (row, kv head) resets its own);
+            // out holds rows·n_heads·head_dim floats and the bf16 scratch as many halves; smem
+            // was checked against the opt-in limit set at load; head_dim % 4 == 0 keeps the
+            // 8-byte K/V loads of the tiled kernel and the merge's 16-byte partial loads aligned,
+            // head_dim ∈ {64, 128, 256} the 16-byte ones of the row kernel and the decode
+            // kernel (64 / 128; its fragment reads stay inside the padded rows).
+            // With `prefetch`, the kernel reads nothing the kernel ahead of it writes (the newest
+            // key, qkv) before `griddepcontrol.wait`. Coded pools: each (block, kv head) is the
+            // descriptor's `total` bytes (built from the pool's layouts), block sizes are
+            // powers of two of 16 or more (whole staged runs), head_dim is the kernel's, the group ≤ 16; the
+            // un-rotation reads and writes rows·n_heads·head_dim outputs and kv_heads·head_dim
+            // centers. A windowed pool's exact table was laid out by the write of these spans
+            // (`ExactTokens::prepare`): every exact key of every row has a slot inside the exact
+            // blocks, and the exact split reads g·head_dim floats of shared memory (less than the
+            // warps' states). A parts pool's kernel reads records and scalars at its descriptor's
+            // offsets (built from the pool's layouts; parts of whole 32-code runs keep every
+            // record and part 4-byte aligned) with shared memory for its kernel's group ≥ g heads.
+            // A launch over one group of a layer with per-head formats reads its heads from the
+            // list after its descriptors (one entry per grid row: `lg.heads`).
+            unsafe { self.launch(&mut l) }?;
         }
-        // Every kernel's last parameter.
-        a.arg(window_param(window));
-        if let Some(c) = coded {
-            self.push_unrotate(&mut l, c, g, rows, op, ob)?;
-        }
-        let launch = st.admit(l.signature())?;
-        st.bf16_of = Some([op, ob, rows as u64, (g.n_heads * hd) as u64]);
-        if !launch {
-            return Ok(());
-        }
-        // SAFETY: spans tile the rows and their blocks are inside the pool (checked above; a
-        // window only narrows the keys each row reads); sinks, when not null, hold n_heads
-        // floats;
-        // partial buffers hold rows·n_heads·splits entries and the counters rows·n_kv_heads
-        // (zero between launches: the last block of each (row, kv head) resets its own);
-        // out holds rows·n_heads·head_dim floats and the bf16 scratch as many halves; smem
-        // was checked against the opt-in limit set at load; head_dim % 4 == 0 keeps the
-        // 8-byte K/V loads of the tiled kernel and the merge's 16-byte partial loads aligned,
-        // head_dim ∈ {64, 128, 256} the 16-byte ones of the row kernel and the decode
-        // kernel (64 / 128; its fragment reads stay inside the padded rows).
-        // With `prefetch`, the kernel reads nothing the kernel ahead of it writes (the newest
-        // key, qkv) before `griddepcontrol.wait`. Coded pools: each (block, kv head) is the
-        // descriptor's `total` bytes (built from the pool's layouts), block sizes are
-        // powers of two of 16 or more (whole staged runs), head_dim is the kernel's, the group ≤ 16; the
-        // un-rotation reads and writes rows·n_heads·head_dim outputs and kv_heads·head_dim
-        // centers. A windowed pool's exact table was laid out by the write of these spans
-        // (`ExactTokens::prepare`): every exact key of every row has a slot inside the exact
-        // blocks, and the exact split reads g·head_dim floats of shared memory (less than the
-        // warps' states). A parts pool's kernel reads records and scalars at its descriptor's
-        // offsets (built from the pool's layouts; parts of whole 32-code runs keep every
-        // record and part 4-byte aligned) with shared memory for its kernel's group ≥ g heads.
-        unsafe { self.launch(&mut l) }?;
         Ok(())
     }
+}
+
+/// One coded attention launch: the format's kernel (`None`: a parts or 16-bit pool), the word
+/// offset of its descriptors in the pool's `desc`, and its kv heads.
+struct LaunchGroup {
+    variant: Option<CodeVariant>,
+    desc_offset: usize,
+    heads: usize,
+}
+
+/// The launches of an attention over `coded` (or a 16-bit pool): one per group of a layer with
+/// per-head formats ([`super::codes::HeadGroup`]), else one over all `kv_heads`.
+fn launch_groups(coded: Option<&PoolCodes>, kv_heads: usize) -> Vec<LaunchGroup> {
+    match coded {
+        Some(c) if !c.groups.is_empty() => c
+            .groups
+            .iter()
+            .map(|hg| LaunchGroup {
+                variant: Some(hg.variant),
+                desc_offset: hg.offset,
+                heads: hg.heads.len(),
+            })
+            .collect(),
+        _ => vec![LaunchGroup {
+            variant: coded.and_then(|c| c.variant),
+            desc_offset: 0,
+            heads: kv_heads,
+        }],
+    }
+}
+
+/// The index of `v`'s kernels in [`CodeVariant::all`].
+fn kernel_index(v: CodeVariant) -> Result<usize, Error> {
+    CodeVariant::all()
+        .iter()
+        .position(|x| *x == v)
+        .ok_or_else(|| shape("attention", format!("no kernel for {v:?}")))
 }
 
 impl CudaBackend {
@@ -702,19 +753,31 @@ impl CudaBackend {
             .codes
             .as_ref()
             .ok_or_else(|| shape("attention", "a 16-bit pool on the coded path".into()))?;
-        let dequant = match vi {
-            Some(i) => self.k.codes_dequant.get(i).and_then(Option::as_ref),
-            None => PARTS_PREFILL_HEAD_DIMS
-                .iter()
-                .position(|&d| d == g.head_dim)
-                .map(|i| &self.k.codes_dequant_parts[i]),
-        }
-        .ok_or_else(|| {
+        let no_kernel = || {
             shape(
                 "attention",
                 "no coded prefill kernel at this head_dim".into(),
             )
-        })?;
+        };
+        // The dequantizing launches: one per group of kv heads (`launch_groups`).
+        let dequants = match vi {
+            Some(_) => launch_groups(Some(coded), g.n_kv_heads)
+                .into_iter()
+                .map(|lg| {
+                    let i = lg.variant.map(kernel_index).transpose()?.or(vi);
+                    let f = i.and_then(|i| self.k.codes_dequant.get(i).and_then(Option::as_ref));
+                    Ok((f.ok_or_else(no_kernel)?, lg))
+                })
+                .collect::<Result<Vec<_>, Error>>()?,
+            None => {
+                let f = PARTS_PREFILL_HEAD_DIMS
+                    .iter()
+                    .position(|&d| d == g.head_dim)
+                    .map(|i| &self.k.codes_dequant_parts[i])
+                    .ok_or_else(no_kernel)?;
+                vec![(f, launch_groups(Some(coded), g.n_kv_heads).remove(0))]
+            }
+        };
         let (grp, hd, rows) = (g.group(), g.head_dim, qkv.rows);
         let exact = pool.exact.as_ref();
         let (n_sinks, recent) =
@@ -784,11 +847,11 @@ impl CudaBackend {
             addr(&pool.v, &self.stream),
             addr(&out.buf, &self.stream),
         );
-        let fmt = addr(&coded.desc, &self.stream);
         let mut l = Launches::new(opc::ATTN_MMA);
-        if n_runs > 0 {
+        for (dequant, lg) in dequants.iter().filter(|_| n_runs > 0) {
+            let fmt = addr(&coded.desc, &self.stream) + 4 * lg.desc_offset as u64;
             let cfg = LaunchConfig {
-                grid_dim: (n_runs as u32, g.n_kv_heads as u32, 1),
+                grid_dim: (n_runs as u32, lg.heads as u32, 1),
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             };

@@ -25,6 +25,9 @@ pub(crate) const DESC_WORDS: usize = 320;
 /// The descriptor word that is 1 when a TurboQuant role stores corrected norms (write_kv.cu
 /// `CODE_CORRECTED_WORD`); its f32 centroids follow it.
 pub(crate) const CORRECTED_WORD: usize = 300;
+/// The word of the first group's key descriptor that holds, for a layer with per-head formats,
+/// the word offset of its head table (write_kv.cu `CODE_HEAD_TABLE_WORD`; [`HeadGroup`]).
+pub(crate) const HEAD_TABLE_WORD: usize = 319;
 /// Keys per staged tile of the coded decode kernels (attention.cu `ATTN_CODES`).
 pub(crate) const CODE_TILE: usize = 128;
 /// Shared memory of one int8-value kernel block with four per SM (attention.cu
@@ -293,6 +296,30 @@ pub(crate) struct PoolCodes {
     pub desc: CudaSlice<u32>,
     /// Per-head mean key and value (`[kv_heads, head_dim]` each), subtracted before encoding.
     pub centers: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+    /// A layer with per-head formats ([`turbokv_cache::LayerKv::head_dtypes`]): its kv heads
+    /// grouped by format, the first group's the one the fields above describe. Empty: every
+    /// head in that one format.
+    pub groups: Vec<HeadGroup>,
+}
+
+/// The kv heads of one format in a layer with per-head formats. Each group's attention is its
+/// own launch of that format's kernels over just its heads (attention.cu `coded_kv_head`),
+/// and one write launch encodes every head with its group's descriptors (write_kv.cu). All
+/// groups share the layer's rotation, so queries are rotated and outputs rotated back once.
+///
+/// `desc` then holds, per group, a record of [`DESC_WORDS`] key words, as many value words
+/// and the group's heads (padded to a multiple of four words), then a table of each kv
+/// head's record offset, whose own offset is word [`HEAD_TABLE_WORD`] of the first record.
+/// Every (block, kv head) of the pool is as wide as the widest group's, and each group's
+/// descriptors give that width as their block bytes.
+#[derive(Debug)]
+pub(crate) struct HeadGroup {
+    /// The group's decode kernel.
+    pub variant: CodeVariant,
+    /// Word offset of its record in `desc`.
+    pub offset: usize,
+    /// Its kv heads, ascending.
+    pub heads: Vec<u32>,
 }
 
 impl PoolCodes {
@@ -530,78 +557,134 @@ pub(crate) fn unsupported_reason(dtype: KvDtype, head_dim: usize) -> Option<Stri
     route(&codec, head_dim).err()
 }
 
+/// One format of a layer as the GPU reads it: its kernel, record arrangements, block layouts
+/// and route.
+struct Format {
+    variant: Option<CodeVariant>,
+    values_rotated: bool,
+    k_records: RecordLayout,
+    v_records: RecordLayout,
+    k_layout: BlockLayout,
+    v_layout: BlockLayout,
+    route: Route,
+}
+
+impl Format {
+    /// `dtype` at layer `layer` of `layout` (the layer's codec options).
+    fn new(layout: &KvLayout, layer: usize, dtype: KvDtype) -> Result<Format, Error> {
+        let refuse = |why: String| refusal(dtype, why);
+        let codec = LayerCodec::new(
+            dtype,
+            layout.head_dim,
+            u32::try_from(layer).unwrap_or(u32::MAX),
+            &layout.codec_options(layer),
+        )
+        .map_err(|e| refuse(e.to_string()))?;
+        let route = route(&codec, layout.head_dim).map_err(refuse)?;
+        let k_layout = codec
+            .key
+            .block_layout(layout.block_size)
+            .map_err(|e| refuse(e.to_string()))?;
+        let v_layout = codec
+            .value
+            .block_layout(layout.block_size)
+            .map_err(|e| refuse(e.to_string()))?;
+        let (variant, values_rotated, k_records, v_records) = match &route {
+            Route::Direct(kf, vf) => {
+                let variant = CodeVariant {
+                    head_dim: layout.head_dim,
+                    key: CodeForm::of(kf),
+                    value: CodeForm::of(vf),
+                };
+                if !CodeVariant::all().contains(&variant) {
+                    return Err(refuse(
+                        "int8 and fp8 keys pair only with values of the same format".into(),
+                    ));
+                }
+                let (k_run, v_run) = runs(layout.head_dim);
+                (
+                    Some(variant),
+                    matches!(vf, DeviceFormat::HadamardMse(_)),
+                    record_layout(kf, k_run),
+                    record_layout(vf, v_run),
+                )
+            }
+            Route::Parts(..) => (None, true, RecordLayout::Codec, RecordLayout::Codec),
+        };
+        Ok(Format {
+            variant,
+            values_rotated,
+            k_records,
+            v_records,
+            k_layout,
+            v_layout,
+            route,
+        })
+    }
+
+    /// The key then the value descriptor, with blocks of `k_total` / `v_total` bytes per
+    /// (block, kv head).
+    fn descriptors(
+        &self,
+        head_dim: usize,
+        k_total: usize,
+        v_total: usize,
+    ) -> Result<Vec<u32>, Error> {
+        let k_layout = BlockLayout {
+            total_bytes: k_total,
+            ..self.k_layout
+        };
+        let v_layout = BlockLayout {
+            total_bytes: v_total,
+            ..self.v_layout
+        };
+        Ok(match &self.route {
+            Route::Direct(kf, vf) => {
+                let (k_run, v_run) = runs(head_dim);
+                let mut words = descriptor(kf, &k_layout, k_run)?;
+                words.extend(descriptor(vf, &v_layout, v_run)?);
+                words
+            }
+            Route::Parts(kp, vp) => {
+                let mut words = parts::parts_descriptor(kp, &k_layout)?;
+                words.extend(parts::parts_descriptor(vp, &v_layout)?);
+                words
+            }
+        })
+    }
+}
+
+fn refusal(dtype: KvDtype, why: String) -> Error {
+    Error::UnsupportedKvDtype {
+        dtype: format!("{dtype} ({why})"),
+        backend: "cuda",
+        accepted: ACCEPTED,
+    }
+}
+
+/// A layer's descriptor words before upload: its first format (head 0's), the bytes of a
+/// (block, kv head) for keys and values, and, for per-head formats, the groups.
+struct LayerDescriptors {
+    first: Format,
+    k_total: usize,
+    v_total: usize,
+    words: Vec<u32>,
+    groups: Vec<HeadGroup>,
+}
+
 /// The coded state of layer `layer` of `layout` (its dtype compressed), uploaded.
 pub(crate) fn pool_codes(
     stream: &std::sync::Arc<CudaStream>,
     layout: &KvLayout,
     layer: usize,
 ) -> Result<PoolCodes, Error> {
-    let dtype = layout.layers[layer].dtype;
-    let refuse = |why: String| Error::UnsupportedKvDtype {
-        dtype: format!("{dtype} ({why})"),
-        backend: "cuda",
-        accepted: ACCEPTED,
-    };
-    if layout.block_size < 16 || !layout.block_size.is_power_of_two() {
-        return Err(refuse(format!(
-            "block size {} (coded pools need a power of two of 16 or more)",
-            layout.block_size
-        )));
-    }
-    let codec = LayerCodec::new(
-        dtype,
-        layout.head_dim,
-        u32::try_from(layer).unwrap_or(u32::MAX),
-        &layout.codec_options(layer),
-    )
-    .map_err(|e| refuse(e.to_string()))?;
-    let route = route(&codec, layout.head_dim).map_err(refuse)?;
-    let k_layout = codec
-        .key
-        .block_layout(layout.block_size)
-        .map_err(|e| refuse(e.to_string()))?;
-    let v_layout = codec
-        .value
-        .block_layout(layout.block_size)
-        .map_err(|e| refuse(e.to_string()))?;
-    // The attention kernels address a block's kv heads with 32-bit offsets.
-    for l in [&k_layout, &v_layout] {
-        if l.total_bytes.saturating_mul(layout.kv_heads) > i32::MAX as usize {
-            return Err(refuse(format!(
-                "{} kv heads of {}-byte blocks exceed the kernels' 32-bit block offsets",
-                layout.kv_heads, l.total_bytes
-            )));
-        }
-    }
-    let (variant, values_rotated, k_records, v_records, words) = match route {
-        Route::Direct(kf, vf) => {
-            let variant = CodeVariant {
-                head_dim: layout.head_dim,
-                key: CodeForm::of(&kf),
-                value: CodeForm::of(&vf),
-            };
-            if !CodeVariant::all().contains(&variant) {
-                return Err(refuse(
-                    "int8 and fp8 keys pair only with values of the same format".into(),
-                ));
-            }
-            let (k_run, v_run) = runs(layout.head_dim);
-            let mut words = descriptor(&kf, &k_layout, k_run)?;
-            words.extend(descriptor(&vf, &v_layout, v_run)?);
-            (
-                Some(variant),
-                matches!(vf, DeviceFormat::HadamardMse(_)),
-                record_layout(&kf, k_run),
-                record_layout(&vf, v_run),
-                words,
-            )
-        }
-        Route::Parts(kp, vp) => {
-            let mut words = parts::parts_descriptor(&kp, &k_layout)?;
-            words.extend(parts::parts_descriptor(&vp, &v_layout)?);
-            (None, true, RecordLayout::Codec, RecordLayout::Codec, words)
-        }
-    };
+    let LayerDescriptors {
+        first,
+        k_total,
+        v_total,
+        words,
+        groups,
+    } = layer_descriptors(layout, layer)?;
     let desc = stream.clone_htod(&words).map_err(cuda_err("upload"))?;
     let centers = match &layout.centers {
         None => None,
@@ -616,15 +699,157 @@ pub(crate) fn pool_codes(
         }
     };
     Ok(PoolCodes {
-        variant,
-        values_rotated,
-        k_records,
-        v_records,
-        k_layout,
-        v_layout,
+        variant: first.variant,
+        values_rotated: first.values_rotated,
+        k_records: first.k_records,
+        v_records: first.v_records,
+        k_layout: BlockLayout {
+            total_bytes: k_total,
+            ..first.k_layout
+        },
+        v_layout: BlockLayout {
+            total_bytes: v_total,
+            ..first.v_layout
+        },
         desc,
         centers,
+        groups,
     })
+}
+
+/// The descriptor words of layer `layer` of `layout` (its dtype compressed).
+fn layer_descriptors(layout: &KvLayout, layer: usize) -> Result<LayerDescriptors, Error> {
+    let lk = &layout.layers[layer];
+    if layout.block_size < 16 || !layout.block_size.is_power_of_two() {
+        return Err(refusal(
+            lk.dtype,
+            format!(
+                "block size {} (coded pools need a power of two of 16 or more)",
+                layout.block_size
+            ),
+        ));
+    }
+    let own = Format::new(layout, layer, lk.dtype)?;
+    // A layer with per-head formats: its distinct formats in the order of their first head.
+    let mut dtypes: Vec<KvDtype> = Vec::new();
+    if !lk.head_dtypes.is_empty() {
+        for h in 0..layout.kv_heads {
+            let d = lk.head_dtype(h);
+            if !dtypes.contains(&d) {
+                dtypes.push(d);
+            }
+        }
+    }
+    let formats = dtypes
+        .iter()
+        .map(|&d| Format::new(layout, layer, d))
+        .collect::<Result<Vec<_>, _>>()?;
+    let first = formats.first().unwrap_or(&own);
+    let widest = |of: fn(&Format) -> usize| formats.iter().map(of).fold(of(first), usize::max);
+    let (k_total, v_total) = (
+        widest(|f| f.k_layout.total_bytes),
+        widest(|f| f.v_layout.total_bytes),
+    );
+    // The attention kernels address a block's kv heads with 32-bit offsets.
+    for total in [k_total, v_total] {
+        if total.saturating_mul(layout.kv_heads) > i32::MAX as usize {
+            return Err(refusal(
+                lk.dtype,
+                format!(
+                    "{} kv heads of {total}-byte blocks exceed the kernels' 32-bit block offsets",
+                    layout.kv_heads
+                ),
+            ));
+        }
+    }
+    let mut words = first.descriptors(layout.head_dim, k_total, v_total)?;
+    let groups = if formats.is_empty() {
+        Vec::new()
+    } else {
+        head_groups(
+            layout,
+            layer,
+            &dtypes,
+            &formats,
+            &mut words,
+            (k_total, v_total),
+        )?
+    };
+    let first = formats.into_iter().next().unwrap_or(own);
+    Ok(LayerDescriptors {
+        first,
+        k_total,
+        v_total,
+        words,
+        groups,
+    })
+}
+
+/// The groups of a layer with per-head formats (`formats[i]` of `dtypes[i]`), their records
+/// appended to `words` (which holds the first group's descriptors) as [`HeadGroup`] lays
+/// them out.
+fn head_groups(
+    layout: &KvLayout,
+    layer: usize,
+    dtypes: &[KvDtype],
+    formats: &[Format],
+    words: &mut Vec<u32>,
+    (k_total, v_total): (usize, usize),
+) -> Result<Vec<HeadGroup>, Error> {
+    let lk = &layout.layers[layer];
+    let d = layout.head_dim;
+    let refuse = |why: String| refusal(lk.dtype, why);
+    let record = 2 * DESC_WORDS;
+    let mut groups = Vec::with_capacity(formats.len());
+    for (i, (f, &dtype)) in formats.iter().zip(dtypes).enumerate() {
+        let Some(variant) = f.variant else {
+            return Err(refuse(format!(
+                "per-head dtype {dtype} is read on the GPU only by the parts kernels; per-head \
+                 formats need whole TurboQuant widths with MSE keys"
+            )));
+        };
+        let heads: Vec<u32> = (0..layout.kv_heads)
+            .filter(|&h| lk.head_dtype(h) == dtype)
+            .map(|h| h as u32)
+            .collect();
+        // The first group's descriptors already open `words`.
+        let offset = if i == 0 { 0 } else { words.len() };
+        let descriptors = f.descriptors(d, k_total, v_total)?;
+        if i > 0 {
+            // Queries are rotated and outputs rotated back with the first group's words.
+            let basis = |w: &[u32], role: usize| -> Vec<u32> {
+                let at = role * DESC_WORDS;
+                let mut b = vec![w[at], w[at + 7]];
+                b.extend_from_slice(&w[at + 32..at + 32 + d]);
+                b
+            };
+            if (0..2).any(|role| basis(&descriptors, role) != basis(&words[..record], role)) {
+                return Err(refuse(format!(
+                    "layer {layer}: head dtype {dtype} has another rotation than head 0's {}",
+                    dtypes[0]
+                )));
+            }
+            words.extend(descriptors);
+        }
+        words.extend(&heads);
+        words.resize(words.len().next_multiple_of(4), 0);
+        groups.push(HeadGroup {
+            variant,
+            offset,
+            heads,
+        });
+    }
+    let table = words.len();
+    words[HEAD_TABLE_WORD] =
+        u32::try_from(table).map_err(|_| refuse("descriptor too long".into()))?;
+    for h in 0..layout.kv_heads {
+        let g = groups
+            .iter()
+            .find(|g| g.heads.contains(&(h as u32)))
+            .ok_or_else(|| refuse(format!("kv head {h} in no group")))?;
+        words.push(g.offset as u32);
+    }
+    Ok(groups)
 }
 
 /// What the CUDA backend stores KV caches as.
@@ -812,6 +1037,50 @@ mod tests {
             }
         }
         assert_eq!(int8_value_words(&[0.0; 4]), ([0; 2], 0.0));
+    }
+
+    #[test]
+    fn per_head_formats_get_a_record_per_group_and_a_head_table() {
+        let d = |s: &str| s.parse::<KvDtype>().unwrap();
+        let mut layout = KvLayout::uniform(2, 4, 128, d("tq2"), 16, 64).unwrap();
+        // Heads 1 and 3 at k3v2 on layer 1 (not consecutive: one launch reads a list).
+        layout.layers[1].head_dtypes = vec![d("tq2"), d("k3v2"), d("tq2"), d("k3v2")];
+        let one = layer_descriptors(&layout, 0).unwrap();
+        assert!(one.groups.is_empty());
+        assert_eq!(one.words.len(), 2 * DESC_WORDS);
+        assert_eq!(one.words[HEAD_TABLE_WORD], 0, "one format: no head table");
+        let per_head = layer_descriptors(&layout, 1).unwrap();
+        let (w, groups) = (&per_head.words, &per_head.groups);
+        assert_eq!(groups.len(), 2);
+        let k3 = Format::new(&layout, 1, d("k3v2")).unwrap();
+        // Every slot is as wide as the widest format's: 3-bit keys, 2-bit values.
+        assert_eq!(per_head.k_total, k3.k_layout.total_bytes);
+        assert_eq!(per_head.v_total, one.v_total);
+        assert!(per_head.k_total > one.k_total);
+        for (g, (heads, bits)) in groups.iter().zip([([0, 2], 2), ([1, 3], 3)]) {
+            assert_eq!(g.heads, heads);
+            assert_eq!(g.variant.key.bits(), bits);
+            assert_eq!(g.offset % 4, 0, "records stay 16-byte aligned");
+            let rec = &w[g.offset..];
+            assert_eq!(rec[1], u32::from(bits), "the key descriptor's width");
+            assert_eq!(rec[3] as usize, per_head.k_total);
+            assert_eq!(rec[DESC_WORDS + 3] as usize, per_head.v_total);
+            // The head list follows the two descriptors (attention.cu `coded_kv_head`).
+            assert_eq!(&rec[2 * DESC_WORDS..2 * DESC_WORDS + 2], &heads[..]);
+            // Both groups rotate as head 0's (the query is rotated once).
+            assert_eq!(&rec[32..32 + 128], &w[32..32 + 128]);
+        }
+        assert_eq!(groups[0].offset, 0);
+        let table = w[HEAD_TABLE_WORD] as usize;
+        let offsets: Vec<usize> = w[table..].iter().map(|&o| o as usize).collect();
+        assert_eq!(
+            offsets,
+            [0, groups[1].offset, 0, groups[1].offset],
+            "each kv head's record (write_kv.cu)"
+        );
+        // A head dtype the direct kernels do not read is refused, not mis-encoded.
+        layout.layers[1].head_dtypes = vec![d("tq2"), d("tq2.5"), d("tq2"), d("tq2")];
+        assert!(layer_descriptors(&layout, 1).is_err());
     }
 
     #[test]

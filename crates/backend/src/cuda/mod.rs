@@ -798,13 +798,6 @@ impl CudaBackend {
                 format!("layer {layer} of {}", layout.layers.len()),
             )
         })?;
-        if !lk.head_dtypes.is_empty() {
-            return Err(Error::Unsupported {
-                op: "kv_pool",
-                why: "per-head KV dtypes ([LAYER.HEAD:DTYPE]) are built on the CPU backend only; \
-                      on CUDA give whole layers a dtype ([LAYER:DTYPE])",
-            });
-        }
         let overflow = || Error::SizeOverflow {
             rows: layout.num_blocks,
             cols: layout.block_elements(),

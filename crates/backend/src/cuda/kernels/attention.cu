@@ -71,11 +71,11 @@ __device__ __forceinline__ float2 ld_cg2(const float* p) {
 // a softmax entry with no value. Saves a second launch and its
 // ramp: at batch 1 the separate merge kernel cost a third of the attention time.
 // smem: g * (2 * n_splits + 1) floats.
-__device__ __forceinline__ void attn_merge_last(float* sh, int g, int d, int n_heads, int n_kv,
+__device__ __forceinline__ void attn_merge_last(float* sh, int g, int d, int n_heads, int n_kv, int kh,
     int n_splits, u32* counters, const float* part_ml, const float* part_acc, float* out,
     u16* out_bf16, const float* sinks, u32 arrivals = 1)
 {
-    const int r = blockIdx.x, kh = blockIdx.y, tid = threadIdx.x;
+    const int r = blockIdx.x, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
     __threadfence();   // this block's partials reach L2 before the count says they are there
     __syncthreads();
@@ -336,7 +336,7 @@ __device__ __forceinline__ void attn_partial_impl(float* sh, ATTN_PARAMS, int wi
         part_ml[2 * b] = mst[tid];
         part_ml[2 * b + 1] = lst[tid];
     }
-    attn_merge_last(sh, g, d, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
+    attn_merge_last(sh, g, d, n_heads, n_kv, kh, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
 }
 
 extern "C" __global__ void __launch_bounds__(NT) attn_partial_64(ATTN_PARAMS, int window) {
@@ -624,7 +624,7 @@ __device__ __forceinline__ void attn_rows_impl(float* sh, ATTN_PARAMS, int windo
     }
     __syncthreads();
     store_split_partial<D, NP>(sh, g, g, r, kh, sp, n_heads, n_splits, part_ml, part_acc, tid, NT);
-    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
+    attn_merge_last(sh, g, D, n_heads, n_kv, kh, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
 }
 
 #define ATTN_ROWS_STAGES(NAME, D, G, DPL, STAGES) \
@@ -1212,17 +1212,17 @@ __device__ __noinline__ u32 folded_exact_splits(float* sh, const ExactArgs& xa, 
 // wrote in the fused merge.
 template <int D, int NW>
 __device__ __forceinline__ void coded_block_end(float* sh, ATTN_PARAMS, const ExactArgs& xa,
-                                                int window, int n_coded)
+                                                int window, int n_coded, int kh)
 {
     const int g = n_heads / n_kv;
-    const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
+    const int r = blockIdx.x, sp = blockIdx.z;
     u32 arrivals = 1;
     if ((int)gridDim.z < n_splits)
         arrivals += folded_exact_splits<D, NW>(sh, xa, qkv + (u64)r * width + (u64)kh * g * D,
                                                scale * 1.4426950408889634f, g, r, kh, sp, n_coded,
                                                n_heads, n_kv, n_splits, tok_seq[r], (int)tok_pos[r],
                                                window, block_size, part_ml, part_acc);
-    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks,
+    attn_merge_last(sh, g, D, n_heads, n_kv, kh, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks,
                     arrivals);
 }
 
@@ -1373,7 +1373,8 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u
     constexpr int KPW = TK / NW, NK = KPW / 8;   // keys per warp per tile, 8-key MMA columns
     static_assert(KPW % 16 == 0, "a warp's keys are whole 16-key MMA steps");
     const int g = n_heads / n_kv;
-    const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
+    const int r = blockIdx.x, sp = blockIdx.z, tid = threadIdx.x;
+    const int kh = fmt ? coded_kv_head(fmt, n_kv) : (int)blockIdx.y;
     const int lane = tid & 31, warp = tid >> 5;
     const u32 pos = tok_pos[r];
     const int n_coded = n_splits - exact_splits(xa);
@@ -1382,7 +1383,7 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u
         attn_exact_split<D, NW>(sh, xa, qkv + (u64)r * width + (u64)kh * g * D, scale * 1.4426950408889634f,
                                 g, r, kh, sp, sp - n_coded, n_heads, n_kv, n_splits, tok_seq[r], (int)pos + 1,
                                 window_lo((int)pos, window), block_size, part_ml, part_acc);
-        attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
+        attn_merge_last(sh, g, D, n_heads, n_kv, kh, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
         return;
     }
     const CodedRange cr = coded_range(xa, (int)pos + 1);
@@ -1503,9 +1504,9 @@ __device__ __forceinline__ void attn_decode_impl(float* sh, ATTN_PARAMS, const u
     __syncthreads();
     store_split_partial<D, NW>(sh, 16, g, r, kh, sp, n_heads, n_splits, part_ml, part_acc, tid, NTH);
     if constexpr (StagesFromAnyKey<F>::value)   // 16-bit pools have no exact window
-        attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
+        attn_merge_last(sh, g, D, n_heads, n_kv, kh, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
     else
-        coded_block_end<D, NW>(sh, ATTN_ARGS, xa, window, n_coded);
+        coded_block_end<D, NW>(sh, ATTN_ARGS, xa, window, n_coded, kh);
 }
 
 // attn_dec_{D}_{TK}_{STAGES}_{NW}: the template for the 16-bit formats (is_bf16 picks the
@@ -2093,17 +2094,17 @@ __device__ __forceinline__ CodedKeys coded_keys(const ExactArgs& xa, int pos, in
 // included; true if it was (the caller returns).
 template <int D, int NW>
 __device__ __forceinline__ bool exact_split_block(float* sh, ATTN_PARAMS, const ExactArgs& xa,
-                                                  int window, int n_coded)
+                                                  int window, int n_coded, int kh)
 {
     const int g = n_heads / n_kv;
-    const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z;
+    const int r = blockIdx.x, sp = blockIdx.z;
     if (sp < n_coded) return false;
     const u32 pos = tok_pos[r];
     pdl_wait();
     attn_exact_split<D, NW>(sh, xa, qkv + (u64)r * width + (u64)kh * g * D, scale * 1.4426950408889634f,
                             g, r, kh, sp, sp - n_coded, n_heads, n_kv, n_splits, tok_seq[r], (int)pos + 1,
                             window_lo((int)pos, window), block_size, part_ml, part_acc);
-    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
+    attn_merge_last(sh, g, D, n_heads, n_kv, kh, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
     return true;
 }
 
@@ -2230,9 +2231,10 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
     constexpr int KT = KC::template k_tile_bytes<TK>(), VT = KC::template v_tile_bytes<TK>();
     constexpr int STAGE_BYTES = KT + VT;
     const int n_coded = n_splits - exact_splits(xa);
-    if (exact_split_block<D, NW>(sh, ATTN_ARGS, xa, window, n_coded)) return;
+    const int kh = coded_kv_head(fmt, n_kv);
+    if (exact_split_block<D, NW>(sh, ATTN_ARGS, xa, window, n_coded, kh)) return;
     const int g = n_heads / n_kv;
-    const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
+    const int r = blockIdx.x, sp = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5, c = lane & 3, q = lane >> 2;
     const CodedKeys ck = coded_keys<TK>(xa, (int)tok_pos[r], window, sp, n_coded);
     const int k0 = ck.k0, k1 = ck.k1, klo = ck.klo, ntiles = ck.ntiles;
@@ -2301,7 +2303,7 @@ __device__ __forceinline__ void attn_codes_m_impl(float* sh, ATTN_PARAMS, const 
     cp_async_wait<0>();
     keys_as_m_finish<D, VB, NW>(sh, o, m0, m1, l0, l1, g, r, kh, sp, n_heads, n_splits, part_ml,
                                 part_acc);
-    coded_block_end<D, NW>(sh, ATTN_ARGS, xa, window, n_coded);
+    coded_block_end<D, NW>(sh, ATTN_ARGS, xa, window, n_coded, kh);
 }
 
 // ---- Coded decode attention with the key products in int8 (TurboQuant keys, g <= 8) -----
@@ -2476,9 +2478,10 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
     constexpr int KT = KC::template k_tile_bytes<TK>(), VT = KC::template v_tile_bytes<TK>();
     constexpr int STAGE_BYTES = KT + VT;
     const int n_coded = n_splits - exact_splits(xa);
-    if (exact_split_block<D, NW>(sh, ATTN_ARGS, xa, window, n_coded)) return;
+    const int kh = coded_kv_head(fmt, n_kv);
+    if (exact_split_block<D, NW>(sh, ATTN_ARGS, xa, window, n_coded, kh)) return;
     const int g = n_heads / n_kv;
-    const int r = blockIdx.x, kh = blockIdx.y, sp = blockIdx.z, tid = threadIdx.x;
+    const int r = blockIdx.x, sp = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5, c = lane & 3, q = lane >> 2;
     const CodedKeys ck = coded_keys<TK>(xa, (int)tok_pos[r], window, sp, n_coded);
     const int k0 = ck.k0, k1 = ck.k1, klo = ck.klo, ntiles = ck.ntiles;
@@ -2604,7 +2607,7 @@ __device__ __forceinline__ void attn_codes_k8_impl(float* sh, ATTN_PARAMS, const
     cp_async_wait<0>();
     keys_as_m_finish<D, VB, NW>(sh, o, m0, m1, l0, l1, g, r, kh, sp, n_heads, n_splits, part_ml,
                                 part_acc);
-    coded_block_end<D, NW>(sh, ATTN_ARGS, xa, window, n_coded);
+    coded_block_end<D, NW>(sh, ATTN_ARGS, xa, window, n_coded, kh);
 }
 
 // Bytes of a tile of tk keys: K and V code records and their f16 scales.
@@ -2792,7 +2795,7 @@ __device__ __forceinline__ void codes_dequant_impl(const u32* __restrict__ runs,
 {
     using KC = KvCodes<D, KB, VB>;
     const KC f(fmt);
-    const int tid = threadIdx.x, kh = blockIdx.y;
+    const int tid = threadIdx.x, kh = coded_kv_head(fmt, n_kv);
     const u32 s = runs[2 * blockIdx.x];
     const int key0 = (int)runs[2 * blockIdx.x + 1];
     const PagedKv kv(tables + seq_tbl[s], n_kv, kh, block_size);
@@ -3124,7 +3127,7 @@ __device__ __forceinline__ void attn_dec16_m_impl(float* sh, ATTN_PARAMS, int wi
     }
     __syncthreads();
     store_split_partial<D, NW>(sh, 8, g, r, kh, sp, n_heads, n_splits, part_ml, part_acc, tid, NTH);
-    attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
+    attn_merge_last(sh, g, D, n_heads, n_kv, kh, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
 }
 
 // attn_dec_256_{TK}_{ST}_{NW}: the keys-as-M 16-bit decode kernel (is_bf16 picks the type),
@@ -3277,7 +3280,7 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
         attn_exact_split<D, NW>(sh, xa, qrow, qscale, g, r, kh, sp, sp - n_coded, n_heads, n_kv,
                                 n_splits, tok_seq[r], (int)pos + 1, window_lo((int)pos, window),
                                 block_size, part_ml, part_acc);
-        attn_merge_last(sh, g, D, n_heads, n_kv, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
+        attn_merge_last(sh, g, D, n_heads, n_kv, kh, n_splits, counters, part_ml, part_acc, out, out_bf16, sinks);
         return;
     }
     const CodedRange cr = coded_range(xa, (int)pos + 1);
@@ -3482,7 +3485,7 @@ __device__ __forceinline__ void attn_parts_impl(float* sh, ATTN_PARAMS, const u3
         for (int e = 0; e < E; e++) ws[2 * G + h * D + lane * E + e] = acc[h][e];
     __syncthreads();
     store_split_partial<D, NW>(sh, G, g, r, kh, sp, n_heads, n_splits, part_ml, part_acc, tid, 32 * NW);
-    coded_block_end<D, NW>(sh, ATTN_ARGS, xa, window, n_coded);
+    coded_block_end<D, NW>(sh, ATTN_ARGS, xa, window, n_coded, kh);
 }
 
 // attn_parts_{D}_{G}: the decode kernel over a parts pool for groups up to G; the list must

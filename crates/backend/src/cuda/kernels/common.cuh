@@ -72,3 +72,15 @@ __device__ __forceinline__ int exact_slot(const u32* xtbl, u32 seq, int j) {
 // 1 when a TurboQuant role stores corrected norms (cuda/codes.rs `CORRECTED_WORD`); its 2^bits
 // f32 centroids follow.
 #define CODE_CORRECTED_WORD 300
+// A layer with per-head formats (cuda/codes.rs `HEAD_TABLE_WORD`): in the first group's key
+// descriptor, the word offset of the table that gives each kv head its group's record offset
+// (0: one format for every head).
+#define CODE_HEAD_TABLE_WORD 319
+
+// The kv head of a coded block: blockIdx.y, or, in a launch over one group of a layer with
+// per-head formats (fewer heads than n_kv), its entry of the group's head list, which follows
+// the key and value descriptors (cuda/codes.rs `HeadGroups`). A launch over every head reads
+// no list, so one-format pools pay nothing.
+__device__ __forceinline__ int coded_kv_head(const u32* fmt, int n_kv) {
+    return (int)gridDim.y == n_kv ? (int)blockIdx.y : (int)fmt[2 * CODE_DESC_WORDS + blockIdx.y];
+}

@@ -48,7 +48,8 @@ extern "C" __global__ void write_kv(
 // rotation's sign masks, [288..293) the int8 key codebook (attention.cu `INT8_TABLE_WORD`),
 // [293..296) the int8 value codebook (`INT8_VALUE_WORD`), [296..300) 4-bit records' one-sided
 // key tables (`INT8_PAIR_WORD`), [300] 1 for corrected norms (`CODE_CORRECTED_WORD`) and
-// [301..317) the f32 centroids then. Every f32 operation below is the codec's (crates/codec/src/tq.rs,
+// [301..317) the f32 centroids then, [319] the head table of a layer with per-head formats
+// (`CODE_HEAD_TABLE_WORD`, the first group's key descriptor only). Every f32 operation below is the codec's (crates/codec/src/tq.rs,
 // plain.rs, kernels/mod.rs), in its order and without FMA contraction, so the codes equal
 // the CPU's.
 
@@ -207,7 +208,10 @@ __device__ __forceinline__ void write_kv_codes_impl(float* sh, CODED_WRITE_PARAM
 #pragma unroll
         for (int m = 0; m < E; m++) v[m] = __fsub_rn(v[m], c[(u64)kh * D + lane + 32 * m]);
     }
-    const u32* desc = fmt + (is_v ? CODE_DESC_WORDS : 0);
+    // A layer with per-head formats: this head's group's descriptors (every group shares the
+    // rotation, so the query's above is the first group's).
+    const u32 heads = fmt[CODE_HEAD_TABLE_WORD];
+    const u32* desc = fmt + (heads ? fmt[heads + kh] : 0u) + (is_v ? CODE_DESC_WORDS : 0);
     const u32 blk = tables[seq_tbl[tok_seq[t]] + pos / block_size];
     const u32 slot = pos % block_size;
     unsigned char* base = (is_v ? v_pool : k_pool) + ((u64)blk * n_kv + kh) * desc[3];

@@ -229,7 +229,7 @@ impl Backend for CudaBackend {
     }
 
     fn read_kv_block(&self, pool: &CudaKvPool, block: u32, out: &mut Vec<u8>) -> Result<(), Error> {
-        refuse_windowed_block_io("read_kv_block", pool)?;
+        refuse_block_io("read_kv_block", pool)?;
         let (k_range, v_range, kh, vh) = pool.block_ranges(block)?;
         let mut k = vec![0u16; k_range.len()];
         let mut v = vec![0u16; v_range.len()];
@@ -252,7 +252,7 @@ impl Backend for CudaBackend {
     }
 
     fn write_kv_block(&self, pool: &mut CudaKvPool, block: u32, bytes: &[u8]) -> Result<(), Error> {
-        refuse_windowed_block_io("write_kv_block", pool)?;
+        refuse_block_io("write_kv_block", pool)?;
         let (k_range, v_range, kh, vh) = pool.block_ranges(block)?;
         let per_head = 2 * (kh + vh);
         if bytes.len() != per_head * pool.kv_heads {
@@ -529,11 +529,19 @@ pub(super) fn check_geometry(g: &AttnGeometry, pool: &CudaKvPool) -> Result<(), 
 
 /// Block I/O of a pool with a full-precision window is refused, as on the CPU: its exact
 /// copies are not part of a block's bytes, so a restored block would attend differently.
-fn refuse_windowed_block_io(op: &'static str, pool: &CudaKvPool) -> Result<(), Error> {
+/// Block I/O moves blocks in the codec's layout, which neither a window's exact copies (kept
+/// outside the blocks) nor a layer with per-head formats (the CPU exports none either) has.
+fn refuse_block_io(op: &'static str, pool: &CudaKvPool) -> Result<(), Error> {
     if pool.exact.is_some() {
         return Err(Error::Unsupported {
             op,
             why: "a cache with a full-precision window keeps exact copies outside its blocks",
+        });
+    }
+    if pool.codes.as_ref().is_some_and(|c| !c.groups.is_empty()) {
+        return Err(Error::Unsupported {
+            op,
+            why: "a layer with per-head KV dtypes has no block format to move",
         });
     }
     Ok(())
