@@ -1405,10 +1405,12 @@ fn coded_prefill_tiles_take_groups_that_do_not_divide_64() {
 /// each group of heads is its own launch of its format's kernels over the shared pool, whose
 /// (block, head) slots are as wide as the widest format's; one write launch encodes each head
 /// with its group's codebooks. Groups whose heads are not consecutive, centered or not, with a
-/// window of int8 or f16 copies, on the tensor-core prefill and on the decode kernels'.
+/// window of int8 or f16 copies, head_dim 64/128/256, on every coded kernel family.
 #[test]
 fn per_head_formats_match_the_cpu_backend() {
-    let (Some(g), Some(rows)) = (gpu(), gpu_rows()) else {
+    let (Some(g), Some(rows), Some(f16_keys), Some(f16_values), Some(folded)) =
+        (gpu(), gpu_rows(), gpu_f16(), gpu_f16_values(), gpu_folded())
+    else {
         return;
     };
     let mut seed = 901;
@@ -1417,22 +1419,25 @@ fn per_head_formats_match_the_cpu_backend() {
         sinks: 1,
         copies: WindowCopies::Int8,
     };
-    let cases: [(&[&str], usize, KvWindow); 4] = [
+    let f16_window = KvWindow {
+        recent: 130,
+        sinks: 1,
+        ..Default::default()
+    };
+    // Groups of 1-8 query heads take the keys-as-M kernels (int8 key products; int8 value
+    // sums for 2- and 3-bit values, f16 ones for 4-bit values), 16 the template's.
+    let cases: [(&[&str], usize, KvWindow); 5] = [
         (&["tq2", "k3v2", "tq2", "k3v2"], 4, NO_WINDOW),
         (&["k3v2", "tq2", "tq2"], 3, tiny_window),
         (&["tq3", "tq2", "k4v2", "tq2"], 1, NO_WINDOW),
-        (
-            &["tq2", "tq2", "k2v3", "k3v2"],
-            8,
-            KvWindow {
-                recent: 15,
-                sinks: 1,
-                ..Default::default()
-            },
-        ),
+        (&["tq2", "tq2", "k2v4", "k3v2"], 8, f16_window),
+        (&["tq2", "k3v2"], 16, tiny_window),
     ];
-    for d in [64, 128] {
+    for d in [64, 128, 256] {
         for (i, &(heads, group, window)) in cases.iter().enumerate() {
+            if d == 256 && group > 8 {
+                continue;
+            }
             let case = Case {
                 window,
                 heads: Some(heads),
@@ -1442,7 +1447,15 @@ fn per_head_formats_match_the_cpu_backend() {
                 WindowCopies::Int8 => Q8_WINDOW_ATOL,
                 WindowCopies::F16 => ATTN_ATOL,
             };
-            for backend in [g, rows] {
+            // The default kernels and the tensor-core prefill, the prefill on the decode
+            // kernels, f16 key products, f16 value sums, and windows folded into the coded
+            // blocks (the default split count, one and three coded splits forced).
+            let extra: &[&CudaBackend] = if d == 128 {
+                &[f16_keys, f16_values, folded[0], folded[1], folded[2]]
+            } else {
+                &[]
+            };
+            for &backend in [g, rows].iter().chain(extra) {
                 seed += 1;
                 run_case_within(backend, &case, seed, atol);
             }
