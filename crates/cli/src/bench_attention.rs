@@ -156,6 +156,15 @@ pub fn run(args: &BenchAttentionArgs) -> Result<()> {
             .iter()
             .map(|s| {
                 let spec = crate::kvspec::KvSpec::parse(s, Default::default())?;
+                // One layer of one format is timed: a spec's layer overrides (a preset's) are
+                // beside the point, but kv heads of other widths would be silently dropped.
+                if !spec.heads.is_empty() {
+                    bail!(
+                        "bench attention times one layer in one format; '{}' gives kv heads \
+                         other widths: time it in a model with bench decode --kv",
+                        s.trim()
+                    );
+                }
                 let window = if spec.dtype.is_compressed() {
                     spec.window
                 } else {

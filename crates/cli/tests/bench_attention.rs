@@ -93,3 +93,29 @@ fn bench_attention_names_the_devices_it_runs_on() {
         "{err}"
     );
 }
+
+#[test]
+fn bench_attention_refuses_kv_heads_of_other_widths() {
+    // It times one layer in one format; dropping the heads would time another format.
+    let out = Command::new(env!("CARGO_BIN_EXE_turbokv"))
+        .args([
+            "bench",
+            "attention",
+            "--device",
+            "cpu",
+            "--kv",
+            "tq2,tq2[0.1:k3v2]",
+            "--batch",
+            "1",
+            "--ctx",
+            "64",
+        ])
+        .output()
+        .expect("running turbokv");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("tq2[0.1:k3v2]") && err.contains("bench decode"),
+        "{err}"
+    );
+}
