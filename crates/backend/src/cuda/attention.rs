@@ -764,8 +764,8 @@ impl CudaBackend {
             Some(_) => launch_groups(Some(coded), g.n_kv_heads)
                 .into_iter()
                 .map(|lg| {
-                    let i = lg.variant.map(kernel_index).transpose()?.or(vi);
-                    let f = i.and_then(|i| self.k.codes_dequant.get(i).and_then(Option::as_ref));
+                    let i = kernel_index(lg.variant.ok_or_else(no_kernel)?)?;
+                    let f = self.k.codes_dequant.get(i).and_then(Option::as_ref);
                     Ok((f.ok_or_else(no_kernel)?, lg))
                 })
                 .collect::<Result<Vec<_>, Error>>()?,

@@ -729,23 +729,24 @@ fn layer_descriptors(layout: &KvLayout, layer: usize) -> Result<LayerDescriptors
             ),
         ));
     }
-    let own = Format::new(layout, layer, lk.dtype)?;
-    // A layer with per-head formats: its distinct formats in the order of their first head.
+    // The layer's format, or with per-head formats its distinct ones in the order of their
+    // first head.
+    let per_head = !lk.head_dtypes.is_empty();
     let mut dtypes: Vec<KvDtype> = Vec::new();
-    if !lk.head_dtypes.is_empty() {
-        for h in 0..layout.kv_heads {
-            let d = lk.head_dtype(h);
-            if !dtypes.contains(&d) {
-                dtypes.push(d);
-            }
+    for h in 0..layout.kv_heads {
+        let d = lk.head_dtype(h);
+        if !dtypes.contains(&d) {
+            dtypes.push(d);
         }
     }
-    let formats = dtypes
+    let mut formats = dtypes
         .iter()
         .map(|&d| Format::new(layout, layer, d))
         .collect::<Result<Vec<_>, _>>()?;
-    let first = formats.first().unwrap_or(&own);
-    let widest = |of: fn(&Format) -> usize| formats.iter().map(of).fold(of(first), usize::max);
+    let Some(first) = formats.first() else {
+        return Err(refusal(lk.dtype, "a layer without kv heads".into()));
+    };
+    let widest = |of: fn(&Format) -> usize| formats.iter().map(of).fold(0, usize::max);
     let (k_total, v_total) = (
         widest(|f| f.k_layout.total_bytes),
         widest(|f| f.v_layout.total_bytes),
@@ -763,9 +764,7 @@ fn layer_descriptors(layout: &KvLayout, layer: usize) -> Result<LayerDescriptors
         }
     }
     let mut words = first.descriptors(layout.head_dim, k_total, v_total)?;
-    let groups = if formats.is_empty() {
-        Vec::new()
-    } else {
+    let groups = if per_head {
         head_groups(
             layout,
             layer,
@@ -774,8 +773,10 @@ fn layer_descriptors(layout: &KvLayout, layer: usize) -> Result<LayerDescriptors
             &mut words,
             (k_total, v_total),
         )?
+    } else {
+        Vec::new()
     };
-    let first = formats.into_iter().next().unwrap_or(own);
+    let first = formats.swap_remove(0);
     Ok(LayerDescriptors {
         first,
         k_total,
